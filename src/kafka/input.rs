@@ -1,0 +1,74 @@
+//! A producer of readfold's inputs, placed as readfold expects: keyed by
+//! conversation id, partitioned by murmur2. Used by the demo and the tests;
+//! a model for producers elsewhere.
+
+use std::time::Duration;
+
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::util::Timeout;
+
+use crate::codec::{self, ConversationEventRecord, ReadReportRecord};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::kafka::base_client_config;
+use crate::partitioner::partition_for_key;
+
+pub struct InputProducer {
+    producer: FutureProducer,
+    read_reports: String,
+    conversation_events: String,
+    partitions: i32,
+}
+
+impl InputProducer {
+    pub fn new(config: &Config, partitions: i32) -> Result<Self> {
+        let producer = base_client_config(config)
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("partitioner", "murmur2_random")
+            .create()?;
+        Ok(InputProducer {
+            producer,
+            read_reports: config.topics.read_reports.clone(),
+            conversation_events: config.topics.conversation_events.clone(),
+            partitions,
+        })
+    }
+
+    pub async fn report(&self, record: &ReadReportRecord) -> Result<()> {
+        let value = codec::encode_read_report(record);
+        let topic = self.read_reports.clone();
+        self.send(&topic, &record.conversation_id, Some(&value), None)
+            .await
+    }
+
+    pub async fn event(&self, record: &ConversationEventRecord) -> Result<()> {
+        let value = codec::encode_conversation_event(record);
+        let topic = self.conversation_events.clone();
+        self.send(&topic, &record.conversation_id, Some(&value), None)
+            .await
+    }
+
+    /// Sends arbitrary bytes keyed by `conversation_id` to its murmur2
+    /// partition, or to `partition` when given.
+    pub async fn send(
+        &self,
+        topic: &str,
+        conversation_id: &str,
+        value: Option<&[u8]>,
+        partition: Option<i32>,
+    ) -> Result<()> {
+        let partition =
+            partition.unwrap_or_else(|| partition_for_key(conversation_id.as_bytes(), self.partitions));
+        let mut record: FutureRecord<'_, str, [u8]> =
+            FutureRecord::to(topic).key(conversation_id).partition(partition);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        self.producer
+            .send(record, Timeout::After(Duration::from_secs(30)))
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| Error::Kafka(e))
+    }
+}

@@ -1,0 +1,136 @@
+//! The `readfold` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tokio::sync::watch;
+
+use readfold::config::Config;
+use readfold::error::{Error, Result};
+
+#[derive(Parser)]
+#[command(
+    name = "readfold",
+    version,
+    about = "Folds chat read reports into monotonic read cursors on Kafka"
+)]
+struct Cli {
+    /// Configuration file (TOML); defaults to the built-in config/default.toml.
+    #[arg(long, global = true, env = "READFOLD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Log level: error, warn, info, debug or trace.
+    #[arg(long, global = true, default_value = "info", env = "READFOLD_LOG")]
+    log: tracing::Level,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the processor until SIGTERM or SIGINT.
+    Run,
+    /// Play a small chat scenario through a live processor and print the cursors.
+    Demo,
+    /// Print a topic's records (changelog, DLQ or input) as JSON lines.
+    Tail {
+        topic: String,
+        /// Keep following new records instead of stopping at the end.
+        #[arg(long, short)]
+        follow: bool,
+        /// Stop after this many records.
+        #[arg(long, short = 'n')]
+        limit: Option<u64>,
+    },
+    /// Print the effective configuration's topics and check it loads.
+    CheckConfig,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let demo = matches!(cli.command, Command::Demo);
+    tracing_subscriber::fmt()
+        .with_max_level(if demo && cli.log == tracing::Level::INFO {
+            tracing::Level::WARN
+        } else {
+            cli.log
+        })
+        .with_writer(std::io::stderr)
+        .init();
+    match real_main(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("readfold: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn real_main(cli: Cli) -> Result<()> {
+    let config = Config::load(cli.config.as_deref())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(format!("cannot start the runtime: {e}")))?;
+    match cli.command {
+        Command::Run => runtime.block_on(run(config)),
+        Command::Demo => runtime.block_on(readfold::demo::demo(config)),
+        Command::Tail { topic, follow, limit } => {
+            readfold::tail::tail(&config, &topic, follow, limit, |line| println!("{line}"))?;
+            Ok(())
+        }
+        Command::CheckConfig => {
+            println!("{:#?}", config.topics);
+            Ok(())
+        }
+    }
+}
+
+async fn run(config: Config) -> Result<()> {
+    if !config.metrics.listen.is_empty() {
+        let addr: std::net::SocketAddr = config
+            .metrics
+            .listen
+            .parse()
+            .map_err(|e| Error::Config(format!("metrics.listen {:?}: {e}", config.metrics.listen)))?;
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()
+            .map_err(|e| Error::Metrics(format!("cannot serve metrics on {addr}: {e}")))?;
+        tracing::info!(%addr, "serving Prometheus metrics on /metrics");
+    }
+    let layout = readfold::kafka::admin::ensure_topics(&config).await?;
+    tracing::info!(partitions = layout.partitions, "topic layout checked");
+    let (stop, stopped) = watch::channel(false);
+    let timeout = Duration::from_millis(config.shutdown.timeout_ms);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!(
+            ?timeout,
+            "signal received: finishing the current flush (a second signal exits at once)"
+        );
+        let _ = stop.send(true);
+        // The bound on a graceful stop, and the second signal.
+        tokio::select! {
+            _ = wait_for_signal() => tracing::warn!("second signal: exiting now"),
+            _ = tokio::time::sleep(timeout) => tracing::error!("graceful shutdown took longer than shutdown.timeout_ms: exiting"),
+        }
+        std::process::exit(130);
+    });
+    readfold::processor::Processor::new(config, layout)?
+        .run(stopped)
+        .await
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
