@@ -57,6 +57,7 @@ fn main() -> ExitCode {
             cli.log
         })
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match real_main(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -161,6 +161,8 @@ impl Processor {
             .set("linger.ms", "5")
             .set("compression.type", "lz4")
             .set("queue.buffering.max.messages", "1000000")
+            // Dead letters keep records of up to MAX_DEAD_LETTER_BYTES.
+            .set("message.max.bytes", "2000000")
             .create()?;
         // Fences an earlier incarnation with the same transactional id and
         // aborts whatever it left open.

@@ -26,6 +26,7 @@ impl InputProducer {
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
             .set("partitioner", "murmur2_random")
+            .set("message.max.bytes", "2000000")
             .create()?;
         Ok(InputProducer {
             producer,

@@ -27,4 +27,6 @@ pub mod headers {
     pub const SOURCE_TOPIC: &str = "readfold.source.topic";
     pub const SOURCE_PARTITION: &str = "readfold.source.partition";
     pub const SOURCE_OFFSET: &str = "readfold.source.offset";
+    /// Present when a dead letter's key or value was cut: original sizes.
+    pub const TRUNCATED: &str = "readfold.truncated";
 }

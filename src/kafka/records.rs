@@ -86,6 +86,13 @@ pub struct Source {
     pub offset: i64,
 }
 
+/// Largest key + value a dead letter carries. Kafka's default
+/// `max.message.bytes` is 1 MiB + 12 bytes; an input record that was just
+/// under it must not become a dead letter that is over it (with headers) and
+/// block every flush. Longer ones are cut, with `readfold.truncated` giving
+/// the original sizes; the source offset still points at the whole record.
+pub const MAX_DEAD_LETTER_BYTES: usize = 1_040_000;
+
 /// The dead letter of a rejected record: original key and value, and why.
 pub fn dead_letter(
     key: Option<&[u8]>,
@@ -95,18 +102,25 @@ pub fn dead_letter(
     dlq_topic: &str,
     layout: OutputLayout,
 ) -> OutRecord {
+    let mut headers = vec![
+        (headers::REASON, rejection.reason.as_str().to_owned()),
+        (headers::DETAIL, truncate(&rejection.detail, 1024)),
+        (headers::SOURCE_TOPIC, source.topic.clone()),
+        (headers::SOURCE_PARTITION, source.partition.to_string()),
+        (headers::SOURCE_OFFSET, source.offset.to_string()),
+    ];
+    let (key_len, value_len) = (key.map_or(0, <[u8]>::len), value.map_or(0, <[u8]>::len));
+    let key_kept = key_len.min(MAX_DEAD_LETTER_BYTES);
+    let value_kept = value_len.min(MAX_DEAD_LETTER_BYTES - key_kept);
+    if (key_kept, value_kept) != (key_len, value_len) {
+        headers.push((headers::TRUNCATED, format!("key={key_len},value={value_len}")));
+    }
     OutRecord {
         topic: dlq_topic.to_owned(),
         partition: source.partition % layout.dlq_partitions,
-        key: key.map(<[u8]>::to_vec),
-        value: value.map(<[u8]>::to_vec),
-        headers: vec![
-            (headers::REASON, rejection.reason.as_str().to_owned()),
-            (headers::DETAIL, truncate(&rejection.detail, 1024)),
-            (headers::SOURCE_TOPIC, source.topic.clone()),
-            (headers::SOURCE_PARTITION, source.partition.to_string()),
-            (headers::SOURCE_OFFSET, source.offset.to_string()),
-        ],
+        key: key.map(|k| k[..key_kept].to_vec()),
+        value: value.map(|v| v[..value_kept].to_vec()),
+        headers,
     }
 }
 
@@ -192,5 +206,28 @@ mod tests {
         assert_eq!(header(headers::SOURCE_OFFSET), "77");
         assert_eq!(header(headers::SOURCE_PARTITION), "3");
         assert!(header(headers::DETAIL).len() < 1100);
+        assert!(record.headers.iter().all(|(k, _)| *k != headers::TRUNCATED));
+    }
+
+    #[test]
+    fn oversized_dead_letters_are_cut_to_fit_a_default_broker() {
+        let rejection = Rejection {
+            reason: RejectReason::Decode,
+            detail: "big".into(),
+        };
+        let source = Source {
+            topic: "t".into(),
+            partition: 0,
+            offset: 1,
+        };
+        let value = vec![7u8; 3_000_000];
+        let record = dead_letter(Some(b"key"), Some(&value), &rejection, &source, "dlq", LAYOUT);
+        assert_eq!(record.value.as_ref().unwrap().len() + 3, MAX_DEAD_LETTER_BYTES);
+        let truncated = record
+            .headers
+            .iter()
+            .find(|(k, _)| *k == headers::TRUNCATED)
+            .unwrap();
+        assert_eq!(truncated.1, "key=3,value=3000000");
     }
 }
