@@ -1,0 +1,364 @@
+//! Test harness: unique topics per test on the local broker, readfold
+//! processes started and killed by their own PIDs, topic readers, and a
+//! reference fold to compare against.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use readfold::codec::{ConversationEventRecord, ReadReportRecord};
+use readfold::config::Config;
+use readfold::domain::{ConversationId, UserId};
+use readfold::fold::PartitionState;
+use readfold::kafka::admin::ensure_topics;
+use readfold::kafka::input::InputProducer;
+use readfold::validate::{self, Limits};
+use serde_json::Value;
+
+pub fn bootstrap() -> String {
+    std::env::var("READFOLD_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+/// One test's topics, group and configuration.
+pub struct TestEnv {
+    pub config: Config,
+    pub partitions: i32,
+    vars: Vec<(String, String)>,
+    logs: PathBuf,
+}
+
+impl TestEnv {
+    pub async fn new(test: &str, partitions: i32) -> TestEnv {
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+        let prefix = format!("it.{test}.{}", nanos % 1_000_000_000_000);
+        let vars: Vec<(String, String)> = [
+            ("READFOLD__KAFKA__BOOTSTRAP_SERVERS", bootstrap()),
+            ("READFOLD__KAFKA__GROUP_ID", prefix.clone()),
+            ("READFOLD__KAFKA__TRANSACTION_TIMEOUT_MS", "10000".into()),
+            ("READFOLD__TOPICS__READ_REPORTS", format!("{prefix}.read-reports")),
+            (
+                "READFOLD__TOPICS__CONVERSATION_EVENTS",
+                format!("{prefix}.conversation-events"),
+            ),
+            ("READFOLD__TOPICS__READ_CURSORS", format!("{prefix}.read-cursors")),
+            (
+                "READFOLD__TOPICS__USER_READ_CURSORS",
+                format!("{prefix}.user-read-cursors"),
+            ),
+            ("READFOLD__TOPICS__DLQ", format!("{prefix}.dlq")),
+            ("READFOLD__TOPICS__PARTITIONS", partitions.to_string()),
+            ("READFOLD__FLUSH__INTERVAL_MS", "100".into()),
+            ("READFOLD__METRICS__LISTEN", String::new()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let config = Config::from_sources(None, vars.clone()).expect("test config");
+        let layout = ensure_topics(&config).await.expect("create test topics");
+        assert_eq!(layout.partitions, partitions);
+        let logs = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("it-logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        TestEnv {
+            config,
+            partitions,
+            vars,
+            logs: logs.join(prefix),
+        }
+    }
+
+    pub fn producer(&self) -> InputProducer {
+        InputProducer::new(&self.config, self.partitions).expect("input producer")
+    }
+
+    /// Starts `readfold run` as a child process with this test's settings.
+    pub fn spawn(&self, instance: &str) -> Processor {
+        let log = self.logs.with_extension(format!("{instance}.{}.log", now_ms()));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_readfold"))
+            .arg("run")
+            .envs(self.vars.iter().cloned())
+            .env("READFOLD__KAFKA__INSTANCE_ID", instance)
+            .env("READFOLD_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("start readfold");
+        Processor {
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// Every committed record of a topic, in partition order, as JSON.
+    pub fn read_topic(&self, topic: &str) -> Vec<Value> {
+        let mut lines = Vec::new();
+        readfold::tail::tail(&self.config, topic, false, None, |l| lines.push(l)).expect("read topic");
+        lines
+    }
+
+    pub fn changelog(&self) -> Changelog {
+        Changelog::from_lines(&self.read_topic(&self.config.topics.read_cursors))
+    }
+
+    pub fn user_changelog(&self) -> Changelog {
+        Changelog::from_lines(&self.read_topic(&self.config.topics.user_read_cursors))
+    }
+
+    pub fn dead_letters(&self) -> Vec<Value> {
+        self.read_topic(&self.config.topics.dlq)
+    }
+
+    /// Polls the changelog until `done` holds or `timeout` passes.
+    pub async fn wait_for(&self, timeout: Duration, done: impl Fn(&Changelog) -> bool) -> Changelog {
+        let started = Instant::now();
+        loop {
+            let log = self.changelog();
+            if done(&log) {
+                return log;
+            }
+            if started.elapsed() > timeout {
+                return log;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+fn now_ms() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis()
+}
+
+/// A running `readfold run`, killed when dropped.
+pub struct Processor {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Processor {
+    /// SIGKILL: no flush, no goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn terminate(&mut self, timeout: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return false;
+        };
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Processor {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// (conversation, user).
+pub type Key = (String, String);
+/// A changelog value as the tests compare it: (cursor, join_seq), or `None`
+/// for a tombstone.
+pub type Cursor = Option<(i64, i64)>;
+
+/// What a changelog says: each key's committed history, in order.
+#[derive(Debug, Default)]
+pub struct Changelog {
+    /// (conversation, user) -> successive values; `None` is a tombstone.
+    pub history: BTreeMap<Key, Vec<Cursor>>,
+}
+
+impl Changelog {
+    pub fn from_lines(lines: &[Value]) -> Changelog {
+        let mut log = Changelog::default();
+        for line in lines {
+            let key = &line["key"];
+            let id = (
+                key["conversation_id"].as_str().unwrap().to_owned(),
+                key["user_id"].as_str().unwrap().to_owned(),
+            );
+            let value = &line["value"];
+            let entry = if value.is_null() {
+                None
+            } else {
+                Some((
+                    value["cursor"].as_i64().unwrap(),
+                    value["join_seq"].as_i64().unwrap(),
+                ))
+            };
+            log.history.entry(id).or_default().push(entry);
+        }
+        log
+    }
+
+    /// The latest value per key.
+    pub fn latest(&self) -> BTreeMap<Key, Cursor> {
+        self.history
+            .iter()
+            .map(|(k, v)| (k.clone(), *v.last().unwrap()))
+            .collect()
+    }
+
+    /// Keys whose cursor ever went down between two values (tombstones
+    /// aside: a member who leaves and rejoins keeps a cursor at least as high).
+    pub fn regressions(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        for (key, values) in &self.history {
+            let mut high = 0;
+            for (cursor, _) in values.iter().flatten() {
+                if *cursor < high {
+                    bad.push(format!("{key:?}: {values:?}"));
+                    break;
+                }
+                high = *cursor;
+            }
+        }
+        bad
+    }
+}
+
+/// The fold the test expects, computed in the test from what it produced.
+#[derive(Default)]
+pub struct Reference {
+    pub state: PartitionState,
+}
+
+impl Reference {
+    pub fn report(&mut self, r: &ReadReportRecord) {
+        self.state
+            .apply_report(&validate::read_report(r.clone(), &Limits::default()).unwrap());
+    }
+
+    pub fn event(&mut self, e: &ConversationEventRecord) {
+        self.state
+            .apply_event(&validate::conversation_event(e.clone(), &Limits::default()).unwrap());
+    }
+
+    /// The final changelog value per key: (cursor, join_seq), or None if left.
+    pub fn expected(&self) -> BTreeMap<Key, Cursor> {
+        let mut out = BTreeMap::new();
+        for (c, conv) in self.state.conversations() {
+            for (u, m) in &conv.members {
+                let v = (!m.left).then_some((m.cursor.get() as i64, m.join_seq.get() as i64));
+                out.insert((c.to_string(), u.to_string()), v);
+            }
+        }
+        out
+    }
+
+    /// Read count of message `seq` sent by `sender`, by the reference.
+    pub fn read_count(&self, conversation: &str, seq: u64, sender: &str) -> usize {
+        let c: ConversationId = conversation.parse().unwrap();
+        let s: UserId = sender.parse().unwrap();
+        self.state
+            .conversation(&c)
+            .map_or(0, |c| c.read_count(readfold::domain::Seq(seq), &s))
+    }
+}
+
+/// Read count of message `seq` sent by `sender`, from a changelog's latest values.
+pub fn changelog_read_count(log: &Changelog, conversation: &str, seq: i64, sender: &str) -> usize {
+    log.latest()
+        .iter()
+        .filter(|((c, u), v)| {
+            c == conversation && u != sender && v.is_some_and(|(cursor, join)| join <= seq && seq <= cursor)
+        })
+        .count()
+}
+
+pub fn report(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
+    ReadReportRecord {
+        conversation_id: conversation.into(),
+        user_id: user.into(),
+        seq,
+        device_id: None,
+        reported_at: now_ms() as i64,
+        private: false,
+    }
+}
+
+pub fn event(conversation: &str, seq: i64, event: readfold::codec::EventRecord) -> ConversationEventRecord {
+    ConversationEventRecord {
+        conversation_id: conversation.into(),
+        seq,
+        at: now_ms() as i64,
+        event,
+    }
+}
+
+pub fn sent(conversation: &str, sender: &str, seq: i64) -> ConversationEventRecord {
+    event(
+        conversation,
+        seq,
+        readfold::codec::EventRecord::MessageSent {
+            sender_id: sender.into(),
+        },
+    )
+}
+
+pub fn joined(conversation: &str, user: &str, seq: i64) -> ConversationEventRecord {
+    event(
+        conversation,
+        seq,
+        readfold::codec::EventRecord::MemberJoined { user_id: user.into() },
+    )
+}
+
+/// Produces and folds into the reference in one go.
+pub struct Feed<'a> {
+    pub producer: InputProducer,
+    pub reference: &'a mut Reference,
+}
+
+impl Feed<'_> {
+    pub async fn report(&mut self, r: ReadReportRecord) {
+        self.producer.report(&r).await.unwrap();
+        self.reference.report(&r);
+    }
+
+    pub async fn event(&mut self, e: ConversationEventRecord) {
+        self.producer.event(&e).await.unwrap();
+        self.reference.event(&e);
+    }
+}
+
+/// Asserts the changelog's final values equal the reference, with a diff.
+pub fn assert_matches(log: &Changelog, reference: &Reference) {
+    let (got, want) = (log.latest(), reference.expected());
+    let diff: HashMap<_, _> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(v))
+        .map(|(k, v)| (k.clone(), (got.get(k).cloned(), *v)))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "changelog differs from the reference fold (got, want): {diff:?}"
+    );
+    let extra: Vec<_> = got.keys().filter(|k| !want.contains_key(*k)).collect();
+    assert!(
+        extra.is_empty(),
+        "changelog has keys the reference lacks: {extra:?}"
+    );
+}

@@ -1,0 +1,107 @@
+//! The seed articles' scenarios end to end through Kafka.
+
+use std::time::Duration;
+
+use crate::harness::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_scenarios_through_kafka() {
+    let env = TestEnv::new("seeds", 3).await;
+    let mut reference = Reference::default();
+    let mut feed = Feed {
+        producer: env.producer(),
+        reference: &mut reference,
+    };
+    let (dm, group) = ("dm-P", "group-G");
+
+    // 1:1: A says hello, B reads, B replies, A reads.
+    feed.event(joined(dm, "A", 0)).await;
+    feed.event(joined(dm, "B", 0)).await;
+    feed.event(sent(dm, "A", 1)).await;
+    feed.report(report(dm, "B", 1)).await;
+    feed.event(sent(dm, "B", 2)).await;
+    feed.report(report(dm, "A", 2)).await;
+
+    // Group of A, B, C: counts 0 -> 1 -> 1, then 2 and 1.
+    for m in ["A", "B", "C"] {
+        feed.event(joined(group, m, 0)).await;
+    }
+    feed.event(sent(group, "A", 1)).await;
+    feed.report(report(group, "B", 1)).await;
+    feed.event(sent(group, "A", 2)).await;
+    feed.report(report(group, "C", 2)).await;
+    // A late joiner reads everything but is no reader of the history.
+    feed.event(joined(group, "D", 2)).await;
+    feed.event(sent(group, "A", 3)).await;
+    feed.report(report(group, "D", 3)).await;
+    // A stale duplicate never moves anything back.
+    feed.report(report(group, "C", 1)).await;
+
+    let mut processor = env.spawn("a");
+    let log = env
+        .wait_for(Duration::from_secs(60), |log| {
+            log.latest() == reference.expected()
+        })
+        .await;
+    assert_matches(&log, &reference);
+    assert!(log.regressions().is_empty(), "{:?}", log.regressions());
+
+    assert_eq!(changelog_read_count(&log, dm, 1, "A"), 1);
+    assert_eq!(changelog_read_count(&log, dm, 2, "B"), 1);
+    assert_eq!(changelog_read_count(&log, group, 1, "A"), 2, "B and C read #1");
+    assert_eq!(changelog_read_count(&log, group, 2, "A"), 1, "only C read #2");
+    assert_eq!(changelog_read_count(&log, group, 3, "A"), 1, "D read #3");
+    assert_eq!(reference.read_count(group, 2, "A"), 1);
+    let d = log.latest()[&(group.to_owned(), "D".to_owned())];
+    assert_eq!(d, Some((3, 3)), "D: cursor 3, join_seq 3");
+
+    // The by-user changelog carries the same final values.
+    let by_user = env.user_changelog();
+    assert_eq!(by_user.latest().len(), log.latest().len());
+    for (key, value) in log.latest() {
+        assert_eq!(by_user.latest().get(&key), Some(&value), "{key:?}");
+    }
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "graceful stop: {}",
+        processor.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaving_member_becomes_a_tombstone() {
+    let env = TestEnv::new("leave", 2).await;
+    let mut reference = Reference::default();
+    let mut feed = Feed {
+        producer: env.producer(),
+        reference: &mut reference,
+    };
+    feed.event(joined("G", "A", 0)).await;
+    feed.event(joined("G", "B", 0)).await;
+    feed.event(sent("G", "A", 1)).await;
+    feed.report(report("G", "B", 1)).await;
+    let mut processor = env.spawn("a");
+    env.wait_for(Duration::from_secs(60), |log| {
+        log.latest() == reference.expected()
+    })
+    .await;
+    let mut feed = Feed {
+        producer: env.producer(),
+        reference: &mut reference,
+    };
+    feed.event(event(
+        "G",
+        1,
+        readfold::codec::EventRecord::MemberLeft { user_id: "B".into() },
+    ))
+    .await;
+    let log = env
+        .wait_for(Duration::from_secs(60), |log| {
+            log.latest() == reference.expected()
+        })
+        .await;
+    assert_matches(&log, &reference);
+    assert_eq!(log.latest()[&("G".to_owned(), "B".to_owned())], None);
+    assert_eq!(changelog_read_count(&log, "G", 1, "A"), 0);
+    processor.kill();
+}
