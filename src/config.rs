@@ -24,6 +24,7 @@ pub struct Config {
     pub topics: TopicsConfig,
     pub input: InputConfig,
     pub flush: FlushConfig,
+    pub redis: RedisConfig,
     pub metrics: MetricsConfig,
     pub shutdown: ShutdownConfig,
 }
@@ -66,6 +67,15 @@ pub struct InputConfig {
 pub struct FlushConfig {
     pub interval_ms: u64,
     pub max_dirty: usize,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    pub enabled: bool,
+    pub url: String,
+    pub key_prefix: String,
+    pub timeout_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -165,7 +165,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
     println!("conversations: {} and {}\n", convs[0], convs[1]);
 
     let (stop, stopped) = watch::channel(false);
-    let processor = Processor::new(config.clone(), layout)?;
+    let processor = Processor::new(config.clone(), layout).await?;
     let handle = tokio::spawn(processor.run(stopped));
 
     let producer = InputProducer::new(&config, layout.partitions)?;
@@ -245,6 +245,9 @@ pub async fn demo(mut config: Config) -> Result<()> {
         "\nEvery number above was read back from {} (read_committed).",
         config.topics.read_cursors
     );
+    if config.redis.enabled {
+        print_redis(&config, &convs).await?;
+    }
     println!(
         "Try: readfold tail {}   and   readfold tail {}",
         config.topics.read_cursors, config.topics.dlq
@@ -381,4 +384,29 @@ fn matches(expected: &PartitionState, view: &PartitionState) -> bool {
             })
         })
     })
+}
+
+/// Shows the hot cursors the processor max-merged into Redis.
+async fn print_redis(config: &Config, convs: &[String]) -> Result<()> {
+    let redis_error = |e: redis::RedisError| Error::Sink(format!("redis: {e}"));
+    let client = redis::Client::open(config.redis.url.as_str()).map_err(redis_error)?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(redis_error)?;
+    for conv in convs {
+        let [cursors, latest, _] = crate::sinks::redis::keys(&config.redis.key_prefix, conv);
+        let hash: BTreeMap<String, i64> = redis::cmd("HGETALL")
+            .arg(&cursors)
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        let latest: Option<i64> = redis::cmd("GET")
+            .arg(&latest)
+            .query_async(&mut conn)
+            .await
+            .map_err(redis_error)?;
+        println!("Redis {cursors} = {hash:?}, latest = {}", latest.unwrap_or(0));
+    }
+    Ok(())
 }

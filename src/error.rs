@@ -12,6 +12,9 @@ pub enum Error {
     Topology(String),
     #[error("decode: {0}")]
     Decode(#[from] DecodeError),
+    /// A sink (Redis, CQL) failed; the flush is retried.
+    #[error("sink: {0}")]
+    Sink(String),
     #[error("metrics: {0}")]
     Metrics(String),
     #[error("{0}")]

@@ -12,6 +12,7 @@ pub mod fold;
 pub mod kafka;
 pub mod partitioner;
 pub mod processor;
+pub mod sinks;
 pub mod tail;
 pub mod telemetry;
 pub mod validate;

@@ -119,7 +119,8 @@ async fn run(config: Config) -> Result<()> {
         }
         std::process::exit(130);
     });
-    readfold::processor::Processor::new(config, layout)?
+    readfold::processor::Processor::new(config, layout)
+        .await?
         .run(stopped)
         .await
 }

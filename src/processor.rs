@@ -27,6 +27,8 @@ use crate::kafka::admin::Layout;
 use crate::kafka::base_client_config;
 use crate::kafka::records::{changelog_records, dead_letter, OutRecord, Source};
 use crate::kafka::restore::Restorer;
+use crate::sinks::group_by_conversation;
+use crate::sinks::redis::RedisSink;
 use crate::telemetry;
 use crate::validate::{ingest, Input, InputKind, Limits, Placement};
 
@@ -52,8 +54,17 @@ impl ClientContext for GroupContext {
                 continue;
             }
             for (&partition, p) in &topic.partitions {
-                if partition >= 0 && p.consumer_lag >= 0 {
-                    telemetry::consumer_lag(name, partition, p.consumer_lag);
+                // librdkafka's own consumer_lag is measured from the
+                // consumer's committed offset, which it never learns when
+                // offsets are committed through the producer's transaction;
+                // the lag here is from the next offset to process.
+                let end = if p.ls_offset >= 0 {
+                    p.ls_offset
+                } else {
+                    p.hi_offset
+                };
+                if partition >= 0 && p.app_offset >= 0 && end >= 0 {
+                    telemetry::consumer_lag(name, partition, (end - p.app_offset).max(0));
                 }
             }
         }
@@ -117,6 +128,7 @@ pub struct Processor {
     consumer: StreamConsumer<GroupContext>,
     producer: FutureProducer,
     restorer: Restorer,
+    redis: Option<RedisSink>,
     events: Arc<Mutex<Vec<GroupEvent>>>,
     slots: HashMap<i32, Slot>,
     /// Input partitions currently assigned, per topic.
@@ -131,7 +143,7 @@ pub struct Processor {
 impl Processor {
     /// Connects the consumer and the transactional producer. Call after
     /// [`crate::kafka::admin::ensure_topics`] produced `layout`.
-    pub fn new(config: Config, layout: Layout) -> Result<Self> {
+    pub async fn new(config: Config, layout: Layout) -> Result<Self> {
         let events = Arc::new(Mutex::new(Vec::new()));
         let context = GroupContext {
             events: events.clone(),
@@ -169,7 +181,15 @@ impl Processor {
         producer.init_transactions(TXN_TIMEOUT)?;
         tracing::info!(%transactional_id, "transactional producer ready");
         let restorer = Restorer::new(&config)?;
+        let redis = if config.redis.enabled {
+            let sink = RedisSink::connect(&config.redis).await?;
+            tracing::info!(url = %config.redis.url, "redis sink ready");
+            Some(sink)
+        } else {
+            None
+        };
         Ok(Processor {
+            redis,
             limits: config.limits(),
             layout,
             consumer,
@@ -216,11 +236,11 @@ impl Processor {
             self.apply_group_events()?;
             match step {
                 Step::Shutdown => break,
-                Step::Tick => self.flush_when_due()?,
+                Step::Tick => self.flush_when_due().await?,
                 Step::Message(Ok(message)) => {
                     self.process(message)?;
                     if self.dirty_len() >= self.config.flush.max_dirty {
-                        self.flush_when_due()?;
+                        self.flush_when_due().await?;
                     }
                 }
                 Step::Message(Err(e)) => {
@@ -235,7 +255,7 @@ impl Processor {
         self.apply_group_events()?;
         if !self.suspended {
             for attempt in 0..3 {
-                match self.flush() {
+                match self.flush().await {
                     Ok(()) => break,
                     Err(e) if attempt < 2 => {
                         tracing::warn!(error = %e, "final flush failed, retrying");
@@ -383,12 +403,12 @@ impl Processor {
 
     /// Flushes unless a recent failure asks to wait; pauses the consumer
     /// when failures let the dirty set grow past its bound.
-    fn flush_when_due(&mut self) -> Result<()> {
+    async fn flush_when_due(&mut self) -> Result<()> {
         if self.suspended || Instant::now() < self.next_flush_attempt {
             self.apply_backpressure()?;
             return Ok(());
         }
-        match self.flush() {
+        match self.flush().await {
             Ok(()) => {
                 self.failures = 0;
                 if self.paused {
@@ -396,7 +416,7 @@ impl Processor {
                 }
                 Ok(())
             }
-            Err(Error::Kafka(e)) if !is_fatal(&e) => {
+            Err(e @ (Error::Kafka(_) | Error::Sink(_))) if !matches!(&e, Error::Kafka(k) if is_fatal(k)) => {
                 self.failures += 1;
                 let delay = backoff(self.failures);
                 tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "flush failed; will retry");
@@ -433,8 +453,9 @@ impl Processor {
 
     /// Publishes every partition's pending changes, dead letters and input
     /// offsets in one transaction.
-    fn flush(&mut self) -> Result<()> {
+    async fn flush(&mut self) -> Result<()> {
         let mut records = Vec::new();
+        let mut all_changes = Vec::new();
         let mut offsets = TopicPartitionList::new();
         let mut flushed = Vec::new();
         let mut changes = 0;
@@ -451,6 +472,7 @@ impl Processor {
                     &self.config.topics,
                     self.layout.output,
                 ));
+                all_changes.push(change);
             }
             dead_letters += slot.dead_letters.len();
             records.extend(slot.dead_letters.iter().cloned());
@@ -465,6 +487,20 @@ impl Processor {
             return Ok(());
         }
         let started = Instant::now();
+        // Sinks first: they are idempotent max-merges, so if the commit
+        // below fails, writing them again on retry changes nothing.
+        if let Some(redis) = &self.redis {
+            let batches = group_by_conversation(&all_changes);
+            let sink_started = Instant::now();
+            match redis.write(&batches).await {
+                Ok(raised) => telemetry::sink_written("redis", sink_started.elapsed(), batches.len(), raised),
+                Err(e) => {
+                    telemetry::sink_failed("redis");
+                    telemetry::flush_failed(started.elapsed());
+                    return Err(e);
+                }
+            }
+        }
         let outcome = tokio::task::block_in_place(|| self.transact(&records, &offsets));
         match outcome {
             Ok(()) => {

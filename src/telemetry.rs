@@ -45,7 +45,8 @@ pub fn paused(on: bool) {
     gauge!("readfold_consumer_paused").set(if on { 1.0 } else { 0.0 });
 }
 
-/// Consumer lag of one input partition, from librdkafka statistics.
+/// Records of one input partition not yet processed (end offset minus
+/// position), from librdkafka statistics every 5 s.
 pub fn consumer_lag(topic: &str, partition: i32, lag: i64) {
     gauge!("readfold_consumer_lag", "topic" => topic.to_owned(), "partition" => partition.to_string())
         .set(lag as f64);
@@ -61,4 +62,17 @@ pub fn restored(records: u64, elapsed: Duration) {
 /// The consumer group assigned or revoked partitions.
 pub fn rebalance(kind: &'static str) {
     counter!("readfold_rebalances_total", "kind" => kind).increment(1);
+}
+
+/// A sink accepted a flush: `calls` script calls or statements, `raised`
+/// fields actually raised.
+pub fn sink_written(sink: &'static str, elapsed: Duration, calls: usize, raised: u64) {
+    counter!("readfold_sink_calls_total", "sink" => sink).increment(calls as u64);
+    counter!("readfold_sink_raised_total", "sink" => sink).increment(raised);
+    histogram!("readfold_sink_write_seconds", "sink" => sink).record(elapsed.as_secs_f64());
+}
+
+/// A sink write failed; the flush is retried.
+pub fn sink_failed(sink: &'static str) {
+    counter!("readfold_sink_failures_total", "sink" => sink).increment(1);
 }

@@ -50,6 +50,11 @@ impl TestEnv {
             ("READFOLD__TOPICS__PARTITIONS", partitions.to_string()),
             ("READFOLD__FLUSH__INTERVAL_MS", "100".into()),
             ("READFOLD__METRICS__LISTEN", String::new()),
+            ("READFOLD__REDIS__KEY_PREFIX", prefix.clone()),
+            (
+                "READFOLD__REDIS__URL",
+                std::env::var("READFOLD_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into()),
+            ),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
@@ -71,8 +76,18 @@ impl TestEnv {
         InputProducer::new(&self.config, self.partitions).expect("input producer")
     }
 
+    /// This test's settings as environment variables.
+    pub fn vars(&self) -> Vec<(String, String)> {
+        self.vars.clone()
+    }
+
     /// Starts `readfold run` as a child process with this test's settings.
     pub fn spawn(&self, instance: &str) -> Processor {
+        self.spawn_with(instance, &[])
+    }
+
+    /// `spawn` with extra environment variables.
+    pub fn spawn_with(&self, instance: &str, extra: &[(&str, &str)]) -> Processor {
         let log = self.logs.with_extension(format!("{instance}.{}.log", now_ms()));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_readfold"))
@@ -80,6 +95,7 @@ impl TestEnv {
             .envs(self.vars.iter().cloned())
             .env("READFOLD__KAFKA__INSTANCE_ID", instance)
             .env("READFOLD_LOG", "info")
+            .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file)

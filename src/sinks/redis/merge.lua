@@ -1,0 +1,29 @@
+-- readfold: max-merge one conversation's cursors in one call.
+-- KEYS[1] = <prefix>:{C}:cursors  hash user -> cursor
+-- KEYS[2] = <prefix>:{C}:latest   latest seq of the conversation
+-- KEYS[3] = <prefix>:{C}:joined   hash user -> join_seq (only when > 1)
+-- ARGV[1] = latest seq; then triples (user, cursor, join_seq); cursor -1 = the member left.
+-- A field is only ever raised, never lowered, whoever calls and in whatever order.
+local raised = 0
+local latest = tonumber(ARGV[1])
+if latest > tonumber(redis.call('GET', KEYS[2]) or '0') then
+  redis.call('SET', KEYS[2], ARGV[1])
+end
+for i = 2, #ARGV, 3 do
+  local user = ARGV[i]
+  local cursor = tonumber(ARGV[i + 1])
+  local join = tonumber(ARGV[i + 2])
+  if cursor < 0 then
+    redis.call('HDEL', KEYS[1], user)
+    redis.call('HDEL', KEYS[3], user)
+  else
+    if cursor > tonumber(redis.call('HGET', KEYS[1], user) or '0') then
+      redis.call('HSET', KEYS[1], user, ARGV[i + 1])
+      raised = raised + 1
+    end
+    if join > 1 and join > tonumber(redis.call('HGET', KEYS[3], user) or '0') then
+      redis.call('HSET', KEYS[3], user, ARGV[i + 2])
+    end
+  end
+end
+return raised

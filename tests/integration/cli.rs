@@ -1,0 +1,145 @@
+//! The command line as an operator meets it: refusals, metrics, tail.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::ClientConfig;
+
+use crate::harness::*;
+
+fn readfold() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_readfold"))
+}
+
+#[test]
+fn an_unknown_environment_key_is_named() {
+    let out = readfold()
+        .arg("check-config")
+        .env("READFOLD__FLUSH__INTERVL_MS", "5")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("READFOLD__FLUSH__INTERVL_MS"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_inputs_that_are_not_co_partitioned() {
+    let prefix = format!("it.copart.{}", std::process::id());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .create()
+        .unwrap();
+    let (reports, events) = (format!("{prefix}.reports"), format!("{prefix}.events"));
+    let topics = [
+        NewTopic::new(&reports, 3, TopicReplication::Fixed(1)),
+        NewTopic::new(&events, 2, TopicReplication::Fixed(1)),
+    ];
+    for r in admin.create_topics(&topics, &AdminOptions::new()).await.unwrap() {
+        r.unwrap();
+    }
+    let out = readfold()
+        .arg("run")
+        .env("READFOLD__KAFKA__BOOTSTRAP_SERVERS", bootstrap())
+        .env("READFOLD__TOPICS__READ_REPORTS", &reports)
+        .env("READFOLD__TOPICS__CONVERSATION_EVENTS", &events)
+        .env("READFOLD__TOPICS__READ_CURSORS", format!("{prefix}.cursors"))
+        .env(
+            "READFOLD__TOPICS__USER_READ_CURSORS",
+            format!("{prefix}.user-cursors"),
+        )
+        .env("READFOLD__TOPICS__DLQ", format!("{prefix}.dlq"))
+        .env("READFOLD__METRICS__LISTEN", "")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "must refuse to start");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("co-partitioned") && err.contains(&reports), "{err}");
+}
+
+fn scrape(addr: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_metrics_and_tails_topics() {
+    let env = TestEnv::new("metrics", 2).await;
+    let mut reference = Reference::default();
+    let mut feed = Feed {
+        producer: env.producer(),
+        reference: &mut reference,
+    };
+    feed.report(report("C", "u", 3)).await;
+    feed.report(report("C", "v", 4)).await;
+    env.producer()
+        .send(&env.config.topics.read_reports, "C", Some(b"junk"), None)
+        .await
+        .unwrap();
+
+    // A free port for the exporter.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut processor = env.spawn_with("a", &[("READFOLD__METRICS__LISTEN", addr.as_str())]);
+    env.wait_for(Duration::from_secs(60), |log| {
+        log.latest() == reference.expected()
+    })
+    .await;
+
+    let wanted = [
+        "readfold_records_in_total",
+        "readfold_dlq_records_total{reason=\"decode_error\"}",
+        "readfold_flushes_total{result=\"committed\"}",
+        "readfold_flush_duration_seconds",
+        "readfold_dirty_keys",
+        "readfold_consumer_lag",
+        "readfold_restores_total",
+    ];
+    let started = Instant::now();
+    let mut body = String::new();
+    while started.elapsed() < Duration::from_secs(30) {
+        body = scrape(&addr).unwrap_or_default();
+        if wanted.iter().all(|w| body.contains(w)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    for w in wanted {
+        assert!(body.contains(w), "metric {w} missing from:\n{body}");
+    }
+
+    // `readfold tail` prints the changelog as JSON lines.
+    let out = readfold()
+        .args(["tail", &env.config.topics.read_cursors])
+        .envs(env.vars())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["key"]["user_id"] == "v" && l["value"]["cursor"] == 4),
+        "{lines:?}"
+    );
+    assert!(processor.terminate(Duration::from_secs(30)));
+}

@@ -1,0 +1,170 @@
+//! Hot cursors in Redis: max-merged, whoever writes and in whatever order.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use readfold::config::RedisConfig;
+use readfold::domain::Seq;
+use readfold::sinks::redis::{keys, RedisSink};
+use readfold::sinks::{ConversationBatch, MemberWrite};
+
+use crate::harness::*;
+
+fn redis_url() -> String {
+    std::env::var("READFOLD_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+async fn conn() -> redis::aio::MultiplexedConnection {
+    redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+fn sink_config(prefix: &str) -> RedisConfig {
+    RedisConfig {
+        enabled: true,
+        url: redis_url(),
+        key_prefix: prefix.to_owned(),
+        timeout_ms: 2000,
+    }
+}
+
+fn batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> ConversationBatch {
+    ConversationBatch {
+        conversation_id: conv.parse().unwrap(),
+        latest_seq: Seq(latest),
+        members: members
+            .iter()
+            .map(|(u, c)| MemberWrite {
+                user_id: u.parse().unwrap(),
+                cursor: Seq(*c),
+                join_seq: Seq(1),
+                left: false,
+            })
+            .collect(),
+    }
+}
+
+async fn hash(prefix: &str, conv: &str) -> HashMap<String, i64> {
+    let [cursors, _, _] = keys(prefix, conv);
+    redis::cmd("HGETALL")
+        .arg(cursors)
+        .query_async(&mut conn().await)
+        .await
+        .unwrap()
+}
+
+fn unique(name: &str) -> String {
+    format!(
+        "it-{name}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writers_never_lower_a_cursor() {
+    let prefix = unique("race");
+    let a = RedisSink::connect(&sink_config(&prefix)).await.unwrap();
+    let b = RedisSink::connect(&sink_config(&prefix)).await.unwrap();
+    // One writer climbs, the other descends, concurrently: the result is the max.
+    let up = async {
+        for seq in 1..=300u64 {
+            a.write(&[batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+                .await
+                .unwrap();
+        }
+    };
+    let down = async {
+        for seq in (1..=300u64).rev() {
+            b.write(&[batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+                .await
+                .unwrap();
+        }
+    };
+    tokio::join!(up, down);
+    let h = hash(&prefix, "C").await;
+    assert_eq!(h["u"], 300);
+    assert_eq!(h["v"], 300);
+    let [_, latest, _] = keys(&prefix, "C");
+    let latest: i64 = redis::cmd("GET")
+        .arg(latest)
+        .query_async(&mut conn().await)
+        .await
+        .unwrap();
+    assert_eq!(latest, 300);
+    // A lower value written later changes nothing.
+    assert_eq!(a.write(&[batch("C", 2, &[("u", 2)])]).await.unwrap(), 0);
+    assert_eq!(hash(&prefix, "C").await["u"], 300);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn survives_a_flushed_script_cache() {
+    let prefix = unique("noscript");
+    let sink = RedisSink::connect(&sink_config(&prefix)).await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn().await)
+        .await
+        .unwrap();
+    assert_eq!(sink.write(&[batch("C", 5, &[("u", 5)])]).await.unwrap(), 1);
+    assert_eq!(hash(&prefix, "C").await["u"], 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_writes_redis_and_keeps_higher_hand_edits() {
+    let env = TestEnv::new("redis", 2).await;
+    let prefix = env.config.redis.key_prefix.clone();
+    let mut reference = Reference::default();
+    let mut feed = Feed {
+        producer: env.producer(),
+        reference: &mut reference,
+    };
+    for m in ["A", "B", "C"] {
+        feed.event(joined("G", m, 0)).await;
+    }
+    feed.event(sent("G", "A", 1)).await;
+    feed.report(report("G", "B", 1)).await;
+    feed.event(sent("G", "A", 2)).await;
+    feed.report(report("G", "C", 2)).await;
+    feed.event(joined("G", "D", 2)).await;
+
+    // Someone raised C by hand beyond anything the processor will write.
+    let [cursors, latest, joined_key] = keys(&prefix, "G");
+    let _: () = redis::cmd("HSET")
+        .arg(&cursors)
+        .arg("C")
+        .arg(99)
+        .query_async(&mut conn().await)
+        .await
+        .unwrap();
+
+    let mut processor = env.spawn("a");
+    env.wait_for(Duration::from_secs(60), |log| {
+        log.latest() == reference.expected()
+    })
+    .await;
+    let h = hash(&prefix, "G").await;
+    assert_eq!(h["A"], 2);
+    assert_eq!(h["B"], 1);
+    assert_eq!(h["C"], 99, "a higher value set by hand is kept");
+    assert_eq!(h["D"], 2);
+    let latest: i64 = redis::cmd("GET")
+        .arg(latest)
+        .query_async(&mut conn().await)
+        .await
+        .unwrap();
+    assert_eq!(latest, 2);
+    let joined: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(joined_key)
+        .query_async(&mut conn().await)
+        .await
+        .unwrap();
+    assert_eq!(joined.get("D"), Some(&3), "D joined after #2");
+    assert!(processor.terminate(Duration::from_secs(30)));
+}
