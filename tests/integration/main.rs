@@ -7,6 +7,7 @@ mod harness;
 mod cli;
 mod dead_letters;
 mod pipeline;
+mod redis_outage;
 mod redis_sink;
 mod restart;
 mod scale;
