@@ -3,6 +3,7 @@
 //! The [`fold`] is pure; [`codec`] and [`validate`] turn bytes into its inputs;
 //! the Kafka adapters in [`kafka`] and the [`processor`] move bytes around it.
 
+pub mod bench;
 pub mod codec;
 pub mod config;
 pub mod demo;

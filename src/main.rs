@@ -45,6 +45,18 @@ enum Command {
     },
     /// Print the effective configuration's topics and check it loads.
     CheckConfig,
+    /// Measure the pure fold: reports/s and writes per report after coalescing.
+    Bench {
+        #[arg(long, default_value_t = 1_000_000)]
+        reports: u64,
+        #[arg(long, default_value_t = 500)]
+        group_members: u64,
+        #[arg(long, default_value_t = 10_000)]
+        direct_chats: u64,
+        /// Reports between flushes (input rate x flush interval).
+        #[arg(long, default_value_t = 5_000)]
+        flush_every: u64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -79,6 +91,21 @@ fn real_main(cli: Cli) -> Result<()> {
         Command::Demo => runtime.block_on(readfold::demo::demo(config)),
         Command::Tail { topic, follow, limit } => {
             readfold::tail::tail(&config, &topic, follow, limit, |line| println!("{line}"))?;
+            Ok(())
+        }
+        Command::Bench {
+            reports,
+            group_members,
+            direct_chats,
+            flush_every,
+        } => {
+            let w = readfold::bench::Workload {
+                reports,
+                group_members: group_members.max(1),
+                direct_chats: direct_chats.max(1),
+                flush_every: flush_every.max(1),
+            };
+            readfold::bench::print(w, readfold::bench::run(w));
             Ok(())
         }
         Command::CheckConfig => {
