@@ -2,6 +2,7 @@
 //! grouped by conversation and must merge them with `max`, so that a replay
 //! or a racing writer never lowers a stored cursor.
 
+pub mod cql;
 pub mod redis;
 
 use std::collections::BTreeMap;

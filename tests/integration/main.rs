@@ -1,10 +1,13 @@
 //! Integration tests against a real Kafka broker (127.0.0.1:9092, or
-//! READFOLD_TEST_KAFKA) and Redis (127.0.0.1:6379, or READFOLD_TEST_REDIS).
-//! `scripts/dev test` starts both.
+//! READFOLD_TEST_KAFKA), Redis (127.0.0.1:6379, or READFOLD_TEST_REDIS) and a
+//! CQL server (127.0.0.1:9042, or READFOLD_TEST_CQL). `scripts/dev test`
+//! starts all three; the CQL server is Apache Cassandra 5 (ScyllaDB, the
+//! production target, speaks the same protocol but cannot be installed here).
 
 mod harness;
 
 mod cli;
+mod cql_sink;
 mod dead_letters;
 mod pipeline;
 mod redis_outage;

@@ -1,0 +1,249 @@
+//! Durable cursors in Cassandra / ScyllaDB (127.0.0.1:9042, or
+//! READFOLD_TEST_CQL; `scripts/services/cassandra.sh up` starts one): max-merged
+//! through write timestamps, whoever writes and in whatever order.
+
+use std::collections::HashMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use readfold::domain::Seq;
+use readfold::sinks::cql::{CqlConfig, CqlSink};
+use readfold::sinks::{ConversationBatch, MemberWrite};
+use scylla::value::CqlTimestamp;
+
+fn contact_point() -> String {
+    std::env::var("READFOLD_TEST_CQL").unwrap_or_else(|_| "127.0.0.1:9042".into())
+}
+
+/// A keyspace of its own for each test.
+fn unique_keyspace(name: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!(
+        "it_cql_{name}_{}_{}",
+        std::process::id(),
+        nanos % 1_000_000_000_000
+    )
+}
+
+fn sink_config(keyspace: &str) -> CqlConfig {
+    CqlConfig {
+        contact_points: contact_point(),
+        keyspace: keyspace.to_owned(),
+        timeout_ms: 10_000,
+        ..CqlConfig::default()
+    }
+}
+
+fn batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> ConversationBatch {
+    ConversationBatch {
+        conversation_id: conv.parse().unwrap(),
+        latest_seq: Seq(latest),
+        members: members
+            .iter()
+            .map(|(u, c)| MemberWrite {
+                user_id: u.parse().unwrap(),
+                cursor: Seq(*c),
+                join_seq: Seq(1),
+                left: false,
+            })
+            .collect(),
+    }
+}
+
+/// user_id -> cursor for one conversation.
+async fn cursors(sink: &CqlSink, conv: &str) -> HashMap<String, i64> {
+    let ks = sink.keyspace();
+    let result = sink
+        .session()
+        .query_unpaged(
+            format!("SELECT user_id, cursor FROM {ks}.cursors WHERE conversation_id = ?"),
+            (conv,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    result
+        .rows::<(String, i64)>()
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+async fn latest_seq(sink: &CqlSink, conv: &str) -> Option<i64> {
+    let ks = sink.keyspace();
+    sink.session()
+        .query_unpaged(
+            format!("SELECT latest_seq FROM {ks}.conversations WHERE conversation_id = ?"),
+            (conv,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .maybe_first_row::<(i64,)>()
+        .unwrap()
+        .map(|(l,)| l)
+}
+
+async fn drop_keyspace(sink: &CqlSink) {
+    sink.session()
+        .query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", sink.keyspace()), &[])
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_is_created_idempotently() {
+    let ks = unique_keyspace("schema");
+    let first = CqlSink::connect(&sink_config(&ks)).await.unwrap();
+    assert_eq!(first.write(&[batch("C", 3, &[("u", 3)])]).await.unwrap(), 1);
+    // Connecting again finds everything in place and keeps the data.
+    let second = CqlSink::connect(&sink_config(&ks)).await.unwrap();
+    let tables = second
+        .session()
+        .query_unpaged(
+            "SELECT table_name FROM system_schema.tables WHERE keyspace_name = ?",
+            (ks.as_str(),),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    let mut names: Vec<String> = tables
+        .rows::<(String,)>()
+        .unwrap()
+        .map(|r| r.unwrap().0)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["conversations", "cursors"]);
+    assert_eq!(cursors(&second, "C").await["u"], 3);
+
+    // updated_at is the wall clock at the write, join_seq as given.
+    let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+    second.write(&[batch("C", 4, &[("u", 4)])]).await.unwrap();
+    let row = second
+        .session()
+        .query_unpaged(
+            format!(
+                "SELECT join_seq, updated_at FROM {ks}.cursors WHERE conversation_id = 'C' AND user_id = 'u'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap();
+    let (join_seq, updated_at) = row.single_row::<(i64, CqlTimestamp)>().unwrap();
+    assert_eq!(join_seq, 1);
+    assert!(updated_at.0 >= before - 1000, "{updated_at:?} vs {before}");
+    drop_keyspace(&second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_writers_never_lower_a_cursor() {
+    let ks = unique_keyspace("race");
+    let a = CqlSink::connect(&sink_config(&ks)).await.unwrap();
+    let b = CqlSink::connect(&sink_config(&ks)).await.unwrap();
+
+    // Sequentially: a lower cursor written later changes nothing.
+    a.write(&[batch("S", 10, &[("u", 10)])]).await.unwrap();
+    a.write(&[batch("S", 5, &[("u", 5)])]).await.unwrap();
+    assert_eq!(cursors(&a, "S").await["u"], 10);
+    assert_eq!(latest_seq(&a, "S").await, Some(10));
+
+    // One writer climbs, the other descends, concurrently: the result is the max.
+    let up = async {
+        for seq in 1..=300u64 {
+            a.write(&[batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+                .await
+                .unwrap();
+        }
+    };
+    let down = async {
+        for seq in (1..=300u64).rev() {
+            b.write(&[batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+                .await
+                .unwrap();
+        }
+    };
+    tokio::join!(up, down);
+    let c = cursors(&a, "C").await;
+    assert_eq!(c["u"], 300);
+    assert_eq!(c["v"], 300);
+    assert_eq!(latest_seq(&b, "C").await, Some(300));
+    a.write(&[batch("C", 2, &[("u", 2)])]).await.unwrap();
+    assert_eq!(cursors(&b, "C").await["u"], 300);
+    drop_keyspace(&a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_conversations_are_split_into_batches() {
+    let ks = unique_keyspace("big");
+    // Few batches in flight, so that the flush below has to wait for slots.
+    let sink = CqlSink::connect(&CqlConfig {
+        concurrency: 3,
+        ..sink_config(&ks)
+    })
+    .await
+    .unwrap();
+    let users: Vec<String> = (0..1200).map(|i| format!("user-{i:05}")).collect();
+    let members: Vec<(&str, u64)> = users
+        .iter()
+        .enumerate()
+        .map(|(i, u)| (u.as_str(), i as u64))
+        .collect();
+    // Ids near the 256-byte limit: 500 such rows would be ~150 KiB.
+    let long: Vec<String> = (0..600).map(|i| format!("{i:0>250}")).collect();
+    let long_members: Vec<(&str, u64)> = long.iter().map(|u| (u.as_str(), 7)).collect();
+    let small: Vec<String> = (0..40).map(|i| format!("small-{i}")).collect();
+    let mut flush = vec![batch("BIG", 1200, &members), batch("LONG", 7, &long_members)];
+    flush.extend(small.iter().map(|c| batch(c, 3, &[("a", 1), ("b", 3)])));
+    assert_eq!(sink.write(&flush).await.unwrap(), 1200 + 600 + 80);
+
+    let big = cursors(&sink, "BIG").await;
+    assert_eq!(big.len(), 1200);
+    for (i, u) in users.iter().enumerate() {
+        assert_eq!(big[u], i as i64, "{u}");
+    }
+    assert_eq!(latest_seq(&sink, "BIG").await, Some(1200));
+    let long_read = cursors(&sink, "LONG").await;
+    assert_eq!(long_read.len(), 600);
+    assert!(long_read.values().all(|&c| c == 7));
+    for c in &small {
+        let read = cursors(&sink, c).await;
+        assert_eq!((read["a"], read["b"]), (1, 3), "{c}");
+        assert_eq!(latest_seq(&sink, c).await, Some(3));
+    }
+    drop_keyspace(&sink).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_seq_only_grows() {
+    let ks = unique_keyspace("latest");
+    let sink = CqlSink::connect(&sink_config(&ks)).await.unwrap();
+    sink.write(&[batch("L", 50, &[("u", 1)])]).await.unwrap();
+    sink.write(&[batch("L", 20, &[("u", 2)])]).await.unwrap();
+    assert_eq!(latest_seq(&sink, "L").await, Some(50));
+    assert_eq!(
+        cursors(&sink, "L").await["u"],
+        2,
+        "cursors and latest_seq are independent"
+    );
+    sink.write(&[batch("L", 60, &[])]).await.unwrap();
+    assert_eq!(latest_seq(&sink, "L").await, Some(60));
+    // Departures only (latest_seq 0) leave everything as it was.
+    let departed = ConversationBatch {
+        conversation_id: "L".parse().unwrap(),
+        latest_seq: Seq::ZERO,
+        members: vec![MemberWrite {
+            user_id: "u".parse().unwrap(),
+            cursor: Seq::ZERO,
+            join_seq: Seq::ZERO,
+            left: true,
+        }],
+    };
+    assert_eq!(sink.write(&[departed]).await.unwrap(), 0);
+    assert_eq!(latest_seq(&sink, "L").await, Some(60));
+    assert_eq!(cursors(&sink, "L").await["u"], 2);
+    drop_keyspace(&sink).await;
+}
