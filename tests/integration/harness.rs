@@ -155,7 +155,9 @@ pub struct Processor {
 impl Processor {
     /// Whether the process is still alive.
     pub fn is_running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
     /// SIGKILL: no flush, no goodbye.

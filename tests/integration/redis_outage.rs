@@ -19,14 +19,25 @@ struct PrivateRedis {
 impl PrivateRedis {
     fn start(port: u16, dir: std::path::PathBuf) -> PrivateRedis {
         std::fs::create_dir_all(&dir).unwrap();
-        let mut redis = PrivateRedis { port, dir, child: None };
+        let mut redis = PrivateRedis {
+            port,
+            dir,
+            child: None,
+        };
         redis.up();
         redis
     }
 
     fn up(&mut self) {
         let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string(), "--save", ""])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--save",
+                "",
+            ])
             .args(["--appendonly", "yes", "--dir", self.dir.to_str().unwrap()])
             .stdout(Stdio::null())
             .spawn()
@@ -44,7 +55,10 @@ impl PrivateRedis {
     /// SIGTERM: Redis writes its append-only file and exits.
     fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
             let _ = child.wait();
         }
     }
@@ -66,7 +80,11 @@ impl Drop for PrivateRedis {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_outage_loses_nothing() {
     let env = TestEnv::new("redis-outage", 2).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
     let _ = std::fs::remove_dir_all(&dir);
     let mut redis = PrivateRedis::start(port, dir);
@@ -74,16 +92,25 @@ async fn a_redis_outage_loses_nothing() {
     let mut processor = env.spawn_with("a", &[("READFOLD__REDIS__URL", url.as_str())]);
 
     let mut reference = Reference::default();
-    let mut feed = Feed { producer: env.producer(), reference: &mut reference };
+    let mut feed = Feed {
+        producer: env.producer(),
+        reference: &mut reference,
+    };
     for c in 0..10 {
         for u in 0..5 {
             feed.report(report(&format!("c{c}"), &format!("u{u}"), 5)).await;
         }
     }
-    env.wait_for(Duration::from_secs(60), |log| log.latest() == reference.expected()).await;
+    env.wait_for(Duration::from_secs(60), |log| {
+        log.latest() == reference.expected()
+    })
+    .await;
 
     redis.stop();
-    let mut feed = Feed { producer: env.producer(), reference: &mut reference };
+    let mut feed = Feed {
+        producer: env.producer(),
+        reference: &mut reference,
+    };
     for c in 0..10 {
         for u in 0..5 {
             feed.report(report(&format!("c{c}"), &format!("u{u}"), 9)).await;
@@ -95,17 +122,31 @@ async fn a_redis_outage_loses_nothing() {
         during.latest().values().all(|v| *v == Some((5, 1))),
         "nothing may be committed while Redis cannot take the flush"
     );
-    assert!(processor.is_running(), "the processor must ride out the outage:\n{}", processor.log_text());
+    assert!(
+        processor.is_running(),
+        "the processor must ride out the outage:\n{}",
+        processor.log_text()
+    );
 
     redis.up();
     let log = env
-        .wait_for(Duration::from_secs(60), |log| log.latest() == reference.expected())
+        .wait_for(Duration::from_secs(60), |log| {
+            log.latest() == reference.expected()
+        })
         .await;
     assert_matches(&log, &reference);
-    let mut conn = redis::Client::open(url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let mut conn = redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     for c in 0..10 {
         let [cursors, _, _] = keys(&env.config.redis.key_prefix, &format!("c{c}"));
-        let hash: HashMap<String, i64> = redis::cmd("HGETALL").arg(cursors).query_async(&mut conn).await.unwrap();
+        let hash: HashMap<String, i64> = redis::cmd("HGETALL")
+            .arg(cursors)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
         assert_eq!(hash.len(), 5);
         assert!(hash.values().all(|&v| v == 9), "c{c}: {hash:?}");
     }
