@@ -10,6 +10,8 @@ use readfold::sinks::cql::{CqlConfig, CqlSink};
 use readfold::sinks::{ConversationBatch, MemberWrite};
 use scylla::value::CqlTimestamp;
 
+use crate::harness::sink_batch;
+
 fn contact_point() -> String {
     std::env::var("READFOLD_TEST_CQL").unwrap_or_else(|_| "127.0.0.1:9042".into())
 }
@@ -30,22 +32,6 @@ fn sink_config(keyspace: &str) -> CqlConfig {
         keyspace: keyspace.to_owned(),
         timeout_ms: 10_000,
         ..CqlConfig::default()
-    }
-}
-
-fn batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> ConversationBatch {
-    ConversationBatch {
-        conversation_id: conv.parse().unwrap(),
-        latest_seq: Seq(latest),
-        members: members
-            .iter()
-            .map(|(u, c)| MemberWrite {
-                user_id: u.parse().unwrap(),
-                cursor: Seq(*c),
-                join_seq: Seq(1),
-                left: false,
-            })
-            .collect(),
     }
 }
 
@@ -96,7 +82,7 @@ async fn drop_keyspace(sink: &CqlSink) {
 async fn schema_is_created_idempotently() {
     let ks = unique_keyspace("schema");
     let first = CqlSink::connect(&sink_config(&ks)).await.unwrap();
-    assert_eq!(first.write(&[batch("C", 3, &[("u", 3)])]).await.unwrap(), 1);
+    assert_eq!(first.write(&[sink_batch("C", 3, &[("u", 3)])]).await.unwrap(), 1);
     // Connecting again finds everything in place and keeps the data.
     let second = CqlSink::connect(&sink_config(&ks)).await.unwrap();
     let tables = second
@@ -120,7 +106,7 @@ async fn schema_is_created_idempotently() {
 
     // updated_at is the wall clock at the write, join_seq as given.
     let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
-    second.write(&[batch("C", 4, &[("u", 4)])]).await.unwrap();
+    second.write(&[sink_batch("C", 4, &[("u", 4)])]).await.unwrap();
     let row = second
         .session()
         .query_unpaged(
@@ -146,22 +132,22 @@ async fn racing_writers_never_lower_a_cursor() {
     let b = CqlSink::connect(&sink_config(&ks)).await.unwrap();
 
     // Sequentially: a lower cursor written later changes nothing.
-    a.write(&[batch("S", 10, &[("u", 10)])]).await.unwrap();
-    a.write(&[batch("S", 5, &[("u", 5)])]).await.unwrap();
+    a.write(&[sink_batch("S", 10, &[("u", 10)])]).await.unwrap();
+    a.write(&[sink_batch("S", 5, &[("u", 5)])]).await.unwrap();
     assert_eq!(cursors(&a, "S").await["u"], 10);
     assert_eq!(latest_seq(&a, "S").await, Some(10));
 
     // One writer climbs, the other descends, concurrently: the result is the max.
     let up = async {
         for seq in 1..=300u64 {
-            a.write(&[batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+            a.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
                 .await
                 .unwrap();
         }
     };
     let down = async {
         for seq in (1..=300u64).rev() {
-            b.write(&[batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+            b.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
                 .await
                 .unwrap();
         }
@@ -171,7 +157,7 @@ async fn racing_writers_never_lower_a_cursor() {
     assert_eq!(c["u"], 300);
     assert_eq!(c["v"], 300);
     assert_eq!(latest_seq(&b, "C").await, Some(300));
-    a.write(&[batch("C", 2, &[("u", 2)])]).await.unwrap();
+    a.write(&[sink_batch("C", 2, &[("u", 2)])]).await.unwrap();
     assert_eq!(cursors(&b, "C").await["u"], 300);
     drop_keyspace(&a).await;
 }
@@ -196,8 +182,11 @@ async fn big_conversations_are_split_into_batches() {
     let long: Vec<String> = (0..600).map(|i| format!("{i:0>250}")).collect();
     let long_members: Vec<(&str, u64)> = long.iter().map(|u| (u.as_str(), 7)).collect();
     let small: Vec<String> = (0..40).map(|i| format!("small-{i}")).collect();
-    let mut flush = vec![batch("BIG", 1200, &members), batch("LONG", 7, &long_members)];
-    flush.extend(small.iter().map(|c| batch(c, 3, &[("a", 1), ("b", 3)])));
+    let mut flush = vec![
+        sink_batch("BIG", 1200, &members),
+        sink_batch("LONG", 7, &long_members),
+    ];
+    flush.extend(small.iter().map(|c| sink_batch(c, 3, &[("a", 1), ("b", 3)])));
     assert_eq!(sink.write(&flush).await.unwrap(), 1200 + 600 + 80);
 
     let big = cursors(&sink, "BIG").await;
@@ -221,15 +210,15 @@ async fn big_conversations_are_split_into_batches() {
 async fn latest_seq_only_grows() {
     let ks = unique_keyspace("latest");
     let sink = CqlSink::connect(&sink_config(&ks)).await.unwrap();
-    sink.write(&[batch("L", 50, &[("u", 1)])]).await.unwrap();
-    sink.write(&[batch("L", 20, &[("u", 2)])]).await.unwrap();
+    sink.write(&[sink_batch("L", 50, &[("u", 1)])]).await.unwrap();
+    sink.write(&[sink_batch("L", 20, &[("u", 2)])]).await.unwrap();
     assert_eq!(latest_seq(&sink, "L").await, Some(50));
     assert_eq!(
         cursors(&sink, "L").await["u"],
         2,
         "cursors and latest_seq are independent"
     );
-    sink.write(&[batch("L", 60, &[])]).await.unwrap();
+    sink.write(&[sink_batch("L", 60, &[])]).await.unwrap();
     assert_eq!(latest_seq(&sink, "L").await, Some(60));
     // Departures only (latest_seq 0) leave everything as it was.
     let departed = ConversationBatch {

@@ -367,6 +367,23 @@ impl Feed<'_> {
     }
 }
 
+/// A sink batch for one conversation: members with join_seq 1.
+pub fn sink_batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> readfold::sinks::ConversationBatch {
+    readfold::sinks::ConversationBatch {
+        conversation_id: conv.parse().unwrap(),
+        latest_seq: readfold::domain::Seq(latest),
+        members: members
+            .iter()
+            .map(|(u, c)| readfold::sinks::MemberWrite {
+                user_id: u.parse().unwrap(),
+                cursor: readfold::domain::Seq(*c),
+                join_seq: readfold::domain::Seq(1),
+                left: false,
+            })
+            .collect(),
+    }
+}
+
 /// Asserts the changelog's final values equal the reference, with a diff.
 pub fn assert_matches(log: &Changelog, reference: &Reference) {
     let (got, want) = (log.latest(), reference.expected());

@@ -4,9 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use readfold::config::RedisConfig;
-use readfold::domain::Seq;
 use readfold::sinks::redis::{keys, RedisSink};
-use readfold::sinks::{ConversationBatch, MemberWrite};
 
 use crate::harness::*;
 
@@ -28,22 +26,6 @@ fn sink_config(prefix: &str) -> RedisConfig {
         url: redis_url(),
         key_prefix: prefix.to_owned(),
         timeout_ms: 2000,
-    }
-}
-
-fn batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> ConversationBatch {
-    ConversationBatch {
-        conversation_id: conv.parse().unwrap(),
-        latest_seq: Seq(latest),
-        members: members
-            .iter()
-            .map(|(u, c)| MemberWrite {
-                user_id: u.parse().unwrap(),
-                cursor: Seq(*c),
-                join_seq: Seq(1),
-                left: false,
-            })
-            .collect(),
     }
 }
 
@@ -75,14 +57,14 @@ async fn racing_writers_never_lower_a_cursor() {
     // One writer climbs, the other descends, concurrently: the result is the max.
     let up = async {
         for seq in 1..=300u64 {
-            a.write(&[batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+            a.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
                 .await
                 .unwrap();
         }
     };
     let down = async {
         for seq in (1..=300u64).rev() {
-            b.write(&[batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+            b.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
                 .await
                 .unwrap();
         }
@@ -99,7 +81,7 @@ async fn racing_writers_never_lower_a_cursor() {
         .unwrap();
     assert_eq!(latest, 300);
     // A lower value written later changes nothing.
-    assert_eq!(a.write(&[batch("C", 2, &[("u", 2)])]).await.unwrap(), 0);
+    assert_eq!(a.write(&[sink_batch("C", 2, &[("u", 2)])]).await.unwrap(), 0);
     assert_eq!(hash(&prefix, "C").await["u"], 300);
 }
 
@@ -112,7 +94,7 @@ async fn survives_a_flushed_script_cache() {
         .query_async(&mut conn().await)
         .await
         .unwrap();
-    assert_eq!(sink.write(&[batch("C", 5, &[("u", 5)])]).await.unwrap(), 1);
+    assert_eq!(sink.write(&[sink_batch("C", 5, &[("u", 5)])]).await.unwrap(), 1);
     assert_eq!(hash(&prefix, "C").await["u"], 5);
 }
 
