@@ -9,6 +9,7 @@ use toml::{Table, Value};
 
 use crate::codec::WireFormat;
 use crate::error::Error;
+pub use crate::sinks::cql::CqlConfig;
 use crate::validate::Limits;
 
 /// The defaults, and the list of every key there is.
@@ -25,6 +26,8 @@ pub struct Config {
     pub input: InputConfig,
     pub flush: FlushConfig,
     pub redis: RedisConfig,
+    pub cql: CqlConfig,
+    pub snapshot: SnapshotConfig,
     pub metrics: MetricsConfig,
     pub shutdown: ShutdownConfig,
 }
@@ -76,6 +79,12 @@ pub struct RedisConfig {
     pub url: String,
     pub key_prefix: String,
     pub timeout_ms: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotConfig {
+    pub interval_ms: u64,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -6,7 +6,7 @@
 //! simply retried later with values at least as new; nothing is dropped and
 //! state never rewinds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,12 +21,14 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::domain::CursorKey;
 use crate::error::{Error, Result};
 use crate::fold::PartitionState;
 use crate::kafka::admin::Layout;
 use crate::kafka::base_client_config;
 use crate::kafka::records::{changelog_records, dead_letter, OutRecord, Source};
 use crate::kafka::restore::Restorer;
+use crate::sinks::cql::CqlSink;
 use crate::sinks::group_by_conversation;
 use crate::sinks::redis::RedisSink;
 use crate::telemetry;
@@ -105,6 +107,8 @@ struct Slot {
     /// Next offset to commit per input topic (last processed + 1).
     offsets: HashMap<String, i64>,
     dead_letters: Vec<OutRecord>,
+    /// Keys published to the changelog but not yet snapshotted to CQL.
+    unsnapshotted: HashSet<CursorKey>,
 }
 
 impl Slot {
@@ -129,6 +133,9 @@ pub struct Processor {
     producer: FutureProducer,
     restorer: Restorer,
     redis: Option<RedisSink>,
+    cql: Option<CqlSink>,
+    snapshot_interval: Duration,
+    next_snapshot: Instant,
     events: Arc<Mutex<Vec<GroupEvent>>>,
     slots: HashMap<i32, Slot>,
     /// Input partitions currently assigned, per topic.
@@ -188,8 +195,18 @@ impl Processor {
         } else {
             None
         };
+        let cql = if config.cql.enabled {
+            let sink = CqlSink::connect(&config.cql).await?;
+            tracing::info!(contact_points = %config.cql.contact_points, keyspace = %config.cql.keyspace, "cql sink ready");
+            Some(sink)
+        } else {
+            None
+        };
         Ok(Processor {
             redis,
+            cql,
+            snapshot_interval: Duration::from_millis(config.snapshot.interval_ms),
+            next_snapshot: Instant::now(),
             limits: config.limits(),
             layout,
             consumer,
@@ -253,6 +270,8 @@ impl Processor {
         }
         tracing::info!("shutting down: final flush");
         self.apply_group_events()?;
+        // Leave CQL as current as the changelog.
+        self.next_snapshot = Instant::now();
         if !self.suspended {
             for attempt in 0..3 {
                 match self.flush().await {
@@ -394,10 +413,18 @@ impl Processor {
             elapsed_ms = stats.elapsed.as_millis() as u64,
             "restored partition state from the changelog"
         );
+        // A previous owner may have died between snapshots: what it
+        // published but never snapshotted is only in the changelog now.
+        let unsnapshotted = if self.cql.is_some() {
+            state.keys().collect()
+        } else {
+            HashSet::new()
+        };
         Ok(Slot {
             state,
             offsets: HashMap::new(),
             dead_letters: Vec::new(),
+            unsnapshotted,
         })
     }
 
@@ -454,14 +481,17 @@ impl Processor {
     /// Publishes every partition's pending changes, dead letters and input
     /// offsets in one transaction.
     async fn flush(&mut self) -> Result<()> {
+        let snapshot_due = self.cql.is_some() && Instant::now() >= self.next_snapshot;
         let mut records = Vec::new();
         let mut all_changes = Vec::new();
+        let mut snapshot_changes = Vec::new();
         let mut offsets = TopicPartitionList::new();
         let mut flushed = Vec::new();
         let mut changes = 0;
         let mut dead_letters = 0;
         for (&partition, slot) in &self.slots {
-            if !slot.has_work() {
+            let snapshot_work = snapshot_due && !slot.unsnapshotted.is_empty();
+            if !slot.has_work() && !snapshot_work {
                 continue;
             }
             for change in slot.state.pending_changes() {
@@ -474,6 +504,16 @@ impl Processor {
                 ));
                 all_changes.push(change);
             }
+            if snapshot_due {
+                // Published earlier but not yet in CQL; the dirty ones are
+                // in `all_changes` already.
+                snapshot_changes.extend(
+                    slot.unsnapshotted
+                        .iter()
+                        .filter(|k| !slot.state.is_dirty(k))
+                        .filter_map(|k| slot.state.current(k)),
+                );
+            }
             dead_letters += slot.dead_letters.len();
             records.extend(slot.dead_letters.iter().cloned());
             for (topic, &offset) in &slot.offsets {
@@ -484,6 +524,9 @@ impl Processor {
         telemetry::dirty_keys(self.dirty_len());
         telemetry::cursors_held(self.slots.values().map(|s| s.state.cursor_count()).sum());
         if flushed.is_empty() {
+            if snapshot_due {
+                self.next_snapshot = Instant::now() + self.snapshot_interval;
+            }
             return Ok(());
         }
         let started = Instant::now();
@@ -501,20 +544,42 @@ impl Processor {
                 }
             }
         }
+        if let (true, Some(cql)) = (snapshot_due, &self.cql) {
+            let batches = group_by_conversation(all_changes.iter().chain(&snapshot_changes));
+            let sink_started = Instant::now();
+            match cql.write(&batches).await {
+                Ok(rows) => telemetry::sink_written("cql", sink_started.elapsed(), batches.len(), rows),
+                Err(e) => {
+                    telemetry::sink_failed("cql");
+                    telemetry::flush_failed(started.elapsed());
+                    return Err(e);
+                }
+            }
+        }
         let outcome = tokio::task::block_in_place(|| self.transact(&records, &offsets));
         match outcome {
             Ok(()) => {
+                let track_snapshots = self.cql.is_some() && !snapshot_due;
                 for partition in flushed {
                     let slot = self.slots.get_mut(&partition).expect("flushed slot exists");
+                    if track_snapshots {
+                        slot.unsnapshotted.extend(slot.state.dirty_keys().cloned());
+                    } else {
+                        slot.unsnapshotted.clear();
+                    }
                     slot.state.mark_flushed();
                     slot.offsets.clear();
                     slot.dead_letters.clear();
+                }
+                if snapshot_due {
+                    self.next_snapshot = Instant::now() + self.snapshot_interval;
                 }
                 telemetry::flush_committed(started.elapsed(), changes, dead_letters);
                 telemetry::dirty_keys(self.dirty_len());
                 tracing::debug!(
                     changes,
                     dead_letters,
+                    snapshot = snapshot_due,
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "flush committed"
                 );

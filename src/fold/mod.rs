@@ -293,6 +293,34 @@ impl PartitionState {
         changes
     }
 
+    /// Whether a key changed since the last flush.
+    pub fn is_dirty(&self, key: &CursorKey) -> bool {
+        self.dirty.contains(key)
+    }
+
+    /// The keys changed since the last flush.
+    pub fn dirty_keys(&self) -> impl Iterator<Item = &CursorKey> {
+        self.dirty.iter()
+    }
+
+    /// Every (conversation, user) held.
+    pub fn keys(&self) -> impl Iterator<Item = CursorKey> + '_ {
+        self.conversations.iter().flat_map(|(c, conv)| {
+            conv.members.keys().map(move |u| CursorKey {
+                conversation_id: c.clone(),
+                user_id: u.clone(),
+            })
+        })
+    }
+
+    /// The current value of a key, as a flush would publish it.
+    pub fn current(&self, key: &CursorKey) -> Option<Change> {
+        let conv = self.conversations.get(&key.conversation_id)?;
+        conv.members
+            .contains_key(&key.user_id)
+            .then(|| self.change_for(key))
+    }
+
     fn change_for(&self, key: &CursorKey) -> Change {
         let conv = &self.conversations[&key.conversation_id];
         let member = &conv.members[&key.user_id];

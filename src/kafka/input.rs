@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
 
 use crate::codec::{self, ConversationEventRecord, ReadReportRecord};
@@ -48,6 +50,57 @@ impl InputProducer {
         let topic = self.conversation_events.clone();
         self.send(&topic, &record.conversation_id, Some(&value), None)
             .await
+    }
+
+    /// Sends many records at once (one in flight per record, order kept per
+    /// partition by the idempotent producer) and waits for all of them.
+    pub async fn send_many(
+        &self,
+        reports: &[ReadReportRecord],
+        events: &[ConversationEventRecord],
+    ) -> Result<()> {
+        let mut pending = Vec::with_capacity(reports.len() + events.len());
+        let encoded = reports
+            .iter()
+            .map(|r| {
+                (
+                    &self.read_reports,
+                    &r.conversation_id,
+                    codec::encode_read_report(r),
+                )
+            })
+            .chain(events.iter().map(|e| {
+                (
+                    &self.conversation_events,
+                    &e.conversation_id,
+                    codec::encode_conversation_event(e),
+                )
+            }));
+        for (topic, conversation_id, value) in encoded {
+            let partition = partition_for_key(conversation_id.as_bytes(), self.partitions);
+            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic)
+                .key(conversation_id.as_str())
+                .partition(partition)
+                .payload(&value);
+            loop {
+                match self.producer.send_result(record) {
+                    Ok(delivery) => break pending.push(delivery),
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        record = back;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err((e, _)) => return Err(Error::Kafka(e)),
+                }
+            }
+        }
+        for delivery in pending {
+            match delivery.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, _))) => return Err(Error::Kafka(e)),
+                Err(_) => return Err(Error::Other("producer dropped a delivery".into())),
+            }
+        }
+        Ok(())
     }
 
     /// Sends arbitrary bytes keyed by `conversation_id` to its murmur2

@@ -16,6 +16,21 @@ use readfold::kafka::input::InputProducer;
 use readfold::validate::{self, Limits};
 use serde_json::Value;
 
+pub fn cql_contact_point() -> String {
+    std::env::var("READFOLD_TEST_CQL").unwrap_or_else(|_| "127.0.0.1:9042".into())
+}
+
+/// A CQL keyspace name (letters, digits, `_`) unique to a test.
+pub fn keyspace_name(prefix: &str) -> String {
+    prefix
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect::<String>()
+        .chars()
+        .take(48)
+        .collect()
+}
+
 pub fn bootstrap() -> String {
     std::env::var("READFOLD_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
@@ -51,6 +66,9 @@ impl TestEnv {
             ("READFOLD__FLUSH__INTERVAL_MS", "100".into()),
             ("READFOLD__METRICS__LISTEN", String::new()),
             ("READFOLD__REDIS__KEY_PREFIX", prefix.clone()),
+            ("READFOLD__CQL__KEYSPACE", keyspace_name(&prefix)),
+            ("READFOLD__CQL__CONTACT_POINTS", cql_contact_point()),
+            ("READFOLD__SNAPSHOT__INTERVAL_MS", "300".into()),
             (
                 "READFOLD__REDIS__URL",
                 std::env::var("READFOLD_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into()),
@@ -401,4 +419,61 @@ pub fn assert_matches(log: &Changelog, reference: &Reference) {
         extra.is_empty(),
         "changelog has keys the reference lacks: {extra:?}"
     );
+}
+
+/// user -> cursor from a conversation's Redis hash.
+pub async fn redis_cursors(url: &str, prefix: &str, conversation: &str) -> HashMap<String, i64> {
+    let [cursors, _, _] = readfold::sinks::redis::keys(prefix, conversation);
+    let mut conn = redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    redis::cmd("HGETALL")
+        .arg(cursors)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+pub fn redis_url() -> String {
+    std::env::var("READFOLD_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+/// Every row of `<keyspace>.cursors`: (conversation, user) -> (cursor, join_seq).
+pub async fn cql_cursors(keyspace: &str) -> BTreeMap<Key, (i64, i64)> {
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_node(cql_contact_point())
+        .build()
+        .await
+        .expect("connect to the CQL server");
+    let Ok(result) = session
+        .query_unpaged(
+            format!("SELECT conversation_id, user_id, cursor, join_seq FROM {keyspace}.cursors"),
+            (),
+        )
+        .await
+    else {
+        return BTreeMap::new(); // not created yet
+    };
+    result
+        .into_rows_result()
+        .unwrap()
+        .rows::<(String, String, i64, i64)>()
+        .unwrap()
+        .map(|r| {
+            let (c, u, cursor, join) = r.unwrap();
+            ((c, u), (cursor, join))
+        })
+        .collect()
+}
+
+impl Reference {
+    /// Present members only: (conversation, user) -> (cursor, join_seq).
+    pub fn present(&self) -> BTreeMap<Key, (i64, i64)> {
+        self.expected()
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect()
+    }
 }

@@ -14,3 +14,4 @@ mod redis_outage;
 mod redis_sink;
 mod restart;
 mod scale;
+mod three_stores;
