@@ -29,6 +29,7 @@ fn an_unknown_environment_key_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_inputs_that_are_not_co_partitioned() {
+    let _services = crate::harness::shared_services().await;
     let prefix = format!("it.copart.{}", std::process::id());
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())

@@ -80,6 +80,7 @@ async fn drop_keyspace(sink: &CqlSink) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_is_created_idempotently() {
+    let _services = crate::harness::shared_services().await;
     let ks = unique_keyspace("schema");
     let first = CqlSink::connect(&sink_config(&ks)).await.unwrap();
     assert_eq!(first.write(&[sink_batch("C", 3, &[("u", 3)])]).await.unwrap(), 1);
@@ -127,6 +128,7 @@ async fn schema_is_created_idempotently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_writers_never_lower_a_cursor() {
+    let _services = crate::harness::shared_services().await;
     let ks = unique_keyspace("race");
     let a = CqlSink::connect(&sink_config(&ks)).await.unwrap();
     let b = CqlSink::connect(&sink_config(&ks)).await.unwrap();
@@ -164,6 +166,7 @@ async fn racing_writers_never_lower_a_cursor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn big_conversations_are_split_into_batches() {
+    let _services = crate::harness::shared_services().await;
     let ks = unique_keyspace("big");
     // Few batches in flight, so that the flush below has to wait for slots.
     let sink = CqlSink::connect(&CqlConfig {
@@ -208,6 +211,7 @@ async fn big_conversations_are_split_into_batches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latest_seq_only_grows() {
+    let _services = crate::harness::shared_services().await;
     let ks = unique_keyspace("latest");
     let sink = CqlSink::connect(&sink_config(&ks)).await.unwrap();
     sink.write(&[sink_batch("L", 50, &[("u", 1)])]).await.unwrap();

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use readfold::codec::{ConversationEventRecord, ReadReportRecord};
@@ -15,6 +16,7 @@ use readfold::kafka::admin::ensure_topics;
 use readfold::kafka::input::InputProducer;
 use readfold::validate::{self, Limits};
 use serde_json::Value;
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
 
 pub fn cql_contact_point() -> String {
     std::env::var("READFOLD_TEST_CQL").unwrap_or_else(|_| "127.0.0.1:9042".into())
@@ -35,16 +37,82 @@ pub fn bootstrap() -> String {
     std::env::var("READFOLD_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
+/// Tests share one Kafka, Redis and CQL server. Most only need them up
+/// (shared); the fault tests that stop or restart one take them exclusively.
+static SERVICES: LazyLock<Arc<RwLock<()>>> = LazyLock::new(|| Arc::new(RwLock::new(())));
+
+pub enum ServicesGuard {
+    Shared(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
+    Exclusive(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
+}
+
+/// Hold while using the shared services.
+pub async fn shared_services() -> ServicesGuard {
+    ServicesGuard::Shared(SERVICES.clone().read_owned().await)
+}
+
+/// Hold while stopping or restarting a shared service.
+pub async fn exclusive_services() -> ServicesGuard {
+    ServicesGuard::Exclusive(SERVICES.clone().write_owned().await)
+}
+
+/// Runs `scripts/services.sh ACTION SERVICE`, e.g. ("down", "cassandra").
+pub fn service(action: &str, name: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services.sh");
+    let status = Command::new("bash")
+        .args([script, action, name])
+        .status()
+        .expect("run services.sh");
+    assert!(status.success(), "services.sh {action} {name} failed");
+}
+
+/// A shared service stopped for a fault test; started again when dropped,
+/// so that a failing test does not leave it down for the others.
+pub struct Outage {
+    name: &'static str,
+    up: bool,
+}
+
+impl Outage {
+    pub fn begin(name: &'static str) -> Outage {
+        service("down", name);
+        Outage { name, up: false }
+    }
+
+    pub fn end(&mut self) {
+        if !self.up {
+            service("up", self.name);
+            self.up = true;
+        }
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
 /// One test's topics, group and configuration.
 pub struct TestEnv {
     pub config: Config,
     pub partitions: i32,
     vars: Vec<(String, String)>,
     logs: PathBuf,
+    _services: ServicesGuard,
 }
 
 impl TestEnv {
     pub async fn new(test: &str, partitions: i32) -> TestEnv {
+        Self::with_services(test, partitions, shared_services().await).await
+    }
+
+    /// For tests that stop or restart a shared service.
+    pub async fn exclusive(test: &str, partitions: i32) -> TestEnv {
+        Self::with_services(test, partitions, exclusive_services().await).await
+    }
+
+    async fn with_services(test: &str, partitions: i32, services: ServicesGuard) -> TestEnv {
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
         let prefix = format!("it.{test}.{}", nanos % 1_000_000_000_000);
         let vars: Vec<(String, String)> = [
@@ -87,6 +155,7 @@ impl TestEnv {
             partitions,
             vars,
             logs: logs.join(prefix),
+            _services: services,
         }
     }
 

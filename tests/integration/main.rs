@@ -9,6 +9,7 @@ mod harness;
 mod cli;
 mod cql_sink;
 mod dead_letters;
+mod faults;
 mod pipeline;
 mod redis_outage;
 mod redis_sink;

@@ -51,6 +51,7 @@ fn unique(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_writers_never_lower_a_cursor() {
+    let _services = crate::harness::shared_services().await;
     let prefix = unique("race");
     let a = RedisSink::connect(&sink_config(&prefix)).await.unwrap();
     let b = RedisSink::connect(&sink_config(&prefix)).await.unwrap();
@@ -87,6 +88,7 @@ async fn racing_writers_never_lower_a_cursor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_a_flushed_script_cache() {
+    let _services = crate::harness::shared_services().await;
     let prefix = unique("noscript");
     let sink = RedisSink::connect(&sink_config(&prefix)).await.unwrap();
     let _: () = redis::cmd("SCRIPT")

@@ -17,7 +17,10 @@ for i = 2, #ARGV, 3 do
     redis.call('HDEL', KEYS[1], user)
     redis.call('HDEL', KEYS[3], user)
   else
-    if cursor > tonumber(redis.call('HGET', KEYS[1], user) or '0') then
+    -- A present member always has a field, even at cursor 0: the hash
+    -- doubles as the member list readers count over.
+    local current = redis.call('HGET', KEYS[1], user)
+    if not current or cursor > tonumber(current) then
       redis.call('HSET', KEYS[1], user, ARGV[i + 1])
       raised = raised + 1
     end

@@ -1,0 +1,262 @@
+//! Faults under load: the processor killed again and again, a sink server
+//! stopped, instances joining and leaving. Each test checks at the end that
+//! (a) the changelog, Redis and CQL equal a reference fold of everything
+//! produced, (b) no key's committed cursor ever went down, and (c) every
+//! input record was folded or dead-lettered (offsets committed to the end,
+//! dead letters = bad records sent).
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use readfold::codec::EventRecord;
+
+use crate::harness::*;
+
+/// What a load run produced.
+struct Load {
+    reference: Reference,
+    bad: usize,
+}
+
+/// Produces batches of messages, joins and (often stale) reports for
+/// `duration`, with a garbage record now and then.
+async fn produce_load(env: &TestEnv, duration: Duration, seed: u64) -> Load {
+    let producer = env.producer();
+    let mut reference = Reference::default();
+    let mut rng = seed | 1;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut latest = vec![0i64; 30];
+    let mut bad = 0;
+    let started = Instant::now();
+    let mut round = 0u64;
+    while started.elapsed() < duration {
+        let (mut reports, mut events) = (Vec::new(), Vec::new());
+        for _ in 0..150 {
+            let c = next(30) as usize;
+            let conv = format!("c{c}");
+            if next(6) == 0 {
+                latest[c] += 1;
+                let e = event(
+                    &conv,
+                    latest[c],
+                    EventRecord::MessageSent {
+                        sender_id: format!("u{}", next(12)),
+                    },
+                );
+                reference.event(&e);
+                events.push(e);
+            } else if next(40) == 0 {
+                let e = event(
+                    &conv,
+                    latest[c],
+                    EventRecord::MemberJoined {
+                        user_id: format!("j{}", next(4)),
+                    },
+                );
+                reference.event(&e);
+                events.push(e);
+            } else {
+                let r = report(
+                    &conv,
+                    &format!("u{}", next(12)),
+                    (latest[c] - next(3) as i64).max(1),
+                );
+                reference.report(&r);
+                reports.push(r);
+            }
+        }
+        producer.send_many(&reports, &events).await.unwrap();
+        if round % 10 == 0 {
+            producer
+                .send(&env.config.topics.read_reports, "c0", Some(b"\x02not avro"), None)
+                .await
+                .unwrap();
+            bad += 1;
+        }
+        round += 1;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    Load { reference, bad }
+}
+
+/// Checks (a), (b) and (c) once the last processor has stopped gracefully.
+async fn check_everything(env: &TestEnv, load: &Load) {
+    let reference = &load.reference;
+    let log = env
+        .wait_for(Duration::from_secs(120), |log| {
+            log.latest() == reference.expected()
+        })
+        .await;
+    assert_matches(&log, reference);
+    assert!(
+        log.regressions().is_empty(),
+        "cursors went down: {:?}",
+        log.regressions()
+    );
+    for (conv, users) in group_present(reference) {
+        let got = redis_cursors(&redis_url(), &env.config.redis.key_prefix, &conv).await;
+        for (user, cursor) in users {
+            assert_eq!(got.get(&user), Some(&cursor), "redis {conv}/{user}");
+        }
+    }
+    let want = reference.present();
+    let started = Instant::now();
+    let mut cql = cql_cursors(&env.config.cql.keyspace).await;
+    while cql != want && started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        cql = cql_cursors(&env.config.cql.keyspace).await;
+    }
+    assert!(cql == want, "CQL rows differ from the reference");
+    assert_eq!(
+        env.dead_letters().len(),
+        load.bad,
+        "every bad record dead-lettered exactly once"
+    );
+    assert_all_input_committed(env);
+}
+
+fn group_present(reference: &Reference) -> std::collections::BTreeMap<String, Vec<(String, i64)>> {
+    let mut out: std::collections::BTreeMap<String, Vec<(String, i64)>> = Default::default();
+    for ((c, u), (cursor, _)) in reference.present() {
+        out.entry(c).or_default().push((u, cursor));
+    }
+    out
+}
+
+/// The group's committed offsets reach the end of both inputs.
+fn assert_all_input_committed(env: &TestEnv) {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("group.id", &env.config.kafka.group_id)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for topic in [
+        &env.config.topics.read_reports,
+        &env.config.topics.conversation_events,
+    ] {
+        for p in 0..env.partitions {
+            tpl.add_partition(topic, p);
+        }
+    }
+    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    for e in committed.elements() {
+        let (_, high) = consumer
+            .fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(10))
+            .unwrap();
+        let at = match e.offset() {
+            Offset::Offset(o) => o,
+            _ => 0,
+        };
+        assert_eq!(
+            at,
+            high,
+            "{}[{}]: committed {at} of {high}",
+            e.topic(),
+            e.partition()
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_random_moments_loses_nothing() {
+    let env = TestEnv::new("sigkill", 3).await;
+    let killer = async {
+        let mut seed = 0x9e37_79b9u64;
+        for i in 0..10 {
+            let mut p = env.spawn("a");
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            tokio::time::sleep(Duration::from_millis(700 + (seed >> 33) % 2300)).await;
+            assert!(
+                p.is_running(),
+                "kill {i}: the processor died by itself:\n{}",
+                p.log_text()
+            );
+            p.kill();
+        }
+    };
+    let (load, ()) = tokio::join!(produce_load(&env, Duration::from_secs(25), 7), killer);
+    let mut last = env.spawn("a");
+    check_everything(&env, &load).await;
+    assert!(last.terminate(Duration::from_secs(30)), "{}", last.log_text());
+    assert_all_input_committed(&env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_join_and_leave_under_load() {
+    let env = TestEnv::new("join-leave", 6).await;
+    let fast_session = [("READFOLD__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS", "6000")];
+    let mut a = env.spawn_with("a", &fast_session);
+    let membership = async {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut b = env.spawn_with("b", &fast_session);
+        let mut c = env.spawn_with("c", &fast_session);
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        c.kill();
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        assert!(b.terminate(Duration::from_secs(30)), "b: {}", b.log_text());
+    };
+    let (load, ()) = tokio::join!(produce_load(&env, Duration::from_secs(20), 11), membership);
+    check_everything(&env, &load).await;
+    assert!(a.terminate(Duration::from_secs(30)), "{}", a.log_text());
+    assert_all_input_committed(&env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cql_outage_pauses_the_consumer_and_loses_nothing() {
+    let env = TestEnv::exclusive("cql-outage", 2).await;
+    let small = [("READFOLD__FLUSH__MAX_DIRTY", "20")];
+    let mut processor = env.spawn_with("a", &small);
+    let first = produce_load(&env, Duration::from_secs(2), 3).await;
+    env.wait_for(Duration::from_secs(60), |log| {
+        log.latest() == first.reference.expected()
+    })
+    .await;
+
+    let mut outage = Outage::begin("cassandra");
+    // Between snapshot ticks the changelog may run up to one interval ahead
+    // of CQL; once a snapshot tick has failed, nothing more is committed.
+    let producer = env.producer();
+    let mut reference = first.reference;
+    let trigger = report("c0", "trigger", 1);
+    reference.report(&trigger);
+    producer.report(&trigger).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Many distinct keys while CQL is away: the dirty set passes 4 x 20.
+    let mut reports = Vec::new();
+    for c in 0..20 {
+        for u in 0..10 {
+            reports.push(report(&format!("c{c}"), &format!("new{u}"), 1));
+        }
+    }
+    reports.iter().for_each(|r| reference.report(r));
+    producer.send_many(&reports, &[]).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let held = env.changelog().latest();
+    assert!(
+        held.keys().all(|(_, u)| !u.starts_with("new")),
+        "a flush committed while CQL was down"
+    );
+    assert!(processor.is_running(), "{}", processor.log_text());
+    outage.end();
+
+    let load = Load {
+        reference,
+        bad: first.bad,
+    };
+    check_everything(&env, &load).await;
+    let log = processor.log_text();
+    assert!(
+        log.contains("pausing the consumer"),
+        "the consumer never paused:\n{log}"
+    );
+    assert!(processor.terminate(Duration::from_secs(30)), "{log}");
+}
