@@ -151,3 +151,118 @@ mod tests {
         assert_eq!(f.flushes, 20);
     }
 }
+
+/// What a restore run measured.
+#[derive(Clone, Copy, Debug)]
+pub struct RestoreFigures {
+    pub cursors: usize,
+    pub records: u64,
+    pub elapsed_secs: f64,
+    /// Resident memory growth while the state was built, per cursor.
+    pub bytes_per_cursor: f64,
+}
+
+fn resident_bytes() -> u64 {
+    // /proc/self/statm: size resident ... in pages.
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// Writes `cursors` changelog records to a fresh one-partition compacted
+/// topic on the configured broker, then times a restore of it.
+pub async fn restore(config: &crate::config::Config, cursors: u64) -> crate::error::Result<RestoreFigures> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    use crate::codec::{encode_cursor_key, encode_cursor_update, CursorKeyRecord, CursorUpdateRecord};
+    use crate::error::Error;
+
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let topic = format!("readfold.bench-restore.{stamp}");
+    let admin: AdminClient<DefaultClientContext> = crate::kafka::base_client_config(config).create()?;
+    let new_topic = NewTopic::new(
+        &topic,
+        1,
+        TopicReplication::Fixed(config.topics.replication_factor),
+    )
+    .set("cleanup.policy", "compact");
+    for result in admin.create_topics([&new_topic], &AdminOptions::new()).await? {
+        result.map_err(|(t, code)| Error::Other(format!("cannot create {t}: {code}")))?;
+    }
+    let producer: FutureProducer = crate::kafka::base_client_config(config)
+        .set("linger.ms", "20")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let mut pending = Vec::new();
+    for i in 0..cursors {
+        let (conversation_id, user_id) = (format!("conv-{}", i / 100), format!("user-{}", i % 100));
+        let key = encode_cursor_key(&CursorKeyRecord {
+            conversation_id: conversation_id.clone(),
+            user_id: user_id.clone(),
+        });
+        let value = encode_cursor_update(&CursorUpdateRecord {
+            conversation_id,
+            user_id,
+            cursor: (i % 1000) as i64 + 1,
+            join_seq: 1,
+            latest_seq: 1000,
+            updated_at: 0,
+        });
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
+            .partition(0)
+            .key(key.as_slice())
+            .payload(value.as_slice());
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => break pending.push(delivery),
+                Err((_, back)) => {
+                    record = back;
+                    for delivery in pending.drain(..) {
+                        let _ = delivery.await;
+                    }
+                }
+            }
+        }
+    }
+    for delivery in pending {
+        delivery
+            .await
+            .map_err(|_| Error::Other("delivery canceled".into()))?
+            .map_err(|(e, _)| Error::Kafka(e))?;
+    }
+    let mut restore_config = config.clone();
+    restore_config.topics.read_cursors = topic.clone();
+    let restorer = crate::kafka::restore::Restorer::new(&restore_config)?;
+    let before = resident_bytes();
+    let (state, stats) = tokio::task::spawn_blocking(move || restorer.restore(0))
+        .await
+        .map_err(|e| Error::Other(e.to_string()))??;
+    let grown = resident_bytes().saturating_sub(before);
+    let figures = RestoreFigures {
+        cursors: state.cursor_count(),
+        records: stats.records,
+        elapsed_secs: stats.elapsed.as_secs_f64(),
+        bytes_per_cursor: grown as f64 / state.cursor_count().max(1) as f64,
+    };
+    drop(state);
+    let _ = admin.delete_topics(&[&topic], &AdminOptions::new()).await;
+    Ok(figures)
+}
+
+pub fn print_restore(f: RestoreFigures) {
+    println!(
+        "restore: {} cursors from {} changelog records in {:.2} s = {:.0} cursors/s ({:.1} s per million); ~{:.0} bytes of memory per cursor",
+        f.cursors,
+        f.records,
+        f.elapsed_secs,
+        f.cursors as f64 / f.elapsed_secs,
+        f.elapsed_secs * 1e6 / f.cursors.max(1) as f64,
+        f.bytes_per_cursor
+    );
+}

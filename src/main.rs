@@ -56,6 +56,10 @@ enum Command {
         /// Reports between flushes (input rate x flush interval).
         #[arg(long, default_value_t = 5_000)]
         flush_every: u64,
+        /// Also time a restore of this many cursors from a changelog topic
+        /// on the configured broker (0: skip).
+        #[arg(long, default_value_t = 0)]
+        restore_cursors: u64,
     },
 }
 
@@ -98,6 +102,7 @@ fn real_main(cli: Cli) -> Result<()> {
             group_members,
             direct_chats,
             flush_every,
+            restore_cursors,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -106,6 +111,10 @@ fn real_main(cli: Cli) -> Result<()> {
                 flush_every: flush_every.max(1),
             };
             readfold::bench::print(w, readfold::bench::run(w));
+            if restore_cursors > 0 {
+                let figures = runtime.block_on(readfold::bench::restore(&config, restore_cursors))?;
+                readfold::bench::print_restore(figures);
+            }
             Ok(())
         }
         Command::CheckConfig => {
