@@ -260,3 +260,44 @@ async fn a_cql_outage_pauses_the_consumer_and_loses_nothing() {
     );
     assert!(processor.terminate(Duration::from_secs(30)), "{log}");
 }
+
+/// Stops `name` for ~8 s in the middle of a 25 s load; the processor rides
+/// it out and nothing is lost.
+async fn restart_under_load(test: &str, name: &'static str) {
+    let env = TestEnv::exclusive(test, 3).await;
+    let mut processor = env.spawn("a");
+    let outage = async {
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let mut outage = Outage::begin(name);
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        outage.end();
+    };
+    let (load, ()) = tokio::join!(produce_load(&env, Duration::from_secs(25), 13), outage);
+    assert!(
+        processor.is_running(),
+        "the processor died during the {name} restart:\n{}",
+        processor.log_text()
+    );
+    check_everything(&env, &load).await;
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+    assert_all_input_committed(&env);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kafka_restart_under_load_loses_nothing() {
+    restart_under_load("kafka-restart", "kafka").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_under_load_loses_nothing() {
+    restart_under_load("redis-restart", "redis").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cql_restart_under_load_loses_nothing() {
+    restart_under_load("cql-restart", "cassandra").await;
+}
