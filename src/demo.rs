@@ -151,6 +151,7 @@ fn now_ms() -> i64 {
 
 pub async fn demo(mut config: Config) -> Result<()> {
     config.flush.interval_ms = config.flush.interval_ms.min(200);
+    config.snapshot.interval_ms = config.snapshot.interval_ms.min(1000);
     let layout = ensure_topics(&config).await?;
     let run = now_ms();
     let convs = [format!("demo-{run}-dm"), format!("demo-{run}-group")];
@@ -247,6 +248,9 @@ pub async fn demo(mut config: Config) -> Result<()> {
     );
     if config.redis.enabled {
         print_redis(&config, &convs).await?;
+    }
+    if config.cql.enabled {
+        print_cql(&config, &convs).await?;
     }
     println!(
         "Try: readfold tail {}   and   readfold tail {}",
@@ -407,6 +411,43 @@ async fn print_redis(config: &Config, convs: &[String]) -> Result<()> {
             .await
             .map_err(redis_error)?;
         println!("Redis {cursors} = {hash:?}, latest = {}", latest.unwrap_or(0));
+    }
+    Ok(())
+}
+
+/// Shows the snapshot rows the processor wrote to CQL, after waiting for a
+/// snapshot tick.
+async fn print_cql(config: &Config, convs: &[String]) -> Result<()> {
+    tokio::time::sleep(Duration::from_millis(
+        config.snapshot.interval_ms + config.flush.interval_ms * 2,
+    ))
+    .await;
+    let cql_error = |e: String| Error::Sink(format!("cql: {e}"));
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_nodes(config.cql.contact_points())
+        .build()
+        .await
+        .map_err(|e| cql_error(e.to_string()))?;
+    let ks = &config.cql.keyspace;
+    for conv in convs {
+        let rows = session
+            .query_unpaged(
+                format!("SELECT user_id, cursor, join_seq FROM {ks}.cursors WHERE conversation_id = ?"),
+                (conv,),
+            )
+            .await
+            .map_err(|e| cql_error(e.to_string()))?
+            .into_rows_result()
+            .map_err(|e| cql_error(e.to_string()))?;
+        let mut cursors = Vec::new();
+        for row in rows
+            .rows::<(String, i64, i64)>()
+            .map_err(|e| cql_error(e.to_string()))?
+        {
+            let (user, cursor, join_seq) = row.map_err(|e| cql_error(e.to_string()))?;
+            cursors.push(format!("{user}={cursor} (join_seq {join_seq})"));
+        }
+        println!("CQL {ks}.cursors[{conv}] = {}", cursors.join(", "));
     }
     Ok(())
 }

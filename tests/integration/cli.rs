@@ -144,3 +144,64 @@ async fn serves_metrics_and_tails_topics() {
     );
     assert!(processor.terminate(Duration::from_secs(30)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_publishes_what_was_folded_and_exits_within_the_bound() {
+    let env = TestEnv::new("sigterm", 2).await;
+    let mut reference = Reference::default();
+    let mut feed = Feed {
+        producer: env.producer(),
+        reference: &mut reference,
+    };
+    for u in 0..20 {
+        feed.report(report("G", &format!("u{u}"), 5)).await;
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    // No interval flush and no early flush: only the stop can publish.
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__METRICS__LISTEN", addr.as_str()),
+            ("READFOLD__FLUSH__INTERVAL_MS", "600000"),
+            ("READFOLD__SNAPSHOT__INTERVAL_MS", "600000"),
+            ("READFOLD__SHUTDOWN__TIMEOUT_MS", "20000"),
+        ],
+    );
+    let started = Instant::now();
+    let folded = |body: &str| {
+        body.lines()
+            .filter(|l| l.starts_with("readfold_records_in_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    while folded(&scrape(&addr).unwrap_or_default()) < 20.0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the processor never consumed the input"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        env.changelog().latest().is_empty(),
+        "nothing is published before the stop"
+    );
+    let stopping = Instant::now();
+    assert!(
+        processor.terminate(Duration::from_secs(25)),
+        "{}",
+        processor.log_text()
+    );
+    assert!(
+        stopping.elapsed() < Duration::from_secs(20),
+        "stop took {:?}",
+        stopping.elapsed()
+    );
+    assert_matches(&env.changelog(), &reference);
+    let cql = cql_cursors(&env.config.cql.keyspace).await;
+    assert_eq!(cql, reference.present(), "the stop snapshots to CQL too");
+}

@@ -39,13 +39,19 @@ async fn assert_redis_matches(env: &TestEnv, reference: &Reference) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_seed_group_lands_in_all_three_stores() {
+async fn the_seed_chats_land_in_all_three_stores() {
     let env = TestEnv::new("three-seed", 2).await;
     let mut reference = Reference::default();
     let mut feed = Feed {
         producer: env.producer(),
         reference: &mut reference,
     };
+    // The 1:1 chat of A and B.
+    feed.event(sent("P", "A", 1)).await;
+    feed.report(report("P", "B", 1)).await;
+    feed.event(sent("P", "B", 2)).await;
+    feed.report(report("P", "A", 2)).await;
+    // The group, with a late joiner.
     for m in ["A", "B", "C"] {
         feed.event(joined("G", m, 0)).await;
     }
