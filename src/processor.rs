@@ -534,26 +534,16 @@ impl Processor {
         // below fails, writing them again on retry changes nothing.
         if let Some(redis) = &self.redis {
             let batches = group_by_conversation(&all_changes);
-            let sink_started = Instant::now();
-            match redis.write(&batches).await {
-                Ok(raised) => telemetry::sink_written("redis", sink_started.elapsed(), batches.len(), raised),
-                Err(e) => {
-                    telemetry::sink_failed("redis");
-                    telemetry::flush_failed(started.elapsed());
-                    return Err(e);
-                }
+            if let Err(e) = timed_sink_write("redis", batches.len(), redis.write(&batches)).await {
+                telemetry::flush_failed(started.elapsed());
+                return Err(e);
             }
         }
         if let (true, Some(cql)) = (snapshot_due, &self.cql) {
             let batches = group_by_conversation(all_changes.iter().chain(&snapshot_changes));
-            let sink_started = Instant::now();
-            match cql.write(&batches).await {
-                Ok(rows) => telemetry::sink_written("cql", sink_started.elapsed(), batches.len(), rows),
-                Err(e) => {
-                    telemetry::sink_failed("cql");
-                    telemetry::flush_failed(started.elapsed());
-                    return Err(e);
-                }
+            if let Err(e) = timed_sink_write("cql", batches.len(), cql.write(&batches)).await {
+                telemetry::flush_failed(started.elapsed());
+                return Err(e);
             }
         }
         let outcome = tokio::task::block_in_place(|| self.transact(&records, &offsets));
@@ -672,6 +662,25 @@ impl Processor {
                 }
                 Err((e, _)) => return Err(e),
             }
+        }
+    }
+}
+
+/// Awaits one sink's write of `calls` conversation batches, with telemetry.
+async fn timed_sink_write(
+    sink: &'static str,
+    calls: usize,
+    write: impl std::future::Future<Output = Result<u64>>,
+) -> Result<()> {
+    let started = Instant::now();
+    match write.await {
+        Ok(written) => {
+            telemetry::sink_written(sink, started.elapsed(), calls, written);
+            Ok(())
+        }
+        Err(e) => {
+            telemetry::sink_failed(sink);
+            Err(e)
         }
     }
 }

@@ -79,10 +79,7 @@ fn scrape(addr: &str) -> Option<String> {
 async fn serves_metrics_and_tails_topics() {
     let env = TestEnv::new("metrics", 2).await;
     let mut reference = Reference::default();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     feed.report(report("C", "u", 3)).await;
     feed.report(report("C", "v", 4)).await;
     env.producer()
@@ -90,13 +87,7 @@ async fn serves_metrics_and_tails_topics() {
         .await
         .unwrap();
 
-    // A free port for the exporter.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_local_addr();
     let mut processor = env.spawn_with("a", &[("READFOLD__METRICS__LISTEN", addr.as_str())]);
     env.wait_for(Duration::from_secs(60), |log| {
         log.latest() == reference.expected()
@@ -149,19 +140,11 @@ async fn serves_metrics_and_tails_topics() {
 async fn sigterm_publishes_what_was_folded_and_exits_within_the_bound() {
     let env = TestEnv::new("sigterm", 2).await;
     let mut reference = Reference::default();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     for u in 0..20 {
         feed.report(report("G", &format!("u{u}"), 5)).await;
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_local_addr();
     // No interval flush and no early flush: only the stop can publish.
     let mut processor = env.spawn_with(
         "a",

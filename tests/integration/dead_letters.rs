@@ -14,10 +14,7 @@ async fn bad_records_are_dead_lettered_and_processing_goes_on() {
     let env = TestEnv::new("dlq", 3).await;
     let reports = env.config.topics.read_reports.clone();
     let mut reference = Reference::default();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     let producer = env.producer();
     let raw = |r: &readfold::codec::ReadReportRecord| encode_read_report(r);
 

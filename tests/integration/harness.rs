@@ -33,6 +33,17 @@ pub fn keyspace_name(prefix: &str) -> String {
         .collect()
 }
 
+/// An address on loopback with a port nobody listens on (for the metrics
+/// endpoint of a spawned processor).
+pub fn free_local_addr() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    format!("127.0.0.1:{port}")
+}
+
 pub fn bootstrap() -> String {
     std::env::var("READFOLD_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
@@ -161,6 +172,14 @@ impl TestEnv {
 
     pub fn producer(&self) -> InputProducer {
         InputProducer::new(&self.config, self.partitions).expect("input producer")
+    }
+
+    /// A producer that also folds what it sends into `reference`.
+    pub fn feed<'a>(&self, reference: &'a mut Reference) -> Feed<'a> {
+        Feed {
+            producer: self.producer(),
+            reference,
+        }
     }
 
     /// This test's settings as environment variables.

@@ -8,10 +8,7 @@ use crate::harness::*;
 async fn seed_scenarios_through_kafka() {
     let env = TestEnv::new("seeds", 3).await;
     let mut reference = Reference::default();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     let (dm, group) = ("dm-P", "group-G");
 
     // 1:1: A says hello, B reads, B replies, A reads.
@@ -72,10 +69,7 @@ async fn seed_scenarios_through_kafka() {
 async fn a_leaving_member_becomes_a_tombstone() {
     let env = TestEnv::new("leave", 2).await;
     let mut reference = Reference::default();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     feed.event(joined("G", "A", 0)).await;
     feed.event(joined("G", "B", 0)).await;
     feed.event(sent("G", "A", 1)).await;
@@ -85,10 +79,7 @@ async fn a_leaving_member_becomes_a_tombstone() {
         log.latest() == reference.expected()
     })
     .await;
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     feed.event(event(
         "G",
         1,

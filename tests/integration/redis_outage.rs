@@ -92,10 +92,7 @@ async fn a_redis_outage_loses_nothing() {
     let mut processor = env.spawn_with("a", &[("READFOLD__REDIS__URL", url.as_str())]);
 
     let mut reference = Reference::default();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     for c in 0..10 {
         for u in 0..5 {
             feed.report(report(&format!("c{c}"), &format!("u{u}"), 5)).await;
@@ -107,10 +104,7 @@ async fn a_redis_outage_loses_nothing() {
     .await;
 
     redis.stop();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     for c in 0..10 {
         for u in 0..5 {
             feed.report(report(&format!("c{c}"), &format!("u{u}"), 9)).await;

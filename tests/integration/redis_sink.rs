@@ -105,10 +105,7 @@ async fn the_pipeline_writes_redis_and_keeps_higher_hand_edits() {
     let env = TestEnv::new("redis", 2).await;
     let prefix = env.config.redis.key_prefix.clone();
     let mut reference = Reference::default();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     for m in ["A", "B", "C"] {
         feed.event(joined("G", m, 0)).await;
     }

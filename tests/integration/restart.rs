@@ -12,10 +12,7 @@ async fn a_restart_emits_no_lower_cursor() {
     let convs: Vec<String> = (0..12).map(|i| format!("conv-{i}")).collect();
     let users = ["u1", "u2", "u3", "u4"];
 
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     for c in &convs {
         for (i, u) in users.iter().enumerate() {
             feed.report(report(c, u, 10 + i as i64)).await;
@@ -29,10 +26,7 @@ async fn a_restart_emits_no_lower_cursor() {
     first.kill();
 
     // After the crash: stale reports for every key, plus a few advances.
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     for c in &convs {
         for u in users {
             feed.report(report(c, u, 3)).await;

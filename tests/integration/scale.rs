@@ -11,10 +11,7 @@ async fn two_instances_split_partitions_and_agree_with_one() {
     let mut a = env.spawn("a");
     let mut b = env.spawn("b");
     let mut reference = Reference::default();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     for round in 0..5i64 {
         for c in 0..40 {
             let conv = format!("group-{c}");

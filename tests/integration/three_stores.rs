@@ -42,10 +42,7 @@ async fn assert_redis_matches(env: &TestEnv, reference: &Reference) {
 async fn the_seed_chats_land_in_all_three_stores() {
     let env = TestEnv::new("three-seed", 2).await;
     let mut reference = Reference::default();
-    let mut feed = Feed {
-        producer: env.producer(),
-        reference: &mut reference,
-    };
+    let mut feed = env.feed(&mut reference);
     // The 1:1 chat of A and B.
     feed.event(sent("P", "A", 1)).await;
     feed.report(report("P", "B", 1)).await;
