@@ -266,6 +266,29 @@ impl Processor {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// Sends a signal by name (TERM, INT, STOP, ...).
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit; its exit code.
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// SIGKILL: no flush, no goodbye.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

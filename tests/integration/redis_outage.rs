@@ -10,14 +10,14 @@ use readfold::sinks::redis::keys;
 use crate::harness::*;
 
 /// A private redis-server, so stopping it disturbs no other test.
-struct PrivateRedis {
+pub struct PrivateRedis {
     port: u16,
     dir: std::path::PathBuf,
     child: Option<Child>,
 }
 
 impl PrivateRedis {
-    fn start(port: u16, dir: std::path::PathBuf) -> PrivateRedis {
+    pub fn start(port: u16, dir: std::path::PathBuf) -> PrivateRedis {
         std::fs::create_dir_all(&dir).unwrap();
         let mut redis = PrivateRedis {
             port,
@@ -28,7 +28,7 @@ impl PrivateRedis {
         redis
     }
 
-    fn up(&mut self) {
+    pub fn up(&mut self) {
         let child = Command::new("redis-server")
             .args([
                 "--bind",
@@ -53,7 +53,7 @@ impl PrivateRedis {
     }
 
     /// SIGTERM: Redis writes its append-only file and exits.
-    fn stop(&mut self) {
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = Command::new("kill")
                 .arg("-TERM")
@@ -63,13 +63,24 @@ impl PrivateRedis {
         }
     }
 
-    fn url(&self) -> String {
+    /// SIGSTOP or SIGCONT: a frozen Redis accepts connections but never answers.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let _ = Command::new("kill")
+                .arg(format!("-{signal}"))
+                .arg(child.id().to_string())
+                .status();
+        }
+    }
+
+    pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 }
 
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
+        self.signal("CONT");
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -146,4 +157,54 @@ async fn a_redis_outage_loses_nothing() {
     }
     assert!(processor.log_text().contains("flush failed; will retry"));
     assert!(processor.terminate(Duration::from_secs(30)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once() {
+    let env = TestEnv::new("second-signal", 2).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let redis = PrivateRedis::start(port, dir);
+    let url = redis.url();
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__REDIS__URL", url.as_str()),
+            ("READFOLD__REDIS__TIMEOUT_MS", "60000"),
+            ("READFOLD__SHUTDOWN__TIMEOUT_MS", "120000"),
+        ],
+    );
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    feed.report(report("C", "u", 1)).await;
+    env.wait_for(Duration::from_secs(60), |log| {
+        log.latest() == reference.expected()
+    })
+    .await;
+
+    // A frozen Redis makes the next flush hang, and the graceful stop with it.
+    redis.signal("STOP");
+    let mut feed = env.feed(&mut reference);
+    feed.report(report("C", "u", 2)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    processor.signal("TERM");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        processor.is_running(),
+        "the graceful stop waits for the hanging flush"
+    );
+    processor.signal("TERM");
+    let started = std::time::Instant::now();
+    let code = processor.wait(Duration::from_secs(10));
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(code, Some(130), "{}", processor.log_text());
 }
