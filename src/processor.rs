@@ -189,14 +189,14 @@ impl Processor {
         tracing::info!(%transactional_id, "transactional producer ready");
         let restorer = Restorer::new(&config)?;
         let redis = if config.redis.enabled {
-            let sink = RedisSink::connect(&config.redis).await?;
+            let sink = connect_with_retry("redis", || RedisSink::connect(&config.redis)).await?;
             tracing::info!(url = %config.redis.url, "redis sink ready");
             Some(sink)
         } else {
             None
         };
         let cql = if config.cql.enabled {
-            let sink = CqlSink::connect(&config.cql).await?;
+            let sink = connect_with_retry("cql", || CqlSink::connect(&config.cql)).await?;
             tracing::info!(contact_points = %config.cql.contact_points, keyspace = %config.cql.keyspace, "cql sink ready");
             Some(sink)
         } else {
@@ -662,6 +662,28 @@ impl Processor {
                 }
                 Err((e, _)) => return Err(e),
             }
+        }
+    }
+}
+
+/// Connects a sink, retrying with backoff while it is unreachable: a
+/// processor without its sinks cannot flush anyway, and exiting would only
+/// churn restarts. Configuration errors fail at once.
+async fn connect_with_retry<T, F, Fut>(sink: &'static str, connect: F) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut failures = 0;
+    loop {
+        match connect().await {
+            Err(Error::Sink(e)) => {
+                failures += 1;
+                let delay = backoff(failures);
+                tracing::warn!(sink, error = %e, retry_in_ms = delay.as_millis() as u64, "sink unreachable at start; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
         }
     }
 }

@@ -208,3 +208,30 @@ async fn a_second_signal_exits_at_once() {
     );
     assert_eq!(code, Some(130), "{}", processor.log_text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_processor_waits_for_a_sink_that_is_down_at_start() {
+    let env = TestEnv::new("sink-late", 2).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let url = format!("redis://127.0.0.1:{port}/");
+    let mut reference = Reference::default();
+    env.feed(&mut reference).report(report("C", "u", 4)).await;
+    let mut processor = env.spawn_with("a", &[("READFOLD__REDIS__URL", url.as_str())]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(processor.is_running(), "{}", processor.log_text());
+    let _redis = PrivateRedis::start(port, dir);
+    let log = env
+        .wait_for(Duration::from_secs(60), |log| {
+            log.latest() == reference.expected()
+        })
+        .await;
+    assert_matches(&log, &reference);
+    assert!(processor.log_text().contains("sink unreachable at start"));
+    assert!(processor.terminate(Duration::from_secs(30)));
+}
