@@ -266,3 +266,146 @@ pub fn print_restore(f: RestoreFigures) {
         f.bytes_per_cursor
     );
 }
+
+/// What a pipeline run measured.
+#[derive(Clone, Debug)]
+pub struct PipelineFigures {
+    pub reports: u64,
+    pub elapsed_secs: f64,
+    pub latencies_ms: Vec<i64>,
+}
+
+impl PipelineFigures {
+    fn percentile(&self, p: f64) -> i64 {
+        let mut sorted = self.latencies_ms.clone();
+        sorted.sort_unstable();
+        sorted
+            .get(((sorted.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// Runs the whole pipeline in this process on the configured services, on
+/// fresh topics: produces `reports` reports as fast as it can, and reads the
+/// changelog (read_committed) until every cursor has arrived. Latency is
+/// from a report's `reported_at` to the moment its cursor is read back.
+pub async fn pipeline(config: &crate::config::Config, reports: u64) -> crate::error::Result<PipelineFigures> {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::Message;
+    use rdkafka::{Offset, TopicPartitionList};
+
+    use crate::codec::{decode_cursor_update, ReadReportRecord};
+    use crate::error::Error;
+
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    };
+    let stamp = now_ms();
+    let mut config = config.clone();
+    for (topic, role) in [
+        (&mut config.topics.read_reports, "read-reports"),
+        (&mut config.topics.conversation_events, "conversation-events"),
+        (&mut config.topics.read_cursors, "read-cursors"),
+        (&mut config.topics.user_read_cursors, "user-read-cursors"),
+        (&mut config.topics.dlq, "dlq"),
+    ] {
+        *topic = format!("readfold.bench-{stamp}.{role}");
+    }
+    config.kafka.group_id = format!("readfold-bench-{stamp}");
+    config.redis.key_prefix = format!("readfold-bench-{stamp}");
+    config.cql.keyspace = "readfold_bench".into();
+    let layout = crate::kafka::admin::ensure_topics(&config).await?;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let processor = crate::processor::Processor::new(config.clone(), layout).await?;
+    let handle = tokio::spawn(processor.run(stopped));
+
+    // 2,000 conversations x 5 readers; each report a higher seq than the last.
+    let mut expected: HashMap<(String, String), i64> = HashMap::new();
+    let producer = crate::kafka::input::InputProducer::new(&config, layout.partitions)?;
+    let started = std::time::Instant::now();
+    let mut batch = Vec::new();
+    for i in 0..reports {
+        let (c, u, seq) = (i % 2000, (i / 2000) % 5, (i / 10_000 + 1) as i64);
+        let r = ReadReportRecord {
+            conversation_id: format!("conv-{c}"),
+            user_id: format!("user-{u}"),
+            seq,
+            device_id: None,
+            reported_at: now_ms(),
+            private: false,
+        };
+        expected.insert((r.conversation_id.clone(), r.user_id.clone()), seq);
+        batch.push(r);
+        if batch.len() == 10_000 {
+            producer.send_many(&batch, &[]).await?;
+            batch.clear();
+        }
+    }
+    producer.send_many(&batch, &[]).await?;
+
+    let consumer: BaseConsumer = crate::kafka::base_client_config(&config)
+        .set("group.id", format!("{}-watch", config.kafka.group_id))
+        .set("isolation.level", "read_committed")
+        .create()?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..layout.partitions {
+        tpl.add_partition_offset(&config.topics.read_cursors, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut latencies_ms = Vec::new();
+    let mut remaining = expected.len();
+    while remaining > 0 {
+        if started.elapsed() > Duration::from_secs(600) {
+            return Err(Error::Other(format!(
+                "{remaining} cursors still missing after 600 s"
+            )));
+        }
+        let Some(message) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let message = message?;
+        let Some(Ok(update)) = message.payload().map(decode_cursor_update) else {
+            continue;
+        };
+        latencies_ms.push(now_ms() - update.updated_at);
+        let key = (update.conversation_id, update.user_id);
+        if expected.get(&key) == Some(&update.cursor) {
+            expected.remove(&key);
+            remaining -= 1;
+        }
+    }
+    let elapsed_secs = started.elapsed().as_secs_f64();
+    let _ = stop.send(true);
+    handle.await.map_err(|e| Error::Other(e.to_string()))??;
+    let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+        crate::kafka::base_client_config(&config).create()?;
+    let topics = crate::kafka::admin::specs(&config).map(|s| s.name);
+    let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+    let _ = admin
+        .delete_topics(&names, &rdkafka::admin::AdminOptions::new())
+        .await;
+    Ok(PipelineFigures {
+        reports,
+        elapsed_secs,
+        latencies_ms,
+    })
+}
+
+pub fn print_pipeline(f: &PipelineFigures) {
+    println!(
+        "pipeline: {} reports through Kafka, Redis and CQL in {:.2} s = {:.0} reports/s (producer, processor and reader share this machine); \
+         report-to-changelog latency p50 {} ms, p99 {} ms over {} changelog records",
+        f.reports,
+        f.elapsed_secs,
+        f.reports as f64 / f.elapsed_secs,
+        f.percentile(0.5),
+        f.percentile(0.99),
+        f.latencies_ms.len()
+    );
+}

@@ -60,6 +60,10 @@ enum Command {
         /// on the configured broker (0: skip).
         #[arg(long, default_value_t = 0)]
         restore_cursors: u64,
+        /// Also run this many reports through the whole pipeline on the
+        /// configured services, on fresh topics (0: skip).
+        #[arg(long, default_value_t = 0)]
+        pipeline_reports: u64,
     },
 }
 
@@ -103,6 +107,7 @@ fn real_main(cli: Cli) -> Result<()> {
             direct_chats,
             flush_every,
             restore_cursors,
+            pipeline_reports,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -114,6 +119,10 @@ fn real_main(cli: Cli) -> Result<()> {
             if restore_cursors > 0 {
                 let figures = runtime.block_on(readfold::bench::restore(&config, restore_cursors))?;
                 readfold::bench::print_restore(figures);
+            }
+            if pipeline_reports > 0 {
+                let figures = runtime.block_on(readfold::bench::pipeline(&config, pipeline_reports))?;
+                readfold::bench::print_pipeline(&figures);
             }
             Ok(())
         }
