@@ -129,16 +129,54 @@ pub fn frame_confluent(schema_id: u32, avro: &[u8]) -> Vec<u8> {
     out
 }
 
-fn decode_value(schema: &Schema, name: &'static str, mut bytes: &[u8]) -> Result<Value, DecodeError> {
-    let avro = |e: apache_avro::Error| DecodeError::Avro {
-        schema: name,
-        reason: e.to_string(),
-    };
-    let value = GenericDatumReader::builder(schema)
-        .build()
-        .map_err(avro)?
+/// A schema's reader and writer, resolved once: resolving a schema per
+/// record would cost more than decoding it.
+struct SchemaCodec {
+    name: &'static str,
+    reader: GenericDatumReader<'static>,
+    writer: GenericDatumWriter<'static>,
+}
+
+struct Codecs {
+    read_report: SchemaCodec,
+    conversation_event: SchemaCodec,
+    cursor_key: SchemaCodec,
+    user_cursor_key: SchemaCodec,
+    cursor_update: SchemaCodec,
+}
+
+fn codecs() -> &'static Codecs {
+    static CODECS: OnceLock<Codecs> = OnceLock::new();
+    CODECS.get_or_init(|| {
+        let s = schemas();
+        // The schemas are compiled in and covered by tests, as in `schemas()`.
+        let codec = |name: &'static str, schema: &'static Schema| SchemaCodec {
+            name,
+            reader: GenericDatumReader::builder(schema)
+                .build()
+                .unwrap_or_else(|e| panic!("schemas/{name}.avsc: {e}")),
+            writer: GenericDatumWriter::builder(schema)
+                .build()
+                .unwrap_or_else(|e| panic!("schemas/{name}.avsc: {e}")),
+        };
+        Codecs {
+            read_report: codec("ReadReport", &s.read_report),
+            conversation_event: codec("ConversationEvent", &s.conversation_event),
+            cursor_key: codec("CursorKey", &s.cursor_key),
+            user_cursor_key: codec("UserCursorKey", &s.user_cursor_key),
+            cursor_update: codec("CursorUpdate", &s.cursor_update),
+        }
+    })
+}
+
+fn decode_value(codec: &SchemaCodec, mut bytes: &[u8]) -> Result<Value, DecodeError> {
+    let value = codec
+        .reader
         .read_value(&mut bytes)
-        .map_err(avro)?;
+        .map_err(|e| DecodeError::Avro {
+            schema: codec.name,
+            reason: e.to_string(),
+        })?;
     let mut rest = [0u8; 1];
     if bytes.read(&mut rest).unwrap_or(0) > 0 {
         return Err(DecodeError::TrailingBytes(bytes.len() + 1));
@@ -146,12 +184,12 @@ fn decode_value(schema: &Schema, name: &'static str, mut bytes: &[u8]) -> Result
     Ok(value)
 }
 
-fn encode_value(schema: &Schema, value: Value) -> Vec<u8> {
+fn encode_value(codec: &SchemaCodec, value: Value) -> Vec<u8> {
     // Values are built from typed records that match the compiled-in schemas;
     // the unit tests round-trip every record type.
-    GenericDatumWriter::builder(schema)
-        .build()
-        .and_then(|w| w.write_value_to_vec(value))
+    codec
+        .writer
+        .write_value_to_vec(value)
         .expect("record matches its schema")
 }
 
@@ -172,12 +210,12 @@ fn decode_input<T>(
 
 pub fn decode_read_report(bytes: &[u8], format: WireFormat) -> Result<ReadReportRecord, DecodeError> {
     decode_input(bytes, format, |b| {
-        ReadReportRecord::from_value(decode_value(&schemas().read_report, "ReadReport", b)?)
+        ReadReportRecord::from_value(decode_value(&codecs().read_report, b)?)
     })
 }
 
 pub fn encode_read_report(record: &ReadReportRecord) -> Vec<u8> {
-    encode_value(&schemas().read_report, record.to_value())
+    encode_value(&codecs().read_report, record.to_value())
 }
 
 pub fn decode_conversation_event(
@@ -185,38 +223,34 @@ pub fn decode_conversation_event(
     format: WireFormat,
 ) -> Result<ConversationEventRecord, DecodeError> {
     decode_input(bytes, format, |b| {
-        ConversationEventRecord::from_value(decode_value(
-            &schemas().conversation_event,
-            "ConversationEvent",
-            b,
-        )?)
+        ConversationEventRecord::from_value(decode_value(&codecs().conversation_event, b)?)
     })
 }
 
 pub fn encode_conversation_event(record: &ConversationEventRecord) -> Vec<u8> {
-    encode_value(&schemas().conversation_event, record.to_value())
+    encode_value(&codecs().conversation_event, record.to_value())
 }
 
 pub fn decode_cursor_key(bytes: &[u8]) -> Result<CursorKeyRecord, DecodeError> {
-    CursorKeyRecord::from_value(decode_value(&schemas().cursor_key, "CursorKey", bytes)?)
+    CursorKeyRecord::from_value(decode_value(&codecs().cursor_key, bytes)?)
 }
 
 pub fn encode_cursor_key(record: &CursorKeyRecord) -> Vec<u8> {
-    encode_value(&schemas().cursor_key, record.to_value())
+    encode_value(&codecs().cursor_key, record.to_value())
 }
 
 pub fn decode_user_cursor_key(bytes: &[u8]) -> Result<UserCursorKeyRecord, DecodeError> {
-    UserCursorKeyRecord::from_value(decode_value(&schemas().user_cursor_key, "UserCursorKey", bytes)?)
+    UserCursorKeyRecord::from_value(decode_value(&codecs().user_cursor_key, bytes)?)
 }
 
 pub fn encode_user_cursor_key(record: &UserCursorKeyRecord) -> Vec<u8> {
-    encode_value(&schemas().user_cursor_key, record.to_value())
+    encode_value(&codecs().user_cursor_key, record.to_value())
 }
 
 pub fn decode_cursor_update(bytes: &[u8]) -> Result<CursorUpdateRecord, DecodeError> {
-    CursorUpdateRecord::from_value(decode_value(&schemas().cursor_update, "CursorUpdate", bytes)?)
+    CursorUpdateRecord::from_value(decode_value(&codecs().cursor_update, bytes)?)
 }
 
 pub fn encode_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
-    encode_value(&schemas().cursor_update, record.to_value())
+    encode_value(&codecs().cursor_update, record.to_value())
 }

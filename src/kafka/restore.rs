@@ -42,6 +42,7 @@ impl Restorer {
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest")
             .set("fetch.max.bytes", "52428800")
+            .set("max.partition.fetch.bytes", "52428800")
             // At the end of the partition the broker would otherwise hold each
             // fetch for fetch.wait.max.ms (500 ms) before saying so.
             .set("fetch.wait.max.ms", "20")
