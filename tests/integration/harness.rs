@@ -48,6 +48,14 @@ pub fn bootstrap() -> String {
     std::env::var("READFOLD_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
 }
 
+/// Sends a signal by name (TERM, KILL, STOP, CONT, ...) to a process.
+pub fn send_signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
+}
+
 /// Tests share one Kafka, Redis and CQL server. Most only need them up
 /// (shared); the fault tests that stop or restart one take them exclusively.
 static SERVICES: LazyLock<Arc<RwLock<()>>> = LazyLock::new(|| Arc::new(RwLock::new(())));
@@ -269,10 +277,7 @@ impl Processor {
     /// Sends a signal by name (TERM, INT, STOP, ...).
     pub fn signal(&self, signal: &str) {
         if let Some(child) = &self.child {
-            let _ = Command::new("kill")
-                .arg(format!("-{signal}"))
-                .arg(child.id().to_string())
-                .status();
+            send_signal(child.id(), signal);
         }
     }
 
@@ -302,10 +307,7 @@ impl Processor {
         let Some(mut child) = self.child.take() else {
             return false;
         };
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(child.id().to_string())
-            .status();
+        send_signal(child.id(), "TERM");
         let started = Instant::now();
         while started.elapsed() < timeout {
             if let Ok(Some(status)) = child.try_wait() {

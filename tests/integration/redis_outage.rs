@@ -17,15 +17,21 @@ pub struct PrivateRedis {
 }
 
 impl PrivateRedis {
-    pub fn start(port: u16, dir: std::path::PathBuf) -> PrivateRedis {
+    /// A Redis on a free port with an empty data folder, not started yet.
+    pub fn fresh() -> PrivateRedis {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut redis = PrivateRedis {
+        PrivateRedis {
             port,
             dir,
             child: None,
-        };
-        redis.up();
-        redis
+        }
     }
 
     pub fn up(&mut self) {
@@ -55,10 +61,7 @@ impl PrivateRedis {
     /// SIGTERM: Redis writes its append-only file and exits.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(child.id().to_string())
-                .status();
+            send_signal(child.id(), "TERM");
             let _ = child.wait();
         }
     }
@@ -66,10 +69,7 @@ impl PrivateRedis {
     /// SIGSTOP or SIGCONT: a frozen Redis accepts connections but never answers.
     pub fn signal(&self, signal: &str) {
         if let Some(child) = &self.child {
-            let _ = Command::new("kill")
-                .arg(format!("-{signal}"))
-                .arg(child.id().to_string())
-                .status();
+            send_signal(child.id(), signal);
         }
     }
 
@@ -91,14 +91,8 @@ impl Drop for PrivateRedis {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_outage_loses_nothing() {
     let env = TestEnv::new("redis-outage", 2).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut redis = PrivateRedis::start(port, dir);
+    let mut redis = PrivateRedis::fresh();
+    redis.up();
     let url = redis.url();
     let mut processor = env.spawn_with("a", &[("READFOLD__REDIS__URL", url.as_str())]);
 
@@ -162,14 +156,8 @@ async fn a_redis_outage_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
     let env = TestEnv::new("second-signal", 2).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let redis = PrivateRedis::start(port, dir);
+    let mut redis = PrivateRedis::fresh();
+    redis.up();
     let url = redis.url();
     let mut processor = env.spawn_with(
         "a",
@@ -212,20 +200,14 @@ async fn a_second_signal_exits_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_processor_waits_for_a_sink_that_is_down_at_start() {
     let env = TestEnv::new("sink-late", 2).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
-    let _ = std::fs::remove_dir_all(&dir);
-    let url = format!("redis://127.0.0.1:{port}/");
+    let mut redis = PrivateRedis::fresh();
+    let url = redis.url();
     let mut reference = Reference::default();
     env.feed(&mut reference).report(report("C", "u", 4)).await;
     let mut processor = env.spawn_with("a", &[("READFOLD__REDIS__URL", url.as_str())]);
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(processor.is_running(), "{}", processor.log_text());
-    let _redis = PrivateRedis::start(port, dir);
+    redis.up();
     let log = env
         .wait_for(Duration::from_secs(60), |log| {
             log.latest() == reference.expected()
