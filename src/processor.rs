@@ -546,7 +546,12 @@ impl Processor {
                 return Err(e);
             }
         }
-        let outcome = tokio::task::block_in_place(|| self.transact(&records, &offsets));
+        // A snapshot-only flush has nothing for Kafka: no transaction.
+        let outcome = if records.is_empty() && offsets.count() == 0 {
+            Ok(())
+        } else {
+            tokio::task::block_in_place(|| self.transact(&records, &offsets))
+        };
         match outcome {
             Ok(()) => {
                 let track_snapshots = self.cql.is_some() && !snapshot_due;
