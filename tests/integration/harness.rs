@@ -487,6 +487,29 @@ pub struct Feed<'a> {
 }
 
 impl Feed<'_> {
+    /// The seed articles' chats: the 1:1 chat of A and B in `dm`, and in
+    /// `group` A, B, C with read counts 0 -> 1 -> 1, then 2 and 1, a late
+    /// joiner D who reads #3, and a stale duplicate report.
+    pub async fn seed_chats(&mut self, dm: &str, group: &str) {
+        self.event(joined(dm, "A", 0)).await;
+        self.event(joined(dm, "B", 0)).await;
+        self.event(sent(dm, "A", 1)).await;
+        self.report(report(dm, "B", 1)).await;
+        self.event(sent(dm, "B", 2)).await;
+        self.report(report(dm, "A", 2)).await;
+        for m in ["A", "B", "C"] {
+            self.event(joined(group, m, 0)).await;
+        }
+        self.event(sent(group, "A", 1)).await;
+        self.report(report(group, "B", 1)).await;
+        self.event(sent(group, "A", 2)).await;
+        self.report(report(group, "C", 2)).await;
+        self.event(joined(group, "D", 2)).await;
+        self.event(sent(group, "A", 3)).await;
+        self.report(report(group, "D", 3)).await;
+        self.report(report(group, "C", 1)).await;
+    }
+
     pub async fn report(&mut self, r: ReadReportRecord) {
         self.producer.report(&r).await.unwrap();
         self.reference.report(&r);

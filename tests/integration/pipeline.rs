@@ -11,28 +11,10 @@ async fn seed_scenarios_through_kafka() {
     let mut feed = env.feed(&mut reference);
     let (dm, group) = ("dm-P", "group-G");
 
-    // 1:1: A says hello, B reads, B replies, A reads.
-    feed.event(joined(dm, "A", 0)).await;
-    feed.event(joined(dm, "B", 0)).await;
-    feed.event(sent(dm, "A", 1)).await;
-    feed.report(report(dm, "B", 1)).await;
-    feed.event(sent(dm, "B", 2)).await;
-    feed.report(report(dm, "A", 2)).await;
-
-    // Group of A, B, C: counts 0 -> 1 -> 1, then 2 and 1.
-    for m in ["A", "B", "C"] {
-        feed.event(joined(group, m, 0)).await;
-    }
-    feed.event(sent(group, "A", 1)).await;
-    feed.report(report(group, "B", 1)).await;
-    feed.event(sent(group, "A", 2)).await;
-    feed.report(report(group, "C", 2)).await;
-    // A late joiner reads everything but is no reader of the history.
-    feed.event(joined(group, "D", 2)).await;
-    feed.event(sent(group, "A", 3)).await;
-    feed.report(report(group, "D", 3)).await;
-    // A stale duplicate never moves anything back.
-    feed.report(report(group, "C", 1)).await;
+    // 1:1: A says hello, B reads, B replies, A reads. Group: counts
+    // 0 -> 1 -> 1, then 2 and 1; a late joiner is no reader of the history;
+    // a stale duplicate never moves anything back.
+    feed.seed_chats(dm, group).await;
 
     let mut processor = env.spawn("a");
     let log = env

@@ -43,22 +43,7 @@ async fn the_seed_chats_land_in_all_three_stores() {
     let env = TestEnv::new("three-seed", 2).await;
     let mut reference = Reference::default();
     let mut feed = env.feed(&mut reference);
-    // The 1:1 chat of A and B.
-    feed.event(sent("P", "A", 1)).await;
-    feed.report(report("P", "B", 1)).await;
-    feed.event(sent("P", "B", 2)).await;
-    feed.report(report("P", "A", 2)).await;
-    // The group, with a late joiner.
-    for m in ["A", "B", "C"] {
-        feed.event(joined("G", m, 0)).await;
-    }
-    feed.event(sent("G", "A", 1)).await;
-    feed.report(report("G", "B", 1)).await;
-    feed.event(sent("G", "A", 2)).await;
-    feed.report(report("G", "C", 2)).await;
-    feed.event(joined("G", "D", 2)).await;
-    feed.event(sent("G", "A", 3)).await;
-    feed.report(report("G", "D", 3)).await;
+    feed.seed_chats("P", "G").await;
     let mut processor = env.spawn("a");
     let log = env
         .wait_for(Duration::from_secs(60), |log| {
