@@ -1,16 +1,15 @@
 //! Configuration: `config/default.toml` (compiled in), an optional file over
 //! it, then `READFOLD__SECTION__KEY` environment variables over both.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
+use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_processor::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig};
+use readfold_store::cql::CqlConfig;
+use readfold_store::redis::RedisConfig;
+use readfold_wire::Limits;
 use serde::Deserialize;
 use toml::{Table, Value};
-
-use crate::codec::WireFormat;
-use crate::error::Error;
-pub use crate::sinks::cql::CqlConfig;
-use crate::validate::Limits;
 
 /// The defaults, and the list of every key there is.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
@@ -18,12 +17,44 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 /// Prefix of the environment variables that override keys.
 pub const ENV_PREFIX: &str = "READFOLD__";
 
+/// Why a configuration cannot be used. Messages name the key, the file or
+/// the environment variable, and never echo a value that may be a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{origin}: {source}")]
+    Parse {
+        origin: String,
+        #[source]
+        source: toml::de::Error,
+    },
+    #[error("unknown key `{key}` in {origin}")]
+    UnknownKey { key: String, origin: String },
+    #[error("`{key}` in {origin} must be a table")]
+    NotATable { key: String, origin: String },
+    #[error("unknown key from environment variable {0}")]
+    UnknownEnv(String),
+    #[error("{name}={raw:?} is not a valid {expected}")]
+    BadEnv {
+        name: String,
+        raw: String,
+        expected: &'static str,
+    },
+    #[error("{0}")]
+    Invalid(String),
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub kafka: KafkaConfig,
     pub topics: TopicsConfig,
-    pub input: InputConfig,
+    pub input: Limits,
     pub flush: FlushConfig,
     pub redis: RedisConfig,
     pub cql: CqlConfig,
@@ -34,78 +65,19 @@ pub struct Config {
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct KafkaConfig {
-    pub bootstrap_servers: String,
-    pub group_id: String,
-    pub instance_id: String,
-    pub transaction_timeout_ms: u64,
-    #[serde(default)]
-    pub properties: BTreeMap<String, String>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TopicsConfig {
-    pub read_reports: String,
-    pub conversation_events: String,
-    pub read_cursors: String,
-    pub user_read_cursors: String,
-    pub dlq: String,
-    pub partitions: i32,
-    pub replication_factor: i32,
-    pub create: bool,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct InputConfig {
-    pub format: WireFormat,
-    pub max_id_bytes: usize,
-    pub max_seq: u64,
-    pub check_partitioning: bool,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FlushConfig {
-    pub interval_ms: u64,
-    pub max_dirty: usize,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedisConfig {
-    pub enabled: bool,
-    pub url: String,
-    pub key_prefix: String,
-    pub timeout_ms: u64,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SnapshotConfig {
-    pub interval_ms: u64,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct MetricsConfig {
     pub listen: String,
 }
 
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ShutdownConfig {
-    pub timeout_ms: u64,
-}
-
 impl Config {
     /// Defaults, then `file` if given, then the process environment.
-    pub fn load(file: Option<&Path>) -> Result<Config, Error> {
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
         let overlay = match file {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))?;
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?;
                 Some((path.display().to_string(), text))
             }
             None => None,
@@ -121,13 +93,17 @@ impl Config {
     pub fn from_sources(
         file: Option<(&str, &str)>,
         env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Config, Error> {
-        let mut merged: Table = DEFAULT_TOML
-            .parse()
-            .map_err(|e| Error::Config(format!("built-in defaults: {e}")))?;
+    ) -> Result<Config, ConfigError> {
+        let mut merged: Table = DEFAULT_TOML.parse().map_err(|source| ConfigError::Parse {
+            origin: "built-in defaults".into(),
+            source,
+        })?;
         let defaults = merged.clone();
         if let Some((name, text)) = file {
-            let table: Table = text.parse().map_err(|e| Error::Config(format!("{name}: {e}")))?;
+            let table: Table = text.parse().map_err(|source| ConfigError::Parse {
+                origin: name.to_owned(),
+                source,
+            })?;
             check_known(&table, &defaults, "", name)?;
             merge(&mut merged, table);
         }
@@ -141,73 +117,48 @@ impl Config {
         }
         let config: Config = Value::Table(merged)
             .try_into()
-            .map_err(|e: toml::de::Error| Error::Config(e.to_string()))?;
+            .map_err(|source| ConfigError::Parse {
+                origin: "the configuration".into(),
+                source,
+            })?;
         config.check()?;
         Ok(config)
     }
 
-    fn check(&self) -> Result<(), Error> {
-        let bad = |msg: String| Err(Error::Config(msg));
-        if self.topics.partitions < 1 {
-            return bad(format!(
-                "topics.partitions must be at least 1, not {}",
-                self.topics.partitions
-            ));
-        }
-        if self.topics.replication_factor < 1 {
-            return bad("topics.replication_factor must be at least 1".into());
-        }
-        if self.flush.interval_ms == 0 || self.flush.max_dirty == 0 {
-            return bad("flush.interval_ms and flush.max_dirty must be positive".into());
-        }
-        if self.kafka.group_id.is_empty() {
-            return bad("kafka.group_id must not be empty".into());
-        }
-        let names = [
-            &self.topics.read_reports,
-            &self.topics.conversation_events,
-            &self.topics.read_cursors,
-            &self.topics.user_read_cursors,
-            &self.topics.dlq,
-        ];
-        for (i, a) in names.iter().enumerate() {
-            if a.is_empty() {
-                return bad("topic names must not be empty".into());
-            }
-            if names[..i].contains(a) {
-                return bad(format!("topic {a:?} is configured for two roles"));
-            }
-        }
+    /// The built-in defaults alone (`config/default.toml`).
+    pub fn defaults() -> Config {
+        Self::from_sources(None, Vec::new()).expect("config/default.toml is valid (tested)")
+    }
+
+    /// Every section's own checks.
+    fn check(&self) -> Result<(), ConfigError> {
+        self.kafka.check().map_err(ConfigError::Invalid)?;
+        self.topics.check().map_err(ConfigError::Invalid)?;
+        self.input.check().map_err(ConfigError::Invalid)?;
+        self.flush.check().map_err(ConfigError::Invalid)?;
+        self.redis.check().map_err(ConfigError::Invalid)?;
+        self.cql.check().map_err(ConfigError::Invalid)?;
         Ok(())
     }
 
-    pub fn limits(&self) -> Limits {
-        Limits {
-            max_id_bytes: self.input.max_id_bytes,
-            max_seq: self.input.max_seq,
-            format: self.input.format,
-            check_partitioning: self.input.check_partitioning,
+    /// What a processor runs with.
+    pub fn processor_settings(&self) -> Settings {
+        Settings {
+            kafka: self.kafka.clone(),
+            topics: self.topics.clone(),
+            input: self.input.clone(),
+            flush: self.flush.clone(),
+            snapshot: self.snapshot.clone(),
+            redis: self.redis.clone(),
+            cql: self.cql.clone(),
         }
-    }
-
-    /// `kafka.instance_id`, or the host name when empty.
-    pub fn instance_id(&self) -> String {
-        if !self.kafka.instance_id.is_empty() {
-            return self.kafka.instance_id.clone();
-        }
-        std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .ok()
-            .map(|h| h.trim().to_owned())
-            .filter(|h| !h.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok())
-            .unwrap_or_else(|| "readfold".into())
     }
 }
 
 /// The free-form table whose keys are not checked.
 const PASSTHROUGH: &str = "kafka.properties";
 
-fn check_known(table: &Table, defaults: &Table, path: &str, source: &str) -> Result<(), Error> {
+fn check_known(table: &Table, defaults: &Table, path: &str, source: &str) -> Result<(), ConfigError> {
     for (key, value) in table {
         let full = if path.is_empty() {
             key.clone()
@@ -215,10 +166,20 @@ fn check_known(table: &Table, defaults: &Table, path: &str, source: &str) -> Res
             format!("{path}.{key}")
         };
         match defaults.get(key) {
-            None => return Err(Error::Config(format!("unknown key `{full}` in {source}"))),
+            None => {
+                return Err(ConfigError::UnknownKey {
+                    key: full,
+                    origin: source.to_owned(),
+                })
+            }
             Some(Value::Table(inner)) if full != PASSTHROUGH => match value {
                 Value::Table(given) => check_known(given, inner, &full, source)?,
-                _ => return Err(Error::Config(format!("`{full}` in {source} must be a table"))),
+                _ => {
+                    return Err(ConfigError::NotATable {
+                        key: full,
+                        origin: source.to_owned(),
+                    })
+                }
             },
             Some(_) => {}
         }
@@ -237,8 +198,8 @@ fn merge(base: &mut Table, overlay: Table) {
     }
 }
 
-fn apply_env(merged: &mut Table, defaults: &Table, name: &str, raw: &str) -> Result<(), Error> {
-    let unknown = || Error::Config(format!("unknown key from environment variable {name}"));
+fn apply_env(merged: &mut Table, defaults: &Table, name: &str, raw: &str) -> Result<(), ConfigError> {
+    let unknown = || ConfigError::UnknownEnv(name.to_owned());
     let parts: Vec<String> = name[ENV_PREFIX.len()..]
         .split("__")
         .map(str::to_ascii_lowercase)
@@ -261,8 +222,10 @@ fn apply_env(merged: &mut Table, defaults: &Table, name: &str, raw: &str) -> Res
                 .and_then(|s| s.as_table())
                 .and_then(|s| s.get(key.as_str()))
                 .ok_or_else(unknown)?;
-            let value = typed_like(default, raw).ok_or_else(|| {
-                Error::Config(format!("{name}={raw:?} is not a valid {}", default.type_str()))
+            let value = typed_like(default, raw).ok_or_else(|| ConfigError::BadEnv {
+                name: name.to_owned(),
+                raw: raw.to_owned(),
+                expected: default.type_str(),
             })?;
             merged
                 .get_mut(section.as_str())
@@ -302,7 +265,7 @@ mod tests {
         let c = Config::from_sources(None, env(&[])).unwrap();
         assert_eq!(c.topics.read_reports, "chat.read-reports");
         assert_eq!(c.kafka.bootstrap_servers, "127.0.0.1:9092");
-        assert_eq!(c.input.format, WireFormat::Auto);
+        assert_eq!(c.input.format, readfold_wire::codec::WireFormat::Auto);
         assert!(c.kafka.properties.is_empty());
     }
 

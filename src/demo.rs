@@ -5,21 +5,22 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
+use readfold_core::fold::PartitionState;
+use readfold_core::partitioner::partition_for_key;
+use readfold_core::{ConversationId, ConversationView, Seq, UserId};
+use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::changelog::ChangelogReader;
+use readfold_kafka::producer::InputProducer;
+use readfold_processor::Processor;
+use readfold_store::cql::CqlStore;
+use readfold_store::redis::{keys, RedisStore};
+use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadReportRecord};
+use readfold_wire::validate;
 use tokio::sync::watch;
 
-use crate::codec::{self, ConversationEventRecord, EventRecord, ReadReportRecord};
 use crate::config::Config;
-use crate::domain::{ConversationId, CursorKey, Seq, UserId};
 use crate::error::{Error, Result};
-use crate::fold::{CursorUpdate, PartitionState};
-use crate::kafka::admin::ensure_topics;
-use crate::kafka::base_client_config;
-use crate::kafka::input::InputProducer;
-use crate::partitioner::partition_for_key;
-use crate::processor::Processor;
 
 enum Step {
     Send {
@@ -152,7 +153,7 @@ fn now_ms() -> i64 {
 pub async fn demo(mut config: Config) -> Result<()> {
     config.flush.interval_ms = config.flush.interval_ms.min(200);
     config.snapshot.interval_ms = config.snapshot.interval_ms.min(1000);
-    let layout = ensure_topics(&config).await?;
+    let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let run = now_ms();
     let convs = [format!("demo-{run}-dm"), format!("demo-{run}-group")];
     let labels = ["1:1 chat", "group"];
@@ -166,13 +167,14 @@ pub async fn demo(mut config: Config) -> Result<()> {
     println!("conversations: {} and {}\n", convs[0], convs[1]);
 
     let (stop, stopped) = watch::channel(false);
-    let processor = Processor::new(config.clone(), layout).await?;
+    let processor = Processor::new(config.processor_settings(), layout).await?;
     let handle = tokio::spawn(processor.run(stopped));
 
-    let producer = InputProducer::new(&config, layout.partitions)?;
-    let watcher = ChangelogWatcher::new(&config, &convs, layout.partitions)?;
+    let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
+    let mut watcher = ChangelogWatcher::new(&config, &convs, layout.partitions)?;
     let mut expected = PartitionState::new();
     let mut texts: BTreeMap<(usize, i64), (&str, &str)> = BTreeMap::new();
+    let invalid = |r: validate::Rejection| Error::Run(format!("the demo script is invalid: {}", r.detail));
     // Event times: one millisecond apart, after the run's start.
     for (base_at, step) in (run + 1..).zip(script()) {
         let conv = match &step {
@@ -196,10 +198,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     },
                 };
                 producer.event(&e).await?;
-                expected.apply_event(
-                    &crate::validate::conversation_event(e, &config.limits())
-                        .map_err(|r| Error::Other(r.detail))?,
-                );
+                expected.apply_event(&validate::conversation_event(e, &config.input).map_err(invalid)?);
                 format!("{sender} sends #{seq} {text:?}")
             }
             Step::Read { user, seq, .. } => {
@@ -212,9 +211,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     private: false,
                 };
                 producer.report(&r).await?;
-                expected.apply_report(
-                    &crate::validate::read_report(r, &config.limits()).map_err(|r| Error::Other(r.detail))?,
-                );
+                expected.apply_report(&validate::read_report(r, &config.input).map_err(invalid)?);
                 format!("{user} reports having seen up to #{seq}")
             }
             Step::Join { user, at_seq, .. } => {
@@ -225,10 +222,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     event: EventRecord::MemberJoined { user_id: user.into() },
                 };
                 producer.event(&e).await?;
-                expected.apply_event(
-                    &crate::validate::conversation_event(e, &config.limits())
-                        .map_err(|r| Error::Other(r.detail))?,
-                );
+                expected.apply_event(&validate::conversation_event(e, &config.input).map_err(invalid)?);
                 format!("{user} joins (latest seq {at_seq})")
             }
             Step::Garbage { .. } => {
@@ -239,8 +233,11 @@ pub async fn demo(mut config: Config) -> Result<()> {
             }
         };
         println!("[{}] {line}", labels[conv]);
-        let view = watcher.wait_for(&expected, Duration::from_secs(30))?;
-        print_view(&view, &convs[conv], conv, &texts);
+        let view;
+        (watcher, view) = watcher
+            .wait_for(expected.clone(), Duration::from_secs(30))
+            .await?;
+        print_view(view.get(&convs[conv]), conv, &texts);
     }
     println!(
         "\nEvery number above was read back from {} (read_committed).",
@@ -257,21 +254,23 @@ pub async fn demo(mut config: Config) -> Result<()> {
         config.topics.read_cursors, config.topics.dlq
     );
     let _ = stop.send(true);
-    handle.await.map_err(|e| Error::Other(e.to_string()))??;
+    handle.await??;
     Ok(())
 }
 
-fn print_view(view: &PartitionState, cid: &str, conv: usize, texts: &BTreeMap<(usize, i64), (&str, &str)>) {
-    let Some(c) = ConversationId::parse(cid, usize::MAX)
-        .ok()
-        .and_then(|id| view.conversation(&id))
-    else {
+/// Prints a conversation's cursors, unread counts and read counts, all
+/// answered by the read model.
+fn print_view(view: Option<&ConversationView>, conv: usize, texts: &BTreeMap<(usize, i64), (&str, &str)>) {
+    let Some(c) = view else {
         println!("    (no cursors yet)");
         return;
     };
-    let members: BTreeMap<&UserId, _> = c.members.iter().filter(|(_, m)| !m.left).collect();
-    let cursors: Vec<String> = members.iter().map(|(u, m)| format!("{u}={}", m.cursor)).collect();
-    let unread: Vec<String> = members.keys().map(|u| format!("{u}={}", c.unread(u))).collect();
+    let cursors: Vec<String> = c
+        .members
+        .iter()
+        .map(|(u, m)| format!("{u}={}", m.cursor))
+        .collect();
+    let unread: Vec<String> = c.members.keys().map(|u| format!("{u}={}", c.unread(u))).collect();
     println!(
         "    cursors: {}   unread: {}",
         cursors.join(" "),
@@ -281,13 +280,12 @@ fn print_view(view: &PartitionState, cid: &str, conv: usize, texts: &BTreeMap<(u
         let Ok(sender_id) = sender.parse::<UserId>() else {
             continue;
         };
-        let mut readers: Vec<String> = c
+        let readers: Vec<String> = c
             .readers(Seq(seq as u64), &sender_id)
             .map(|u| u.to_string())
             .collect();
-        readers.sort();
         let count = readers.len();
-        let shown = if members.len() <= 2 {
+        let shown = if c.members.len() <= 2 {
             if count == 1 {
                 "read".to_owned()
             } else {
@@ -302,115 +300,104 @@ fn print_view(view: &PartitionState, cid: &str, conv: usize, texts: &BTreeMap<(u
 
 /// Follows the changelog partitions of the demo conversations.
 struct ChangelogWatcher {
-    consumer: BaseConsumer,
+    reader: ChangelogReader,
     convs: Vec<String>,
-    max_id_bytes: usize,
-    view: std::cell::RefCell<PartitionState>,
+    /// What the changelog said so far, folded as a restore would.
+    seen: PartitionState,
 }
 
 impl ChangelogWatcher {
     fn new(config: &Config, convs: &[String], partitions: i32) -> Result<Self> {
-        let consumer: BaseConsumer = base_client_config(config)
-            .set("group.id", format!("{}-demo-watch", config.kafka.group_id))
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
-            .create()?;
-        let mut tpl = TopicPartitionList::new();
-        let mut seen = Vec::new();
-        for c in convs {
-            let p = partition_for_key(c.as_bytes(), partitions);
-            if !seen.contains(&p) {
-                seen.push(p);
-                tpl.add_partition_offset(&config.topics.read_cursors, p, Offset::Beginning)?;
-            }
-        }
-        consumer.assign(&tpl)?;
+        let reader = ChangelogReader::new(
+            &config.kafka,
+            &format!("{}-demo-watch", config.kafka.group_id),
+            &config.topics.read_cursors,
+            ChangelogKind::ByConversation,
+            config.input.max_id_bytes,
+        )?;
+        let mut watched: Vec<i32> = convs
+            .iter()
+            .map(|c| partition_for_key(c.as_bytes(), partitions))
+            .collect();
+        watched.dedup();
+        reader.follow(Some(&watched))?;
         Ok(ChangelogWatcher {
-            consumer,
+            reader,
             convs: convs.to_vec(),
-            max_id_bytes: config.input.max_id_bytes,
-            view: Default::default(),
+            seen: PartitionState::new(),
         })
     }
 
-    /// Polls until every cursor the script expects is on the changelog.
-    fn wait_for(&self, expected: &PartitionState, timeout: Duration) -> Result<PartitionState> {
+    /// Waits, on a blocking thread, until every member the script expects
+    /// shows on the changelog with the expected cursor; returns the watcher
+    /// and the demo conversations as readers see them.
+    async fn wait_for(
+        self,
+        expected: PartitionState,
+        timeout: Duration,
+    ) -> Result<(Self, BTreeMap<String, ConversationView>)> {
+        tokio::task::spawn_blocking(move || self.wait_blocking(&expected, timeout)).await?
+    }
+
+    fn wait_blocking(
+        mut self,
+        expected: &PartitionState,
+        timeout: Duration,
+    ) -> Result<(Self, BTreeMap<String, ConversationView>)> {
         let started = Instant::now();
         loop {
-            while let Some(message) = self.consumer.poll(Duration::from_millis(100)) {
-                let message = message?;
-                let Some(key) = message.key().and_then(|k| codec::decode_cursor_key(k).ok()) else {
-                    continue;
-                };
-                if !self.convs.contains(&key.conversation_id) {
+            for entry in self.reader.poll_entries(Duration::from_millis(100))? {
+                if !self
+                    .convs
+                    .iter()
+                    .any(|c| c == entry.key().conversation_id.as_str())
+                {
                     continue;
                 }
-                let (Ok(conversation_id), Ok(user_id)) = (
-                    ConversationId::parse(&key.conversation_id, self.max_id_bytes),
-                    UserId::parse(&key.user_id, self.max_id_bytes),
-                ) else {
-                    continue;
-                };
-                match message.payload().map(codec::decode_cursor_update) {
-                    Some(Ok(u)) => self.view.borrow_mut().restore_update(&CursorUpdate {
-                        conversation_id,
-                        user_id,
-                        cursor: Seq(u.cursor as u64),
-                        join_seq: Seq(u.join_seq as u64),
-                        latest_seq: Seq(u.latest_seq as u64),
-                        updated_at: u.updated_at,
-                    }),
-                    None => self.view.borrow_mut().restore_tombstone(&CursorKey {
-                        conversation_id,
-                        user_id,
-                    }),
-                    Some(Err(_)) => {}
+                match entry {
+                    ChangelogEntry::Upsert(u) => self.seen.restore_update(&u),
+                    ChangelogEntry::Left(k) => self.seen.restore_tombstone(&k),
                 }
             }
-            let done = matches(expected, &self.view.borrow());
-            if done {
-                return Ok(self.view.borrow().clone());
+            let views = self.views(&self.seen);
+            if views.iter().all(|(c, v)| {
+                self.views(expected)
+                    .get(c)
+                    .is_none_or(|want| want.members == v.members)
+            }) && self.views(expected).keys().all(|c| views.contains_key(c))
+            {
+                return Ok((self, views));
             }
             if started.elapsed() > timeout {
-                return Err(Error::Other(format!("the changelog did not show the expected cursors within {timeout:?}; is `readfold` able to reach the broker?")));
+                return Err(Error::Run(format!("the changelog did not show the expected cursors within {timeout:?}; is `readfold` able to reach the broker?")));
             }
         }
     }
-}
 
-fn matches(expected: &PartitionState, view: &PartitionState) -> bool {
-    expected.conversations().all(|(id, conv)| {
-        view.conversation(id).is_some_and(|v| {
-            conv.members.iter().all(|(u, m)| {
-                v.members
-                    .get(u)
-                    .is_some_and(|vm| vm.cursor == m.cursor && vm.left == m.left)
+    fn views(&self, state: &PartitionState) -> BTreeMap<String, ConversationView> {
+        self.convs
+            .iter()
+            .filter_map(|c| {
+                let id = ConversationId::parse(c, usize::MAX).ok()?;
+                Some((c.clone(), state.conversation(&id)?.view()))
             })
-        })
-    })
+            .collect()
+    }
 }
 
-/// Shows the hot cursors the processor max-merged into Redis.
+/// Shows the hot cursors the processor max-merged into Redis, read back
+/// through the store's read half.
 async fn print_redis(config: &Config, convs: &[String]) -> Result<()> {
-    let redis_error = |e: redis::RedisError| Error::Sink(format!("redis: {e}"));
-    let client = redis::Client::open(config.redis.url.as_str()).map_err(redis_error)?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(redis_error)?;
+    let redis = RedisStore::connect(&config.redis).await?;
     for conv in convs {
-        let [cursors, latest, _] = crate::sinks::redis::keys(&config.redis.key_prefix, conv);
-        let hash: BTreeMap<String, i64> = redis::cmd("HGETALL")
-            .arg(&cursors)
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        let latest: Option<i64> = redis::cmd("GET")
-            .arg(&latest)
-            .query_async(&mut conn)
-            .await
-            .map_err(redis_error)?;
-        println!("Redis {cursors} = {hash:?}, latest = {}", latest.unwrap_or(0));
+        let [cursors, _, _] = keys(redis.prefix(), conv);
+        let view = redis.conversation(conv).await?.unwrap_or_default();
+        let hash: BTreeMap<&str, u64> = view
+            .members
+            .iter()
+            .map(|(u, m)| (u.as_str(), m.cursor.get()))
+            .collect();
+        println!("Redis {cursors} = {hash:?}, latest = {}", view.latest_seq);
     }
     Ok(())
 }
@@ -422,31 +409,15 @@ async fn print_cql(config: &Config, convs: &[String]) -> Result<()> {
         config.snapshot.interval_ms + config.flush.interval_ms * 2,
     ))
     .await;
-    let cql_error = |e: String| Error::Sink(format!("cql: {e}"));
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_nodes(config.cql.contact_points())
-        .build()
-        .await
-        .map_err(|e| cql_error(e.to_string()))?;
-    let ks = &config.cql.keyspace;
+    let cql = CqlStore::connect(&config.cql).await?;
+    let ks = cql.keyspace();
     for conv in convs {
-        let rows = session
-            .query_unpaged(
-                format!("SELECT user_id, cursor, join_seq FROM {ks}.cursors WHERE conversation_id = ?"),
-                (conv,),
-            )
-            .await
-            .map_err(|e| cql_error(e.to_string()))?
-            .into_rows_result()
-            .map_err(|e| cql_error(e.to_string()))?;
-        let mut cursors = Vec::new();
-        for row in rows
-            .rows::<(String, i64, i64)>()
-            .map_err(|e| cql_error(e.to_string()))?
-        {
-            let (user, cursor, join_seq) = row.map_err(|e| cql_error(e.to_string()))?;
-            cursors.push(format!("{user}={cursor} (join_seq {join_seq})"));
-        }
+        let view = cql.conversation(conv).await?.unwrap_or_default();
+        let cursors: Vec<String> = view
+            .members
+            .iter()
+            .map(|(u, m)| format!("{u}={} (join_seq {})", m.cursor, m.join_seq))
+            .collect();
         println!("CQL {ks}.cursors[{conv}] = {}", cursors.join(", "));
     }
     Ok(())

@@ -1,24 +1,36 @@
-//! The crate's one error type.
+//! The command line's errors: each component's typed error, with its source.
 
-use crate::codec::DecodeError;
+use crate::config::ConfigError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("configuration: {0}")]
-    Config(String),
-    #[error("kafka: {0}")]
-    Kafka(#[from] rdkafka::error::KafkaError),
-    #[error("topic layout: {0}")]
-    Topology(String),
-    #[error("decode: {0}")]
-    Decode(#[from] DecodeError),
-    /// A sink (Redis, CQL) failed; the flush is retried.
-    #[error("sink: {0}")]
-    Sink(String),
-    #[error("metrics: {0}")]
-    Metrics(String),
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Kafka(#[from] readfold_kafka::Error),
+    #[error(transparent)]
+    Store(#[from] readfold_store::Error),
+    #[error(transparent)]
+    Processor(#[from] readfold_processor::Error),
+    #[error("cannot serve metrics on {addr}: {source}")]
+    Metrics {
+        addr: String,
+        #[source]
+        source: metrics_exporter_prometheus::BuildError,
+    },
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("a background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    /// A demo or bench run did not see what it expected.
     #[error("{0}")]
-    Other(String),
+    Run(String),
+}
+
+impl From<rdkafka::error::KafkaError> for Error {
+    fn from(e: rdkafka::error::KafkaError) -> Self {
+        Error::Kafka(e.into())
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

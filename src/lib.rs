@@ -1,19 +1,12 @@
-//! readfold: folds chat read reports into monotonic read cursors.
-//!
-//! The [`fold`] is pure; [`codec`] and [`validate`] turn bytes into its inputs;
-//! the Kafka adapters in [`kafka`] and the [`processor`] move bytes around it.
+//! The `readfold` command line, assembled from the workspace's crates:
+//! `readfold-core` (the pure fold and read model), `readfold-wire` (the
+//! Avro contract), `readfold-kafka` and `readfold-store` (adapters) and
+//! `readfold-processor`. This crate holds what only the application needs:
+//! the whole configuration and the commands.
 
 pub mod bench;
-pub mod codec;
 pub mod config;
 pub mod demo;
-pub mod domain;
 pub mod error;
-pub mod fold;
-pub mod kafka;
-pub mod partitioner;
-pub mod processor;
-pub mod sinks;
+pub mod run;
 pub mod tail;
-pub mod telemetry;
-pub mod validate;

@@ -2,10 +2,8 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use tokio::sync::watch;
 
 use readfold::config::Config;
 use readfold::error::{Error, Result};
@@ -93,9 +91,9 @@ fn real_main(cli: Cli) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Other(format!("cannot start the runtime: {e}")))?;
+        .map_err(Error::Runtime)?;
     match cli.command {
-        Command::Run => runtime.block_on(run(config)),
+        Command::Run => runtime.block_on(readfold::run::run(config)),
         Command::Demo => runtime.block_on(readfold::demo::demo(config)),
         Command::Tail { topic, follow, limit } => {
             readfold::tail::tail(&config, &topic, follow, limit, |line| println!("{line}"))?;
@@ -130,54 +128,5 @@ fn real_main(cli: Cli) -> Result<()> {
             println!("{:#?}", config.topics);
             Ok(())
         }
-    }
-}
-
-async fn run(config: Config) -> Result<()> {
-    if !config.metrics.listen.is_empty() {
-        let addr: std::net::SocketAddr = config
-            .metrics
-            .listen
-            .parse()
-            .map_err(|e| Error::Config(format!("metrics.listen {:?}: {e}", config.metrics.listen)))?;
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-            .map_err(|e| Error::Metrics(format!("cannot serve metrics on {addr}: {e}")))?;
-        tracing::info!(%addr, "serving Prometheus metrics on /metrics");
-    }
-    let layout = readfold::kafka::admin::ensure_topics(&config).await?;
-    tracing::info!(partitions = layout.partitions, "topic layout checked");
-    let (stop, stopped) = watch::channel(false);
-    let timeout = Duration::from_millis(config.shutdown.timeout_ms);
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        tracing::info!(
-            ?timeout,
-            "signal received: finishing the current flush (a second signal exits at once)"
-        );
-        let _ = stop.send(true);
-        // The bound on a graceful stop, and the second signal.
-        tokio::select! {
-            _ = wait_for_signal() => tracing::warn!("second signal: exiting now"),
-            _ = tokio::time::sleep(timeout) => tracing::error!("graceful shutdown took longer than shutdown.timeout_ms: exiting"),
-        }
-        std::process::exit(130);
-    });
-    readfold::processor::Processor::new(config, layout)
-        .await?
-        .run(stopped)
-        .await
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
     }
 }

@@ -9,7 +9,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::ClientConfig;
 
-use crate::harness::*;
+use crate::kit::*;
 
 fn readfold() -> Command {
     Command::new(env!("CARGO_BIN_EXE_readfold"))
@@ -29,7 +29,7 @@ fn an_unknown_environment_key_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_inputs_that_are_not_co_partitioned() {
-    let _services = crate::harness::shared_services().await;
+    let _services = shared_services().await;
     let prefix = format!("it.copart.{}", std::process::id());
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
@@ -89,10 +89,7 @@ async fn serves_metrics_and_tails_topics() {
 
     let addr = free_local_addr();
     let mut processor = env.spawn_with("a", &[("READFOLD__METRICS__LISTEN", addr.as_str())]);
-    env.wait_for(Duration::from_secs(60), |log| {
-        log.latest() == reference.expected()
-    })
-    .await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
 
     let wanted = [
         "readfold_records_in_total",

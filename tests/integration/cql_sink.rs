@@ -5,87 +5,58 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use readfold::domain::Seq;
-use readfold::sinks::cql::{CqlConfig, CqlSink};
-use readfold::sinks::{ConversationBatch, MemberWrite};
+use readfold_core::flush::{ConversationBatch, MemberWrite};
+use readfold_core::Seq;
+use readfold_store::cql::{CqlConfig, CqlStore};
+use readfold_store::CursorStore;
 use scylla::value::CqlTimestamp;
 
-use crate::harness::sink_batch;
-
-fn contact_point() -> String {
-    std::env::var("READFOLD_TEST_CQL").unwrap_or_else(|_| "127.0.0.1:9042".into())
-}
+use crate::kit::*;
 
 /// A keyspace of its own for each test.
 fn unique_keyspace(name: &str) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
-    format!(
-        "it_cql_{name}_{}_{}",
-        std::process::id(),
-        nanos % 1_000_000_000_000
-    )
+    keyspace_name(&unique(&format!("it_cql_{name}")))
 }
 
-fn sink_config(keyspace: &str) -> CqlConfig {
-    CqlConfig {
-        contact_points: contact_point(),
-        keyspace: keyspace.to_owned(),
-        timeout_ms: 10_000,
-        ..CqlConfig::default()
-    }
+async fn writer(config: &CqlConfig) -> CqlStore {
+    CqlStore::connect_writer(config).await.unwrap()
 }
 
-/// user_id -> cursor for one conversation.
-async fn cursors(sink: &CqlSink, conv: &str) -> HashMap<String, i64> {
-    let ks = sink.keyspace();
-    let result = sink
+/// user_id -> cursor for one conversation, through the read half.
+async fn cursors(store: &CqlStore, conv: &str) -> HashMap<String, i64> {
+    store
+        .conversation(conv)
+        .await
+        .unwrap()
+        .map(|v| {
+            v.members
+                .into_iter()
+                .map(|(u, m)| (u.to_string(), m.cursor.get() as i64))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn latest_seq(store: &CqlStore, conv: &str) -> Option<i64> {
+    store.latest_seq(conv).await.unwrap().map(|s| s.get() as i64)
+}
+
+async fn drop_keyspace(store: &CqlStore) {
+    store
         .session()
-        .query_unpaged(
-            format!("SELECT user_id, cursor FROM {ks}.cursors WHERE conversation_id = ?"),
-            (conv,),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap();
-    result
-        .rows::<(String, i64)>()
-        .unwrap()
-        .map(Result::unwrap)
-        .collect()
-}
-
-async fn latest_seq(sink: &CqlSink, conv: &str) -> Option<i64> {
-    let ks = sink.keyspace();
-    sink.session()
-        .query_unpaged(
-            format!("SELECT latest_seq FROM {ks}.conversations WHERE conversation_id = ?"),
-            (conv,),
-        )
-        .await
-        .unwrap()
-        .into_rows_result()
-        .unwrap()
-        .maybe_first_row::<(i64,)>()
-        .unwrap()
-        .map(|(l,)| l)
-}
-
-async fn drop_keyspace(sink: &CqlSink) {
-    sink.session()
-        .query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", sink.keyspace()), &[])
+        .query_unpaged(format!("DROP KEYSPACE IF EXISTS {}", store.keyspace()), &[])
         .await
         .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_is_created_idempotently() {
-    let _services = crate::harness::shared_services().await;
+    let _services = shared_services().await;
     let ks = unique_keyspace("schema");
-    let first = CqlSink::connect(&sink_config(&ks)).await.unwrap();
+    let first = writer(&cql_config(&ks)).await;
     assert_eq!(first.write(&[sink_batch("C", 3, &[("u", 3)])]).await.unwrap(), 1);
     // Connecting again finds everything in place and keeps the data.
-    let second = CqlSink::connect(&sink_config(&ks)).await.unwrap();
+    let second = writer(&cql_config(&ks)).await;
     let tables = second
         .session()
         .query_unpaged(
@@ -128,10 +99,10 @@ async fn schema_is_created_idempotently() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_writers_never_lower_a_cursor() {
-    let _services = crate::harness::shared_services().await;
+    let _services = shared_services().await;
     let ks = unique_keyspace("race");
-    let a = CqlSink::connect(&sink_config(&ks)).await.unwrap();
-    let b = CqlSink::connect(&sink_config(&ks)).await.unwrap();
+    let a = writer(&cql_config(&ks)).await;
+    let b = writer(&cql_config(&ks)).await;
 
     // Sequentially: a lower cursor written later changes nothing.
     a.write(&[sink_batch("S", 10, &[("u", 10)])]).await.unwrap();
@@ -140,21 +111,7 @@ async fn racing_writers_never_lower_a_cursor() {
     assert_eq!(latest_seq(&a, "S").await, Some(10));
 
     // One writer climbs, the other descends, concurrently: the result is the max.
-    let up = async {
-        for seq in 1..=300u64 {
-            a.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
-                .await
-                .unwrap();
-        }
-    };
-    let down = async {
-        for seq in (1..=300u64).rev() {
-            b.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
-                .await
-                .unwrap();
-        }
-    };
-    tokio::join!(up, down);
+    race_writers(&a, &b).await;
     let c = cursors(&a, "C").await;
     assert_eq!(c["u"], 300);
     assert_eq!(c["v"], 300);
@@ -166,15 +123,14 @@ async fn racing_writers_never_lower_a_cursor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn big_conversations_are_split_into_batches() {
-    let _services = crate::harness::shared_services().await;
+    let _services = shared_services().await;
     let ks = unique_keyspace("big");
     // Few batches in flight, so that the flush below has to wait for slots.
-    let sink = CqlSink::connect(&CqlConfig {
+    let sink = writer(&CqlConfig {
         concurrency: 3,
-        ..sink_config(&ks)
+        ..cql_config(&ks)
     })
-    .await
-    .unwrap();
+    .await;
     let users: Vec<String> = (0..1200).map(|i| format!("user-{i:05}")).collect();
     let members: Vec<(&str, u64)> = users
         .iter()
@@ -211,9 +167,9 @@ async fn big_conversations_are_split_into_batches() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn latest_seq_only_grows() {
-    let _services = crate::harness::shared_services().await;
+    let _services = shared_services().await;
     let ks = unique_keyspace("latest");
-    let sink = CqlSink::connect(&sink_config(&ks)).await.unwrap();
+    let sink = writer(&cql_config(&ks)).await;
     sink.write(&[sink_batch("L", 50, &[("u", 1)])]).await.unwrap();
     sink.write(&[sink_batch("L", 20, &[("u", 2)])]).await.unwrap();
     assert_eq!(latest_seq(&sink, "L").await, Some(50));

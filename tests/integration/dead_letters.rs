@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use readfold::codec::{encode_read_report, frame_confluent};
-use readfold::partitioner::partition_for_key;
+use readfold_core::partitioner::partition_for_key;
+use readfold_wire::codec::{encode_read_report, frame_confluent, ReadReportRecord};
 
-use crate::harness::*;
+use crate::kit::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_records_are_dead_lettered_and_processing_goes_on() {
@@ -16,7 +16,7 @@ async fn bad_records_are_dead_lettered_and_processing_goes_on() {
     let mut reference = Reference::default();
     let mut feed = env.feed(&mut reference);
     let producer = env.producer();
-    let raw = |r: &readfold::codec::ReadReportRecord| encode_read_report(r);
+    let raw = |r: &ReadReportRecord| encode_read_report(r);
 
     let mut expected_reasons: BTreeMap<&str, usize> = BTreeMap::new();
     let mut bad = |reason| *expected_reasons.entry(reason).or_default() += 1;
@@ -104,11 +104,7 @@ async fn bad_records_are_dead_lettered_and_processing_goes_on() {
 
     let mut processor = env.spawn("a");
     let total_bad: usize = expected_reasons.values().sum();
-    let log = env
-        .wait_for(Duration::from_secs(60), |log| {
-            log.latest() == reference.expected()
-        })
-        .await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     assert_matches(&log, &reference);
     // The DLQ is written in the same transactions, so it is complete by now
     // if the processor got this far; poll briefly anyway.

@@ -9,97 +9,20 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use readfold::codec::EventRecord;
 
-use crate::harness::*;
-
-/// What a load run produced.
-struct Load {
-    reference: Reference,
-    bad: usize,
-}
-
-/// Produces batches of messages, joins and (often stale) reports for
-/// `duration`, with a garbage record now and then.
-async fn produce_load(env: &TestEnv, duration: Duration, seed: u64) -> Load {
-    let producer = env.producer();
-    let mut reference = Reference::default();
-    let mut rng = seed | 1;
-    let mut next = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
-    let mut latest = vec![0i64; 30];
-    let mut bad = 0;
-    let started = Instant::now();
-    let mut round = 0u64;
-    while started.elapsed() < duration {
-        let (mut reports, mut events) = (Vec::new(), Vec::new());
-        for _ in 0..150 {
-            let c = next(30) as usize;
-            let conv = format!("c{c}");
-            if next(6) == 0 {
-                latest[c] += 1;
-                let e = event(
-                    &conv,
-                    latest[c],
-                    EventRecord::MessageSent {
-                        sender_id: format!("u{}", next(12)),
-                    },
-                );
-                reference.event(&e);
-                events.push(e);
-            } else if next(40) == 0 {
-                let e = event(
-                    &conv,
-                    latest[c],
-                    EventRecord::MemberJoined {
-                        user_id: format!("j{}", next(4)),
-                    },
-                );
-                reference.event(&e);
-                events.push(e);
-            } else {
-                let r = report(
-                    &conv,
-                    &format!("u{}", next(12)),
-                    (latest[c] - next(3) as i64).max(1),
-                );
-                reference.report(&r);
-                reports.push(r);
-            }
-        }
-        producer.send_many(&reports, &events).await.unwrap();
-        if round % 10 == 0 {
-            producer
-                .send(&env.config.topics.read_reports, "c0", Some(b"\x02not avro"), None)
-                .await
-                .unwrap();
-            bad += 1;
-        }
-        round += 1;
-        tokio::time::sleep(Duration::from_millis(150)).await;
-    }
-    Load { reference, bad }
-}
+use crate::kit::*;
 
 /// Checks (a), (b) and (c) once the last processor has stopped gracefully.
 async fn check_everything(env: &TestEnv, load: &Load) {
     let reference = &load.reference;
-    let log = env
-        .wait_for(Duration::from_secs(120), |log| {
-            log.latest() == reference.expected()
-        })
-        .await;
+    let log = env.wait_for_reference(reference, Duration::from_secs(120)).await;
     assert_matches(&log, reference);
     assert!(
         log.regressions().is_empty(),
         "cursors went down: {:?}",
         log.regressions()
     );
-    for (conv, users) in group_present(reference) {
+    for (conv, users) in reference.present_by_conversation() {
         let got = redis_cursors(&redis_url(), &env.config.redis.key_prefix, &conv).await;
         for (user, cursor) in users {
             assert_eq!(got.get(&user), Some(&cursor), "redis {conv}/{user}");
@@ -119,14 +42,6 @@ async fn check_everything(env: &TestEnv, load: &Load) {
         "every bad record dead-lettered exactly once"
     );
     assert_all_input_committed(env);
-}
-
-fn group_present(reference: &Reference) -> std::collections::BTreeMap<String, Vec<(String, i64)>> {
-    let mut out: std::collections::BTreeMap<String, Vec<(String, i64)>> = Default::default();
-    for ((c, u), (cursor, _)) in reference.present() {
-        out.entry(c).or_default().push((u, cursor));
-    }
-    out
 }
 
 /// The group's committed offsets reach the end of both inputs.
@@ -216,10 +131,8 @@ async fn a_cql_outage_pauses_the_consumer_and_loses_nothing() {
     let small = [("READFOLD__FLUSH__MAX_DIRTY", "20")];
     let mut processor = env.spawn_with("a", &small);
     let first = produce_load(&env, Duration::from_secs(2), 3).await;
-    env.wait_for(Duration::from_secs(60), |log| {
-        log.latest() == first.reference.expected()
-    })
-    .await;
+    env.wait_for_reference(&first.reference, Duration::from_secs(60))
+        .await;
 
     let mut outage = Outage::begin("cassandra");
     // Between snapshot ticks the changelog may run up to one interval ahead

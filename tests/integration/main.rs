@@ -4,7 +4,7 @@
 //! starts all three; the CQL server is Apache Cassandra 5 (ScyllaDB, the
 //! production target, speaks the same protocol but cannot be installed here).
 
-mod harness;
+mod kit;
 
 mod cli;
 mod cql_sink;

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::harness::*;
+use crate::kit::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seed_scenarios_through_kafka() {
@@ -17,19 +17,15 @@ async fn seed_scenarios_through_kafka() {
     feed.seed_chats(dm, group).await;
 
     let mut processor = env.spawn("a");
-    let log = env
-        .wait_for(Duration::from_secs(60), |log| {
-            log.latest() == reference.expected()
-        })
-        .await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     assert_matches(&log, &reference);
     assert!(log.regressions().is_empty(), "{:?}", log.regressions());
 
-    assert_eq!(changelog_read_count(&log, dm, 1, "A"), 1);
-    assert_eq!(changelog_read_count(&log, dm, 2, "B"), 1);
-    assert_eq!(changelog_read_count(&log, group, 1, "A"), 2, "B and C read #1");
-    assert_eq!(changelog_read_count(&log, group, 2, "A"), 1, "only C read #2");
-    assert_eq!(changelog_read_count(&log, group, 3, "A"), 1, "D read #3");
+    assert_eq!(log.read_count(dm, 1, "A"), 1);
+    assert_eq!(log.read_count(dm, 2, "B"), 1);
+    assert_eq!(log.read_count(group, 1, "A"), 2, "B and C read #1");
+    assert_eq!(log.read_count(group, 2, "A"), 1, "only C read #2");
+    assert_eq!(log.read_count(group, 3, "A"), 1, "D read #3");
     assert_eq!(reference.read_count(group, 2, "A"), 1);
     let d = log.latest()[&(group.to_owned(), "D".to_owned())];
     assert_eq!(d, Some((3, 3)), "D: cursor 3, join_seq 3");
@@ -57,24 +53,12 @@ async fn a_leaving_member_becomes_a_tombstone() {
     feed.event(sent("G", "A", 1)).await;
     feed.report(report("G", "B", 1)).await;
     let mut processor = env.spawn("a");
-    env.wait_for(Duration::from_secs(60), |log| {
-        log.latest() == reference.expected()
-    })
-    .await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     let mut feed = env.feed(&mut reference);
-    feed.event(event(
-        "G",
-        1,
-        readfold::codec::EventRecord::MemberLeft { user_id: "B".into() },
-    ))
-    .await;
-    let log = env
-        .wait_for(Duration::from_secs(60), |log| {
-            log.latest() == reference.expected()
-        })
-        .await;
+    feed.event(left("G", "B", 1)).await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     assert_matches(&log, &reference);
     assert_eq!(log.latest()[&("G".to_owned(), "B".to_owned())], None);
-    assert_eq!(changelog_read_count(&log, "G", 1, "A"), 0);
+    assert_eq!(log.read_count("G", 1, "A"), 0);
     processor.kill();
 }

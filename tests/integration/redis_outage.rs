@@ -1,92 +1,9 @@
 //! Redis goes away for ~10 s mid-run: the processor keeps running, holds its
 //! commits back, and loses nothing once Redis is back.
 
-use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use readfold::sinks::redis::keys;
-
-use crate::harness::*;
-
-/// A private redis-server, so stopping it disturbs no other test.
-pub struct PrivateRedis {
-    port: u16,
-    dir: std::path::PathBuf,
-    child: Option<Child>,
-}
-
-impl PrivateRedis {
-    /// A Redis on a free port with an empty data folder, not started yet.
-    pub fn fresh() -> PrivateRedis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        PrivateRedis {
-            port,
-            dir,
-            child: None,
-        }
-    }
-
-    pub fn up(&mut self) {
-        let child = Command::new("redis-server")
-            .args([
-                "--bind",
-                "127.0.0.1",
-                "--port",
-                &self.port.to_string(),
-                "--save",
-                "",
-            ])
-            .args(["--appendonly", "yes", "--dir", self.dir.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("redis-server (scripts/services.sh up redis installs it)");
-        self.child = Some(child);
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("private redis did not start");
-    }
-
-    /// SIGTERM: Redis writes its append-only file and exits.
-    pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            send_signal(child.id(), "TERM");
-            let _ = child.wait();
-        }
-    }
-
-    /// SIGSTOP or SIGCONT: a frozen Redis accepts connections but never answers.
-    pub fn signal(&self, signal: &str) {
-        if let Some(child) = &self.child {
-            send_signal(child.id(), signal);
-        }
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        self.signal("CONT");
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+use crate::kit::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_outage_loses_nothing() {
@@ -103,10 +20,7 @@ async fn a_redis_outage_loses_nothing() {
             feed.report(report(&format!("c{c}"), &format!("u{u}"), 5)).await;
         }
     }
-    env.wait_for(Duration::from_secs(60), |log| {
-        log.latest() == reference.expected()
-    })
-    .await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
 
     redis.stop();
     let mut feed = env.feed(&mut reference);
@@ -128,24 +42,10 @@ async fn a_redis_outage_loses_nothing() {
     );
 
     redis.up();
-    let log = env
-        .wait_for(Duration::from_secs(60), |log| {
-            log.latest() == reference.expected()
-        })
-        .await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     assert_matches(&log, &reference);
-    let mut conn = redis::Client::open(url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
     for c in 0..10 {
-        let [cursors, _, _] = keys(&env.config.redis.key_prefix, &format!("c{c}"));
-        let hash: HashMap<String, i64> = redis::cmd("HGETALL")
-            .arg(cursors)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let hash = redis_cursors(&url, &env.config.redis.key_prefix, &format!("c{c}")).await;
         assert_eq!(hash.len(), 5);
         assert!(hash.values().all(|&v| v == 9), "c{c}: {hash:?}");
     }
@@ -170,10 +70,7 @@ async fn a_second_signal_exits_at_once() {
     let mut reference = Reference::default();
     let mut feed = env.feed(&mut reference);
     feed.report(report("C", "u", 1)).await;
-    env.wait_for(Duration::from_secs(60), |log| {
-        log.latest() == reference.expected()
-    })
-    .await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
 
     // A frozen Redis makes the next flush hang, and the graceful stop with it.
     redis.signal("STOP");
@@ -208,11 +105,7 @@ async fn the_processor_waits_for_a_sink_that_is_down_at_start() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(processor.is_running(), "{}", processor.log_text());
     redis.up();
-    let log = env
-        .wait_for(Duration::from_secs(60), |log| {
-            log.latest() == reference.expected()
-        })
-        .await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     assert_matches(&log, &reference);
     assert!(processor.log_text().contains("sink unreachable at start"));
     assert!(processor.terminate(Duration::from_secs(30)));

@@ -3,81 +3,30 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use readfold::config::RedisConfig;
-use readfold::sinks::redis::{keys, RedisSink};
+use readfold_store::redis::keys;
+use readfold_store::CursorStore;
 
-use crate::harness::*;
-
-fn redis_url() -> String {
-    std::env::var("READFOLD_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
-}
-
-async fn conn() -> redis::aio::MultiplexedConnection {
-    redis::Client::open(redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
-}
-
-fn sink_config(prefix: &str) -> RedisConfig {
-    RedisConfig {
-        enabled: true,
-        url: redis_url(),
-        key_prefix: prefix.to_owned(),
-        timeout_ms: 2000,
-    }
-}
+use crate::kit::*;
 
 async fn hash(prefix: &str, conv: &str) -> HashMap<String, i64> {
-    let [cursors, _, _] = keys(prefix, conv);
-    redis::cmd("HGETALL")
-        .arg(cursors)
-        .query_async(&mut conn().await)
-        .await
-        .unwrap()
-}
-
-fn unique(name: &str) -> String {
-    format!(
-        "it-{name}-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    )
+    redis_cursors(&redis_url(), prefix, conv).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn racing_writers_never_lower_a_cursor() {
-    let _services = crate::harness::shared_services().await;
+    let _services = shared_services().await;
     let prefix = unique("race");
-    let a = RedisSink::connect(&sink_config(&prefix)).await.unwrap();
-    let b = RedisSink::connect(&sink_config(&prefix)).await.unwrap();
+    let a = redis_store(&redis_url(), &prefix).await;
+    let b = redis_store(&redis_url(), &prefix).await;
     // One writer climbs, the other descends, concurrently: the result is the max.
-    let up = async {
-        for seq in 1..=300u64 {
-            a.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
-                .await
-                .unwrap();
-        }
-    };
-    let down = async {
-        for seq in (1..=300u64).rev() {
-            b.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
-                .await
-                .unwrap();
-        }
-    };
-    tokio::join!(up, down);
+    race_writers(&a, &b).await;
     let h = hash(&prefix, "C").await;
     assert_eq!(h["u"], 300);
     assert_eq!(h["v"], 300);
     let [_, latest, _] = keys(&prefix, "C");
     let latest: i64 = redis::cmd("GET")
         .arg(latest)
-        .query_async(&mut conn().await)
+        .query_async(&mut redis_conn(&redis_url()).await)
         .await
         .unwrap();
     assert_eq!(latest, 300);
@@ -88,12 +37,12 @@ async fn racing_writers_never_lower_a_cursor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn survives_a_flushed_script_cache() {
-    let _services = crate::harness::shared_services().await;
+    let _services = shared_services().await;
     let prefix = unique("noscript");
-    let sink = RedisSink::connect(&sink_config(&prefix)).await.unwrap();
+    let sink = redis_store(&redis_url(), &prefix).await;
     let _: () = redis::cmd("SCRIPT")
         .arg("FLUSH")
-        .query_async(&mut conn().await)
+        .query_async(&mut redis_conn(&redis_url()).await)
         .await
         .unwrap();
     assert_eq!(sink.write(&[sink_batch("C", 5, &[("u", 5)])]).await.unwrap(), 1);
@@ -121,15 +70,12 @@ async fn the_pipeline_writes_redis_and_keeps_higher_hand_edits() {
         .arg(&cursors)
         .arg("C")
         .arg(99)
-        .query_async(&mut conn().await)
+        .query_async(&mut redis_conn(&redis_url()).await)
         .await
         .unwrap();
 
     let mut processor = env.spawn("a");
-    env.wait_for(Duration::from_secs(60), |log| {
-        log.latest() == reference.expected()
-    })
-    .await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     let h = hash(&prefix, "G").await;
     assert_eq!(h["A"], 2);
     assert_eq!(h["B"], 1);
@@ -137,13 +83,13 @@ async fn the_pipeline_writes_redis_and_keeps_higher_hand_edits() {
     assert_eq!(h["D"], 2);
     let latest: i64 = redis::cmd("GET")
         .arg(latest)
-        .query_async(&mut conn().await)
+        .query_async(&mut redis_conn(&redis_url()).await)
         .await
         .unwrap();
     assert_eq!(latest, 2);
     let joined: HashMap<String, i64> = redis::cmd("HGETALL")
         .arg(joined_key)
-        .query_async(&mut conn().await)
+        .query_async(&mut redis_conn(&redis_url()).await)
         .await
         .unwrap();
     assert_eq!(joined.get("D"), Some(&3), "D joined after #2");

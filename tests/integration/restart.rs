@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::harness::*;
+use crate::kit::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_emits_no_lower_cursor() {
@@ -19,10 +19,7 @@ async fn a_restart_emits_no_lower_cursor() {
         }
     }
     let mut first = env.spawn("a");
-    env.wait_for(Duration::from_secs(60), |log| {
-        log.latest() == reference.expected()
-    })
-    .await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     first.kill();
 
     // After the crash: stale reports for every key, plus a few advances.
@@ -34,11 +31,7 @@ async fn a_restart_emits_no_lower_cursor() {
         feed.report(report(c, "u1", 20)).await;
     }
     let mut second = env.spawn("a");
-    let log = env
-        .wait_for(Duration::from_secs(60), |log| {
-            log.latest() == reference.expected()
-        })
-        .await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     assert_matches(&log, &reference);
     assert!(
         log.regressions().is_empty(),

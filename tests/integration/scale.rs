@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::harness::*;
+use crate::kit::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_split_partitions_and_agree_with_one() {
@@ -23,11 +23,7 @@ async fn two_instances_split_partitions_and_agree_with_one() {
             }
         }
     }
-    let log = env
-        .wait_for(Duration::from_secs(90), |log| {
-            log.latest() == reference.expected()
-        })
-        .await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(90)).await;
     assert_matches(&log, &reference);
     assert!(log.regressions().is_empty(), "{:?}", log.regressions());
     let assigned = |p: &Processor| {

@@ -1,0 +1,366 @@
+//! Flush planning, pure: what one flush publishes, computed from the state of
+//! the assigned partitions, and what it leaves behind once it committed.
+//!
+//! A flush takes the current value of every dirty key, so a failed flush is
+//! simply planned again later, with values at least as new; nothing is
+//! dropped and state never rewinds. The processor executes the plan: the
+//! stores first (idempotent max-merges), then one Kafka transaction.
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::domain::{ConversationId, CursorKey, Seq, UserId};
+use crate::fold::{Change, InputKind, PartitionState};
+
+/// One input partition's state and what its next flush must publish. `D` is
+/// the producer's dead-letter record, opaque here.
+#[derive(Clone, Debug)]
+pub struct PartitionSlot<D> {
+    pub state: PartitionState,
+    /// Next offset to commit per input (last processed + 1).
+    pub offsets: BTreeMap<InputKind, i64>,
+    /// Rejected records waiting for the next transaction.
+    pub dead_letters: Vec<D>,
+    /// Keys published to the changelog but not yet snapshotted to CQL.
+    pub unsnapshotted: HashSet<CursorKey>,
+}
+
+impl<D> PartitionSlot<D> {
+    /// A slot for a partition just restored from the changelog. With
+    /// snapshots on, every restored key counts as not yet snapshotted: the
+    /// previous owner may have died between snapshots.
+    pub fn restored(state: PartitionState, snapshots: bool) -> Self {
+        let unsnapshotted = if snapshots {
+            state.keys().collect()
+        } else {
+            HashSet::new()
+        };
+        PartitionSlot {
+            state,
+            offsets: BTreeMap::new(),
+            dead_letters: Vec::new(),
+            unsnapshotted,
+        }
+    }
+
+    /// Whether the next flush has anything of this partition to commit.
+    pub fn has_work(&self) -> bool {
+        self.state.dirty_len() > 0 || !self.offsets.is_empty() || !self.dead_letters.is_empty()
+    }
+
+    /// The record at `offset` of input `kind` was processed.
+    pub fn processed(&mut self, kind: InputKind, offset: i64) {
+        self.offsets.insert(kind, offset + 1);
+    }
+
+    /// The partition was revoked: uncommitted input will be delivered again
+    /// to whoever owns it next, so pending offsets and dead letters go. The
+    /// folded state stays (the fold is idempotent) in case it comes back.
+    pub fn forget_uncommitted(&mut self) {
+        self.offsets.clear();
+        self.dead_letters.clear();
+    }
+}
+
+/// What one flush publishes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlushPlan<D> {
+    /// The partitions this flush covers.
+    pub partitions: Vec<i32>,
+    /// The current value of every dirty key, with its input partition: the
+    /// changelog records and the Redis writes.
+    pub changes: Vec<(i32, Change)>,
+    /// When a snapshot is due: keys published earlier but not yet in CQL
+    /// (the dirty ones are in `changes`). `None` when no snapshot is due.
+    pub snapshot_backlog: Option<Vec<Change>>,
+    pub dead_letters: Vec<D>,
+    /// (input, partition, next offset) to commit with the transaction.
+    pub offsets: Vec<(InputKind, i32, i64)>,
+}
+
+impl<D> FlushPlan<D> {
+    /// Nothing to publish and nothing to snapshot.
+    pub fn is_empty(&self) -> bool {
+        self.partitions.is_empty()
+    }
+
+    /// Whether the flush has anything for Kafka; a snapshot-only flush has not.
+    pub fn needs_transaction(&self) -> bool {
+        !self.changes.is_empty() || !self.dead_letters.is_empty() || !self.offsets.is_empty()
+    }
+
+    /// The rows a snapshot writes: the changes and the backlog.
+    pub fn snapshot_changes(&self) -> impl Iterator<Item = &Change> {
+        self.changes
+            .iter()
+            .map(|(_, c)| c)
+            .chain(self.snapshot_backlog.iter().flatten())
+    }
+}
+
+/// Plans a flush of every partition with work; with `snapshot_due`, also
+/// of every partition with keys not yet snapshotted.
+pub fn plan<D: Clone>(slots: &BTreeMap<i32, PartitionSlot<D>>, snapshot_due: bool) -> FlushPlan<D> {
+    let mut plan = FlushPlan {
+        partitions: Vec::new(),
+        changes: Vec::new(),
+        snapshot_backlog: snapshot_due.then(Vec::new),
+        dead_letters: Vec::new(),
+        offsets: Vec::new(),
+    };
+    for (&partition, slot) in slots {
+        let snapshot_work = snapshot_due && !slot.unsnapshotted.is_empty();
+        if !slot.has_work() && !snapshot_work {
+            continue;
+        }
+        plan.partitions.push(partition);
+        plan.changes.extend(
+            slot.state
+                .pending_changes()
+                .into_iter()
+                .map(|change| (partition, change)),
+        );
+        if let Some(backlog) = &mut plan.snapshot_backlog {
+            backlog.extend(
+                slot.unsnapshotted
+                    .iter()
+                    .filter(|k| !slot.state.is_dirty(k))
+                    .filter_map(|k| slot.state.current(k)),
+            );
+        }
+        plan.dead_letters.extend(slot.dead_letters.iter().cloned());
+        plan.offsets.extend(
+            slot.offsets
+                .iter()
+                .map(|(&kind, &offset)| (kind, partition, offset)),
+        );
+    }
+    plan
+}
+
+/// After every store and the transaction acknowledged the plan: forget
+/// what it published. With `track_snapshots` (CQL on) and no snapshot in
+/// this flush, the published keys are remembered for the next snapshot.
+pub fn committed<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, plan: &FlushPlan<D>, track_snapshots: bool) {
+    let snapshot_taken = plan.snapshot_backlog.is_some();
+    for partition in &plan.partitions {
+        let Some(slot) = slots.get_mut(partition) else {
+            continue;
+        };
+        if track_snapshots && !snapshot_taken {
+            let dirty: Vec<CursorKey> = slot.state.dirty_keys().cloned().collect();
+            slot.unsnapshotted.extend(dirty);
+        } else {
+            slot.unsnapshotted.clear();
+        }
+        slot.state.mark_flushed();
+        slot.offsets.clear();
+        slot.dead_letters.clear();
+    }
+}
+
+/// Dirty keys over all partitions.
+pub fn dirty_len<D>(slots: &BTreeMap<i32, PartitionSlot<D>>) -> usize {
+    slots.values().map(|s| s.state.dirty_len()).sum()
+}
+
+/// Past four times `max_dirty` dirty keys (flushes keep failing), the
+/// consumer pauses until a flush succeeds.
+pub fn over_bound(dirty: usize, max_dirty: usize) -> bool {
+    dirty >= max_dirty.saturating_mul(4)
+}
+
+/// One member's new state, as stores keep it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberWrite {
+    pub user_id: UserId,
+    pub cursor: Seq,
+    pub join_seq: Seq,
+    /// The member left: stores forget them.
+    pub left: bool,
+}
+
+/// The changes of one conversation in one flush: one store call each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConversationBatch {
+    pub conversation_id: ConversationId,
+    /// Highest `latest_seq` among the changes (0 if only departures).
+    pub latest_seq: Seq,
+    pub members: Vec<MemberWrite>,
+}
+
+/// Groups a flush's changes by conversation, in conversation order.
+pub fn group_by_conversation<'a>(changes: impl IntoIterator<Item = &'a Change>) -> Vec<ConversationBatch> {
+    let mut by_conv: BTreeMap<ConversationId, ConversationBatch> = BTreeMap::new();
+    for change in changes {
+        let key = change.key();
+        let batch = by_conv
+            .entry(key.conversation_id.clone())
+            .or_insert_with(|| ConversationBatch {
+                conversation_id: key.conversation_id.clone(),
+                latest_seq: Seq::ZERO,
+                members: Vec::new(),
+            });
+        match change {
+            Change::Upsert(u) => {
+                batch.latest_seq = batch.latest_seq.max(u.latest_seq);
+                batch.members.push(MemberWrite {
+                    user_id: u.user_id.clone(),
+                    cursor: u.cursor,
+                    join_seq: u.join_seq,
+                    left: false,
+                });
+            }
+            Change::Left(k) => batch.members.push(MemberWrite {
+                user_id: k.user_id.clone(),
+                cursor: Seq::ZERO,
+                join_seq: Seq::ZERO,
+                left: true,
+            }),
+        }
+    }
+    by_conv.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fold::{CursorUpdate, ReadReport};
+
+    fn up(c: &str, u: &str, cursor: u64, latest: u64) -> Change {
+        Change::Upsert(CursorUpdate {
+            conversation_id: c.parse().unwrap(),
+            user_id: u.parse().unwrap(),
+            cursor: Seq(cursor),
+            join_seq: Seq(1),
+            latest_seq: Seq(latest),
+            updated_at: 0,
+        })
+    }
+
+    fn report(c: &str, u: &str, seq: u64) -> ReadReport {
+        ReadReport {
+            conversation_id: c.parse().unwrap(),
+            user_id: u.parse().unwrap(),
+            seq: Seq(seq),
+            reported_at: 0,
+        }
+    }
+
+    type Slots = BTreeMap<i32, PartitionSlot<&'static str>>;
+
+    fn slots_with(reports: &[(i32, ReadReport)]) -> Slots {
+        let mut slots = Slots::new();
+        for (p, r) in reports {
+            let slot = slots
+                .entry(*p)
+                .or_insert_with(|| PartitionSlot::restored(PartitionState::new(), true));
+            slot.state.apply_report(r);
+            slot.processed(InputKind::ReadReports, 10);
+        }
+        slots
+    }
+
+    #[test]
+    fn groups_changes_by_conversation() {
+        let left = Change::Left(CursorKey {
+            conversation_id: "A".parse().unwrap(),
+            user_id: "z".parse().unwrap(),
+        });
+        let batches =
+            group_by_conversation(&[up("B", "x", 1, 4), up("A", "y", 2, 3), left, up("B", "w", 3, 5)]);
+        assert_eq!(batches.len(), 2);
+        assert_eq!(batches[0].conversation_id.as_str(), "A");
+        assert_eq!(batches[0].latest_seq, Seq(3));
+        assert_eq!(batches[0].members.len(), 2);
+        assert!(batches[0].members[1].left);
+        assert_eq!(batches[1].latest_seq, Seq(5));
+        assert_eq!(batches[1].members.len(), 2);
+    }
+
+    #[test]
+    fn a_plan_covers_every_dirty_key_offset_and_dead_letter_once() {
+        let mut slots = slots_with(&[
+            (0, report("C", "u", 3)),
+            (0, report("C", "v", 2)),
+            (1, report("D", "u", 1)),
+        ]);
+        slots.get_mut(&1).unwrap().dead_letters.push("bad");
+        slots.insert(2, PartitionSlot::restored(PartitionState::new(), true));
+        let plan = plan(&slots, false);
+        assert_eq!(plan.partitions, [0, 1], "partition 2 has nothing to do");
+        assert_eq!(plan.changes.len(), 3);
+        assert_eq!(plan.dead_letters, ["bad"]);
+        assert_eq!(
+            plan.offsets,
+            [(InputKind::ReadReports, 0, 11), (InputKind::ReadReports, 1, 11)]
+        );
+        assert!(plan.snapshot_backlog.is_none());
+        assert!(plan.needs_transaction());
+    }
+
+    #[test]
+    fn a_failed_flush_is_planned_again_with_newer_values() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3))]);
+        let first = plan(&slots, false);
+        // Not committed; more input arrives.
+        slots
+            .get_mut(&0)
+            .unwrap()
+            .state
+            .apply_report(&report("C", "u", 7));
+        let second = plan(&slots, false);
+        assert_eq!(first.changes, [(0, up("C", "u", 3, 0))]);
+        assert_eq!(second.changes, [(0, up("C", "u", 7, 0))]);
+    }
+
+    #[test]
+    fn commit_clears_work_and_tracks_keys_until_the_next_snapshot() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3))]);
+        slots.get_mut(&0).unwrap().unsnapshotted.clear();
+        let p = plan(&slots, false);
+        committed(&mut slots, &p, true);
+        let slot = &slots[&0];
+        assert!(!slot.has_work());
+        assert_eq!(slot.unsnapshotted.len(), 1, "published, not yet in CQL");
+
+        // The snapshot tick writes the backlog although nothing is dirty.
+        let snap = plan(&slots, true);
+        assert_eq!(snap.partitions, [0]);
+        assert!(snap.changes.is_empty());
+        assert_eq!(snap.snapshot_backlog.as_ref().unwrap().len(), 1);
+        assert!(
+            !snap.needs_transaction(),
+            "a snapshot-only flush has nothing for Kafka"
+        );
+        assert_eq!(snap.snapshot_changes().count(), 1);
+        committed(&mut slots, &snap, true);
+        assert!(slots[&0].unsnapshotted.is_empty());
+        assert!(plan(&slots, true).is_empty());
+    }
+
+    #[test]
+    fn without_snapshots_nothing_is_tracked() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3))]);
+        slots.get_mut(&0).unwrap().unsnapshotted.clear();
+        let p = plan(&slots, false);
+        committed(&mut slots, &p, false);
+        assert!(slots[&0].unsnapshotted.is_empty());
+    }
+
+    #[test]
+    fn a_revoked_slot_forgets_offsets_and_dead_letters_but_keeps_state() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3))]);
+        let slot = slots.get_mut(&0).unwrap();
+        slot.dead_letters.push("bad");
+        slot.forget_uncommitted();
+        assert!(slot.offsets.is_empty() && slot.dead_letters.is_empty());
+        assert_eq!(slot.state.dirty_len(), 1);
+    }
+
+    #[test]
+    fn backpressure_starts_at_four_times_the_bound() {
+        assert!(!over_bound(199, 50));
+        assert!(over_bound(200, 50));
+        assert!(!over_bound(usize::MAX - 1, usize::MAX));
+    }
+}

@@ -1,0 +1,426 @@
+use std::collections::HashMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn conv(s: &str) -> ConversationId {
+    s.parse().unwrap()
+}
+fn user(s: &str) -> UserId {
+    s.parse().unwrap()
+}
+fn report(c: &str, u: &str, seq: u64) -> ReadReport {
+    ReadReport {
+        conversation_id: conv(c),
+        user_id: user(u),
+        seq: Seq(seq),
+        reported_at: seq as i64,
+    }
+}
+fn sent(c: &str, sender: &str, seq: u64) -> ConversationEvent {
+    event(
+        c,
+        seq,
+        seq as i64,
+        EventKind::MessageSent {
+            sender_id: user(sender),
+        },
+    )
+}
+fn joined(c: &str, u: &str, seq: u64, at: i64) -> ConversationEvent {
+    event(c, seq, at, EventKind::MemberJoined { user_id: user(u) })
+}
+fn left(c: &str, u: &str, seq: u64, at: i64) -> ConversationEvent {
+    event(c, seq, at, EventKind::MemberLeft { user_id: user(u) })
+}
+fn event(c: &str, seq: u64, at: i64, kind: EventKind) -> ConversationEvent {
+    ConversationEvent {
+        conversation_id: conv(c),
+        seq: Seq(seq),
+        at,
+        kind,
+    }
+}
+
+fn cursor_of(state: &PartitionState, c: &str, u: &str) -> u64 {
+    state.conversation(&conv(c)).unwrap().members[&user(u)]
+        .cursor
+        .get()
+}
+
+/// Seed 1: the 1:1 chat of A and B.
+#[test]
+fn one_to_one_chat() {
+    let mut s = PartitionState::new();
+    let p = "P";
+    // A sends "hello" (seq 1): A's cursor follows, B is at 0.
+    s.apply_event(&sent(p, "A", 1));
+    let c = s.conversation(&conv(p)).unwrap();
+    assert_eq!(c.view().read_count(Seq(1), &user("A")), 0, "B has not read 1");
+    assert_eq!(c.view().unread(&user("B")), 1);
+    assert_eq!(c.view().unread(&user("A")), 0);
+
+    // B opens the chat and reports 1.
+    s.apply_report(&report(p, "B", 1));
+    let c = s.conversation(&conv(p)).unwrap();
+    assert_eq!(c.view().read_count(Seq(1), &user("A")), 1, "message 1 is read");
+    assert_eq!(c.view().unread(&user("B")), 0);
+
+    // B replies (seq 2): B's cursor moves to 2, A is still at 1.
+    s.apply_event(&sent(p, "B", 2));
+    let c = s.conversation(&conv(p)).unwrap();
+    assert_eq!(cursor_of(&s, p, "B"), 2);
+    assert_eq!(c.view().read_count(Seq(2), &user("B")), 0);
+    assert_eq!(c.view().unread(&user("A")), 1);
+
+    // A opens the chat: message 2 becomes read.
+    s.apply_report(&report(p, "A", 2));
+    let c = s.conversation(&conv(p)).unwrap();
+    assert_eq!(c.view().read_count(Seq(2), &user("B")), 1);
+    assert_eq!(c.view().unread(&user("A")), 0);
+}
+
+/// Seed 1: group G of A, B, C. Read counts 0 -> 1 -> 1, then 2 and 1.
+#[test]
+fn group_chat_read_counts() {
+    let mut s = PartitionState::new();
+    let g = "G";
+    for (i, m) in ["A", "B", "C"].iter().enumerate() {
+        s.apply_event(&joined(g, m, 0, i as i64));
+    }
+    s.apply_event(&sent(g, "A", 1));
+    let count = |s: &PartitionState, seq| {
+        s.conversation(&conv(g))
+            .unwrap()
+            .view()
+            .read_count(Seq(seq), &user("A"))
+    };
+    assert_eq!(count(&s, 1), 0);
+
+    s.apply_report(&report(g, "B", 1));
+    assert_eq!(count(&s, 1), 1);
+    assert_eq!(s.conversation(&conv(g)).unwrap().view().unread(&user("C")), 1);
+
+    s.apply_event(&sent(g, "A", 2));
+    assert_eq!(count(&s, 1), 1, "message 1 still read by B only");
+    assert_eq!(count(&s, 2), 0);
+    let c = s.conversation(&conv(g)).unwrap();
+    assert_eq!(c.view().unread(&user("B")), 1);
+    assert_eq!(c.view().unread(&user("C")), 2);
+
+    s.apply_report(&report(g, "C", 2));
+    assert_eq!(count(&s, 1), 2);
+    assert_eq!(count(&s, 2), 1);
+    assert_eq!(s.conversation(&conv(g)).unwrap().view().unread(&user("B")), 1);
+}
+
+/// Seed 1, section 5: a member who joins late has unread 0 for history but
+/// never counts as a reader of older messages.
+#[test]
+fn late_joiner_is_not_a_reader_of_history() {
+    let mut s = PartitionState::new();
+    let g = "G";
+    s.apply_event(&joined(g, "A", 0, 0));
+    s.apply_event(&joined(g, "B", 0, 1));
+    for seq in 1..=5 {
+        s.apply_event(&sent(g, "A", seq));
+    }
+    s.apply_report(&report(g, "B", 5));
+    s.apply_event(&joined(g, "D", 5, 10));
+    let c = s.conversation(&conv(g)).unwrap();
+    assert_eq!(c.view().unread(&user("D")), 0, "history is not unread");
+    assert_eq!(c.members[&user("D")].cursor, Seq(5));
+    assert_eq!(c.members[&user("D")].join_seq, Seq(6));
+    assert_eq!(
+        c.view().read_count(Seq(3), &user("A")),
+        1,
+        "only B read message 3"
+    );
+
+    s.apply_event(&sent(g, "A", 6));
+    s.apply_report(&report(g, "D", 6));
+    let c = s.conversation(&conv(g)).unwrap();
+    assert_eq!(c.view().read_count(Seq(6), &user("A")), 1, "D read message 6");
+    assert_eq!(
+        c.view().read_count(Seq(5), &user("A")),
+        1,
+        "D still not a reader of 5"
+    );
+}
+
+#[test]
+fn a_member_who_left_keeps_the_cursor_but_stops_counting() {
+    let mut s = PartitionState::new();
+    s.apply_event(&joined("G", "B", 0, 0));
+    s.apply_event(&sent("G", "A", 1));
+    s.apply_report(&report("G", "B", 1));
+    s.drain();
+    s.apply_event(&left("G", "B", 1, 5));
+    let c = s.conversation(&conv("G")).unwrap();
+    assert_eq!(c.view().read_count(Seq(1), &user("A")), 0);
+    assert_eq!(c.members[&user("B")].cursor, Seq(1));
+    let key = CursorKey {
+        conversation_id: conv("G"),
+        user_id: user("B"),
+    };
+    assert_eq!(s.drain(), vec![Change::Left(key)]);
+}
+
+#[test]
+fn stale_and_duplicate_reports_never_move_back_or_dirty() {
+    let mut s = PartitionState::new();
+    assert!(s.apply_report(&report("C", "u", 7)));
+    s.drain();
+    assert!(!s.apply_report(&report("C", "u", 3)));
+    assert!(!s.apply_report(&report("C", "u", 7)));
+    assert_eq!(cursor_of(&s, "C", "u"), 7);
+    assert_eq!(s.dirty_len(), 0);
+}
+
+#[test]
+fn coalesces_many_reports_into_one_change() {
+    let mut s = PartitionState::new();
+    for seq in 1..=100 {
+        s.apply_report(&report("C", "u", seq));
+    }
+    let changes = s.drain();
+    assert_eq!(changes.len(), 1);
+    match &changes[0] {
+        Change::Upsert(u) => assert_eq!(u.cursor, Seq(100)),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(s.drain().is_empty());
+}
+
+#[test]
+fn report_before_message_sent_is_kept_unclamped() {
+    let mut s = PartitionState::new();
+    s.apply_report(&report("C", "B", 5));
+    let c = s.conversation(&conv("C")).unwrap();
+    assert_eq!(c.members[&user("B")].cursor, Seq(5));
+    assert_eq!(c.view().unread(&user("B")), 0, "readers clamp at 0");
+}
+
+#[test]
+fn restore_rebuilds_state_without_dirtying() {
+    let mut a = PartitionState::new();
+    a.apply_event(&joined("G", "D", 4, 1));
+    a.apply_report(&report("G", "B", 9));
+    a.apply_event(&joined("G", "E", 0, 2));
+    a.apply_event(&left("G", "E", 3, 3));
+    let changes = a.drain();
+
+    let mut b = PartitionState::new();
+    for change in &changes {
+        match change {
+            Change::Upsert(u) => b.restore_update(u),
+            Change::Left(k) => b.restore_tombstone(k),
+        }
+    }
+    assert_eq!(b.dirty_len(), 0);
+    let (ca, cb) = (
+        a.conversation(&conv("G")).unwrap(),
+        b.conversation(&conv("G")).unwrap(),
+    );
+    for u in ["B", "D"] {
+        assert_eq!(ca.members[&user(u)].cursor, cb.members[&user(u)].cursor);
+        assert_eq!(ca.members[&user(u)].join_seq, cb.members[&user(u)].join_seq);
+    }
+    assert!(cb.members[&user("E")].left);
+    // A replay of D's join after restore changes nothing.
+    assert!(!b.apply_event(&joined("G", "D", 4, 1)));
+    // A stale report after restore emits nothing lower.
+    assert!(!b.apply_report(&report("G", "B", 2)));
+}
+
+// ---- properties -------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Record {
+    Report(ReadReport),
+    Event(ConversationEvent),
+}
+
+const CONVS: [&str; 2] = ["c1", "c2"];
+const USERS: [&str; 4] = ["a", "b", "c", "d"];
+
+fn arb_report() -> impl Strategy<Value = ReadReport> {
+    (0..CONVS.len(), 0..USERS.len(), 1u64..30, 0i64..1000).prop_map(|(c, u, seq, at)| ReadReport {
+        conversation_id: conv(CONVS[c]),
+        user_id: user(USERS[u]),
+        seq: Seq(seq),
+        reported_at: at,
+    })
+}
+
+/// A plausible event log: per conversation, seqs grow by one per message and
+/// member events carry the latest seq and a strictly growing time.
+fn arb_event_log() -> impl Strategy<Value = Vec<ConversationEvent>> {
+    prop::collection::vec((0..CONVS.len(), 0..3u8, 0..USERS.len()), 0..40).prop_map(|steps| {
+        let mut latest: HashMap<usize, u64> = HashMap::new();
+        let mut log = Vec::new();
+        for (i, (c, kind, u)) in steps.into_iter().enumerate() {
+            let seq = latest.entry(c).or_insert(0);
+            let at = 1000 + i as i64;
+            let kind = match kind {
+                0 => {
+                    *seq += 1;
+                    EventKind::MessageSent {
+                        sender_id: user(USERS[u]),
+                    }
+                }
+                1 => EventKind::MemberJoined {
+                    user_id: user(USERS[u]),
+                },
+                _ => EventKind::MemberLeft {
+                    user_id: user(USERS[u]),
+                },
+            };
+            log.push(ConversationEvent {
+                conversation_id: conv(CONVS[c]),
+                seq: Seq(*seq),
+                at,
+                kind,
+            });
+        }
+        log
+    })
+}
+
+/// Interleaves the two inputs (each keeps its own order, as a Kafka partition
+/// does) and re-delivers some records later, as an at-least-once replay would.
+fn arb_delivery() -> impl Strategy<Value = (Vec<Record>, Vec<Record>)> {
+    (prop::collection::vec(arb_report(), 0..60), arb_event_log()).prop_flat_map(|(reports, events)| {
+        let reference: Vec<Record> = events
+            .iter()
+            .cloned()
+            .map(Record::Event)
+            .chain(reports.iter().cloned().map(Record::Report))
+            .collect();
+        let n = reports.len() + events.len();
+        (
+            Just(reports),
+            Just(events),
+            prop::collection::vec(any::<bool>(), n),
+            prop::collection::vec(
+                (any::<prop::sample::Index>(), any::<prop::sample::Index>()),
+                0..10,
+            ),
+            Just(reference),
+        )
+            .prop_map(|(reports, events, picks, dups, reference)| {
+                let (mut r, mut e) = (reports.into_iter(), events.into_iter());
+                let mut merged: Vec<Record> = Vec::new();
+                for take_report in picks {
+                    let next = if take_report {
+                        r.next().map(Record::Report)
+                    } else {
+                        None
+                    };
+                    let next = next
+                        .or_else(|| e.next().map(Record::Event))
+                        .or_else(|| r.next().map(Record::Report));
+                    merged.extend(next);
+                }
+                for (from, to) in dups {
+                    if merged.is_empty() {
+                        break;
+                    }
+                    let i = from.index(merged.len());
+                    let j = i + 1 + to.index(merged.len() - i);
+                    let dup = merged[i].clone();
+                    merged.insert(j.min(merged.len()), dup);
+                }
+                (reference, merged)
+            })
+    })
+}
+
+fn apply(state: &mut PartitionState, record: &Record) {
+    match record {
+        Record::Report(r) => state.apply_report(r),
+        Record::Event(e) => state.apply_event(e),
+    };
+}
+
+fn fold_all(records: &[Record]) -> PartitionState {
+    let mut s = PartitionState::new();
+    records.iter().for_each(|r| apply(&mut s, r));
+    s
+}
+
+fn snapshot(s: &PartitionState) -> HashMap<ConversationId, Conversation> {
+    s.conversations().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn final_state_ignores_interleaving_and_duplicates((reference, delivered) in arb_delivery()) {
+        prop_assert_eq!(snapshot(&fold_all(&reference)), snapshot(&fold_all(&delivered)));
+    }
+
+    #[test]
+    fn no_cursor_ever_decreases_and_drains_emit_each_key_once(
+        (_, delivered) in arb_delivery(),
+        flush_every in 1usize..8,
+    ) {
+        let mut s = PartitionState::new();
+        let mut seen: HashMap<CursorKey, Seq> = HashMap::new();
+        let mut emitted: HashMap<CursorKey, Seq> = HashMap::new();
+        for (i, record) in delivered.iter().enumerate() {
+            apply(&mut s, record);
+            for (c, conv) in s.conversations() {
+                for (u, m) in &conv.members {
+                    let key = CursorKey { conversation_id: c.clone(), user_id: u.clone() };
+                    let before = seen.insert(key, m.cursor).unwrap_or(Seq::ZERO);
+                    prop_assert!(m.cursor >= before, "cursor moved back");
+                }
+            }
+            if i % flush_every == 0 {
+                let changes = s.drain();
+                let mut keys: Vec<CursorKey> = changes.iter().map(Change::key).collect();
+                let n = keys.len();
+                keys.sort();
+                keys.dedup();
+                prop_assert_eq!(n, keys.len(), "a key emitted twice in one drain");
+                for change in changes {
+                    if let Change::Upsert(u) = change {
+                        let before = emitted.insert(u.key(), u.cursor).unwrap_or(Seq::ZERO);
+                        prop_assert!(u.cursor >= before, "emitted a lower cursor");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn restoring_from_drained_changes_reproduces_cursors((_, delivered) in arb_delivery()) {
+        let mut live = PartitionState::new();
+        let mut changelog = Vec::new();
+        for record in &delivered {
+            apply(&mut live, record);
+            changelog.extend(live.drain());
+        }
+        let mut restored = PartitionState::new();
+        for change in &changelog {
+            match change {
+                Change::Upsert(u) => restored.restore_update(u),
+                Change::Left(k) => restored.restore_tombstone(k),
+            }
+        }
+        for (c, conv) in live.conversations() {
+            let other = restored.conversation(c).unwrap();
+            for (u, m) in &conv.members {
+                let r = &other.members[u];
+                prop_assert_eq!(m.left, r.left);
+                if !m.left {
+                    prop_assert_eq!(m.cursor, r.cursor);
+                    prop_assert_eq!(m.join_seq, r.join_seq);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! readfold's pure core. Nothing here performs I/O, reads a clock it was not
+//! given, or knows about Kafka, Redis or CQL; the crate's dependencies keep it
+//! that way.
+//!
+//! - [`domain`]: ids, sequence numbers, cursor keys.
+//! - [`fold`]: the max-merge fold of read reports and conversation events.
+//! - [`read_model`]: unread, read counts and who-read, from any store's cursors.
+//! - [`flush`]: what a flush publishes, planned from partition state.
+//! - [`backoff`]: the retry policy of flushes and connections.
+//! - [`partitioner`]: Kafka's murmur2 partitioner, which places conversations.
+
+pub mod backoff;
+pub mod domain;
+pub mod flush;
+pub mod fold;
+pub mod partitioner;
+pub mod read_model;
+
+pub use domain::{ConversationId, CursorKey, IdError, Seq, UserId};
+pub use read_model::{ConversationView, MemberCursor, MessageRef};

@@ -1,0 +1,200 @@
+//! The read model: what readers derive from cursors. Defined once, here; the
+//! fold, the Redis, CQL and changelog readers, the demo and the tests all
+//! answer through it.
+//!
+//! - unread(user) = max(0, latest_seq - cursor(user))
+//! - message S sent by U is read by the present members m != U with
+//!   join_seq(m) <= S <= cursor(m); its read count is how many there are.
+//!
+//! A 1:1 chat is the same rule with two members: a count of 0 or 1 is
+//! "unread" or "read".
+
+use std::collections::BTreeMap;
+use std::ops::Bound;
+
+use crate::domain::{Seq, UserId};
+
+/// A present member's read state, as every store keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberCursor {
+    /// Has read every message with seq <= cursor.
+    pub cursor: Seq,
+    /// First seq the member could see: 1 unless they joined later.
+    pub join_seq: Seq,
+}
+
+impl MemberCursor {
+    /// The read-count rule for one member: they could see message `seq`
+    /// (joined by then) and their cursor reached it.
+    pub fn has_read(&self, seq: Seq) -> bool {
+        self.join_seq <= seq && seq <= self.cursor
+    }
+}
+
+/// A message whose readers are asked for: its seq and its sender, who never
+/// counts as a reader of their own message.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MessageRef {
+    pub seq: Seq,
+    pub sender: UserId,
+}
+
+/// The read state of one conversation as readers see it: the latest seq and
+/// the present members (departed members are absent).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConversationView {
+    /// Highest seq known; may lag behind cursors, so readers clamp.
+    pub latest_seq: Seq,
+    /// Present members by user id; ordered, so that who-read pages are stable.
+    pub members: BTreeMap<UserId, MemberCursor>,
+}
+
+impl ConversationView {
+    /// The user's cursor, 0 when they are not a present member.
+    pub fn cursor(&self, user: &UserId) -> Seq {
+        self.members.get(user).map_or(Seq::ZERO, |m| m.cursor)
+    }
+
+    /// unread(user) = max(0, latest_seq - cursor(user)).
+    pub fn unread(&self, user: &UserId) -> u64 {
+        self.latest_seq.get().saturating_sub(self.cursor(user).get())
+    }
+
+    /// Members other than the sender who read message `seq`, in user id order.
+    pub fn readers<'a>(&'a self, seq: Seq, sender: &'a UserId) -> impl Iterator<Item = &'a UserId> + 'a {
+        readers_in(self.members.iter(), seq, sender)
+    }
+
+    /// How many members other than the sender read message `seq`.
+    pub fn read_count(&self, seq: Seq, sender: &UserId) -> usize {
+        self.readers(seq, sender).count()
+    }
+
+    /// Read counts of many messages at once, in the order given.
+    pub fn read_counts(&self, messages: &[MessageRef]) -> Vec<usize> {
+        messages
+            .iter()
+            .map(|m| self.read_count(m.seq, &m.sender))
+            .collect()
+    }
+
+    /// One page of who-read: at most `limit` readers of message `seq` whose
+    /// id sorts after `after` (exclusive), and the cursor of the next page
+    /// when there is one.
+    pub fn readers_page(
+        &self,
+        seq: Seq,
+        sender: &UserId,
+        after: Option<&UserId>,
+        limit: usize,
+    ) -> (Vec<UserId>, Option<UserId>) {
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut page: Vec<UserId> = readers_in(self.members.range((start, Bound::Unbounded)), seq, sender)
+            .take(limit.saturating_add(1))
+            .cloned()
+            .collect();
+        let next = (page.len() > limit).then(|| {
+            page.truncate(limit);
+            page.last().cloned()
+        });
+        (page, next.flatten())
+    }
+}
+
+fn readers_in<'a>(
+    members: impl Iterator<Item = (&'a UserId, &'a MemberCursor)> + 'a,
+    seq: Seq,
+    sender: &'a UserId,
+) -> impl Iterator<Item = &'a UserId> + 'a {
+    members
+        .filter(move |(user, m)| *user != sender && m.has_read(seq))
+        .map(|(user, _)| user)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn user(s: &str) -> UserId {
+        s.parse().unwrap()
+    }
+
+    /// Seed 1, the group: A sends 1..3; B read 1; C read 2; D joined after 2
+    /// and read 3.
+    fn group() -> ConversationView {
+        let m = |cursor, join_seq| MemberCursor {
+            cursor: Seq(cursor),
+            join_seq: Seq(join_seq),
+        };
+        ConversationView {
+            latest_seq: Seq(3),
+            members: [("A", m(3, 1)), ("B", m(1, 1)), ("C", m(2, 1)), ("D", m(3, 3))]
+                .into_iter()
+                .map(|(u, c)| (user(u), c))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn read_counts_follow_the_seed_rules() {
+        let g = group();
+        let a = user("A");
+        assert_eq!(g.read_count(Seq(1), &a), 2, "B and C");
+        assert_eq!(g.read_count(Seq(2), &a), 1, "only C");
+        assert_eq!(g.read_count(Seq(3), &a), 1, "D joined late but read 3");
+        let msgs: Vec<MessageRef> = (1..=3)
+            .map(|s| MessageRef {
+                seq: Seq(s),
+                sender: a.clone(),
+            })
+            .collect();
+        assert_eq!(g.read_counts(&msgs), [2, 1, 1]);
+        let who: Vec<&str> = g.readers(Seq(1), &a).map(UserId::as_str).collect();
+        assert_eq!(who, ["B", "C"]);
+    }
+
+    #[test]
+    fn the_sender_is_never_a_reader_of_their_own_message() {
+        let g = group();
+        assert_eq!(g.read_count(Seq(1), &user("B")), 2, "A and C, not B");
+    }
+
+    #[test]
+    fn unread_clamps_and_counts_non_members_from_zero() {
+        let mut g = group();
+        assert_eq!(g.unread(&user("B")), 2);
+        assert_eq!(g.unread(&user("D")), 0);
+        assert_eq!(g.unread(&user("stranger")), 3);
+        g.latest_seq = Seq(1); // lagging latest_seq
+        assert_eq!(g.unread(&user("C")), 0);
+    }
+
+    #[test]
+    fn who_read_pages_cover_every_reader_once() {
+        let m = MemberCursor {
+            cursor: Seq(10),
+            join_seq: Seq(1),
+        };
+        let view = ConversationView {
+            latest_seq: Seq(10),
+            members: (0..25).map(|i| (user(&format!("u{i:02}")), m)).collect(),
+        };
+        let sender = user("u00");
+        let mut after = None;
+        let mut all = Vec::new();
+        loop {
+            let (page, next) = view.readers_page(Seq(5), &sender, after.as_ref(), 10);
+            assert!(page.len() <= 10);
+            all.extend(page);
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!(all.len(), 24);
+        assert_eq!(all.first().unwrap().as_str(), "u01");
+        let (last, next) = view.readers_page(Seq(5), &sender, Some(&user("u20")), 10);
+        assert_eq!(last.len(), 4);
+        assert_eq!(next, None);
+    }
+}

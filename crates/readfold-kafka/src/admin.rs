@@ -1,0 +1,306 @@
+//! Topic layout at start: create what is missing, refuse what breaks
+//! co-partitioning.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+
+use readfold_wire::{OutputLayout, OutputTopics};
+
+use crate::config::{KafkaConfig, TopicsConfig};
+use crate::error::{Error, Result};
+
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What readfold needs of each topic it touches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicSpec {
+    pub name: String,
+    pub compacted: bool,
+}
+
+/// What the broker says about an existing topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicFacts {
+    pub partitions: i32,
+    pub cleanup_policy: String,
+}
+
+/// The checked layout the processor runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Partition count of both inputs and of `read_cursors`.
+    pub partitions: i32,
+    pub output: OutputLayout,
+}
+
+impl Layout {
+    /// Where the processor's output goes.
+    pub fn output_topics(&self, topics: &TopicsConfig) -> OutputTopics {
+        OutputTopics {
+            read_cursors: topics.read_cursors.clone(),
+            user_read_cursors: topics.user_read_cursors.clone(),
+            dlq: topics.dlq.clone(),
+            layout: self.output,
+        }
+    }
+}
+
+/// The topics readfold uses, in a fixed order: inputs, changelogs, DLQ.
+pub fn specs(t: &TopicsConfig) -> [TopicSpec; 5] {
+    let spec = |name: &String, compacted| TopicSpec {
+        name: name.clone(),
+        compacted,
+    };
+    [
+        spec(&t.read_reports, false),
+        spec(&t.conversation_events, false),
+        spec(&t.read_cursors, true),
+        spec(&t.user_read_cursors, true),
+        spec(&t.dlq, false),
+    ]
+}
+
+/// Checks the observed topics against what the fold relies on.
+pub fn check_layout(t: &TopicsConfig, facts: &HashMap<String, TopicFacts>) -> Result<Layout> {
+    let get = |name: &str| {
+        facts.get(name).ok_or_else(|| {
+            Error::Topology(format!(
+                "topic {name:?} does not exist (and topics.create is false)"
+            ))
+        })
+    };
+    let reports = get(&t.read_reports)?;
+    let events = get(&t.conversation_events)?;
+    let cursors = get(&t.read_cursors)?;
+    let user_cursors = get(&t.user_read_cursors)?;
+    let dlq = get(&t.dlq)?;
+    if reports.partitions != events.partitions {
+        return Err(Error::Topology(format!(
+            "{:?} has {} partitions but {:?} has {}: the inputs must be co-partitioned \
+             (same count, same murmur2 partitioner) so one instance sees all of a conversation",
+            t.read_reports, reports.partitions, t.conversation_events, events.partitions
+        )));
+    }
+    if cursors.partitions != reports.partitions {
+        return Err(Error::Topology(format!(
+            "{:?} has {} partitions but the inputs have {}: the changelog must have the same count, \
+             since a cursor is written to the partition number of its input and restored from it",
+            t.read_cursors, cursors.partitions, reports.partitions
+        )));
+    }
+    for (name, topic) in [(&t.read_cursors, cursors), (&t.user_read_cursors, user_cursors)] {
+        if topic.cleanup_policy.trim() != "compact" {
+            return Err(Error::Topology(format!(
+                "{name:?} has cleanup.policy={} but a cursor changelog must be compacted and never \
+                 deleted (cleanup.policy=compact), or restore and gateways would miss old cursors",
+                topic.cleanup_policy
+            )));
+        }
+    }
+    Ok(Layout {
+        partitions: reports.partitions,
+        output: OutputLayout {
+            user_read_cursors_partitions: user_cursors.partitions,
+            dlq_partitions: dlq.partitions,
+        },
+    })
+}
+
+/// Creates missing topics (if allowed) and checks the layout.
+pub async fn ensure_topics(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<Layout> {
+    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
+    let specs = specs(topics);
+    if topics.create {
+        let existing = partition_counts(&admin)?;
+        let missing: Vec<&TopicSpec> = specs.iter().filter(|s| !existing.contains_key(&s.name)).collect();
+        if !missing.is_empty() {
+            create(&admin, &missing, topics.partitions, topics.replication_factor).await?;
+        }
+    }
+    let facts = describe(&admin, &specs).await?;
+    check_layout(topics, &facts)
+}
+
+/// Deletes topics, for benches and tests that made their own.
+pub async fn delete_topics(kafka: &KafkaConfig, names: &[&str]) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
+    for result in admin.delete_topics(names, &AdminOptions::new()).await? {
+        if let Err((name, code)) = result {
+            tracing::warn!(topic = %name, %code, "cannot delete topic");
+        }
+    }
+    Ok(())
+}
+
+/// Creates one topic with `partitions` partitions, compacted or not; one
+/// that exists already is left alone.
+pub async fn create_topic(
+    kafka: &KafkaConfig,
+    name: &str,
+    partitions: i32,
+    replication_factor: i32,
+    compacted: bool,
+) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
+    let spec = TopicSpec {
+        name: name.to_owned(),
+        compacted,
+    };
+    create(&admin, &[&spec], partitions, replication_factor).await
+}
+
+fn partition_counts(admin: &AdminClient<DefaultClientContext>) -> Result<HashMap<String, i32>> {
+    let metadata = admin.inner().fetch_metadata(None, TIMEOUT)?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .filter(|t| t.error().is_none())
+        .map(|t| (t.name().to_owned(), t.partitions().len() as i32))
+        .collect())
+}
+
+async fn create(
+    admin: &AdminClient<DefaultClientContext>,
+    missing: &[&TopicSpec],
+    partitions: i32,
+    replication_factor: i32,
+) -> Result<()> {
+    let new_topics: Vec<NewTopic<'_>> = missing
+        .iter()
+        .map(|spec| {
+            let policy = if spec.compacted { "compact" } else { "delete" };
+            NewTopic::new(
+                &spec.name,
+                partitions,
+                TopicReplication::Fixed(replication_factor),
+            )
+            .set("cleanup.policy", policy)
+        })
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(TIMEOUT));
+    for result in admin.create_topics(&new_topics, &options).await? {
+        match result {
+            Ok(name) => tracing::info!(topic = %name, "created topic"),
+            // Another instance created it first.
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((name, code)) => {
+                return Err(Error::Topology(format!("cannot create topic {name:?}: {code}")))
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn describe(
+    admin: &AdminClient<DefaultClientContext>,
+    specs: &[TopicSpec],
+) -> Result<HashMap<String, TopicFacts>> {
+    // Freshly created topics can take a moment to show up in metadata.
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    let counts = loop {
+        let counts = partition_counts(admin)?;
+        if specs.iter().all(|s| counts.contains_key(&s.name)) || tokio::time::Instant::now() > deadline {
+            break counts;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let present: Vec<&TopicSpec> = specs.iter().filter(|s| counts.contains_key(&s.name)).collect();
+    let resources: Vec<ResourceSpecifier<'_>> = present
+        .iter()
+        .map(|s| ResourceSpecifier::Topic(&s.name))
+        .collect();
+    let described = admin
+        .describe_configs(&resources, &AdminOptions::new().request_timeout(Some(TIMEOUT)))
+        .await?;
+    let mut facts = HashMap::new();
+    for (spec, result) in present.iter().zip(described) {
+        let resource = result
+            .map_err(|code| Error::Topology(format!("cannot describe topic {:?}: {code}", spec.name)))?;
+        let cleanup_policy = resource
+            .get("cleanup.policy")
+            .and_then(|e| e.value.clone())
+            .unwrap_or_else(|| "delete".into());
+        facts.insert(
+            spec.name.clone(),
+            TopicFacts {
+                partitions: counts[&spec.name],
+                cleanup_policy,
+            },
+        );
+    }
+    Ok(facts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topics() -> TopicsConfig {
+        crate::config::tests::default_section("topics")
+    }
+
+    fn facts(counts: [i32; 5], policies: [&str; 5]) -> HashMap<String, TopicFacts> {
+        specs(&topics())
+            .iter()
+            .zip(counts.iter().zip(policies))
+            .map(|(s, (&partitions, policy))| {
+                (
+                    s.name.clone(),
+                    TopicFacts {
+                        partitions,
+                        cleanup_policy: policy.to_owned(),
+                    },
+                )
+            })
+            .collect()
+    }
+    const POLICIES: [&str; 5] = ["delete", "delete", "compact", "compact", "delete"];
+
+    fn check(f: &HashMap<String, TopicFacts>) -> Result<Layout> {
+        check_layout(&topics(), f)
+    }
+
+    #[test]
+    fn accepts_a_co_partitioned_layout() {
+        let layout = check(&facts([6, 6, 6, 12, 3], POLICIES)).unwrap();
+        assert_eq!(layout.partitions, 6);
+        assert_eq!(layout.output.user_read_cursors_partitions, 12);
+        assert_eq!(layout.output.dlq_partitions, 3);
+    }
+
+    #[test]
+    fn refuses_inputs_with_different_counts() {
+        let err = check(&facts([6, 4, 6, 6, 6], POLICIES)).unwrap_err().to_string();
+        assert!(err.contains("co-partitioned"), "{err}");
+    }
+
+    #[test]
+    fn refuses_a_changelog_with_another_count() {
+        let err = check(&facts([6, 6, 8, 6, 6], POLICIES)).unwrap_err().to_string();
+        assert!(err.contains("chat.read-cursors"), "{err}");
+    }
+
+    #[test]
+    fn refuses_an_uncompacted_changelog() {
+        let err = check(&facts([6, 6, 6, 6, 6], ["delete"; 5]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cleanup.policy=compact"), "{err}");
+        let time_limited = ["delete", "delete", "compact,delete", "compact", "delete"];
+        assert!(check(&facts([6, 6, 6, 6, 6], time_limited)).is_err());
+    }
+
+    #[test]
+    fn names_a_missing_topic() {
+        let mut f = facts([6, 6, 6, 6, 6], POLICIES);
+        f.remove("chat.read-reports.dlq");
+        assert!(check(&f)
+            .unwrap_err()
+            .to_string()
+            .contains("chat.read-reports.dlq"));
+    }
+}

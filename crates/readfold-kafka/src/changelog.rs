@@ -1,0 +1,146 @@
+//! The changelog reader: the read half of the cursor changelogs. It restores
+//! one partition's state before the processor touches it, so that a restart
+//! or a rebalance never emits a cursor lower than one already published, and
+//! it reads or follows the changelog for the demo, the benches and the tests.
+//! Every record goes through the one decoder, `readfold_wire::changelog`.
+//! Blocking; call from a blocking thread.
+
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use rdkafka::message::{BorrowedMessage, Message};
+use readfold_core::fold::PartitionState;
+use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind};
+
+use crate::config::KafkaConfig;
+use crate::error::Result;
+use crate::reader::{TopicReader, Until};
+
+/// How long a restore or a read to the end may take.
+const READ_BOUND: Duration = Duration::from_secs(600);
+
+/// What one restore did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RestoreStats {
+    pub records: u64,
+    pub cursors: usize,
+    /// Records that could not be decoded and were skipped (with a warning).
+    pub skipped: u64,
+    pub elapsed: Duration,
+}
+
+/// Reads one changelog topic.
+pub struct ChangelogReader {
+    reader: TopicReader,
+    topic: String,
+    kind: ChangelogKind,
+    max_id_bytes: usize,
+}
+
+impl ChangelogReader {
+    /// A reader of `topic` (a changelog of `kind`), identifying as
+    /// `group_id` but committing nothing. Ids longer than `max_id_bytes`
+    /// are skipped, as the processor would have refused them.
+    pub fn new(
+        kafka: &KafkaConfig,
+        group_id: &str,
+        topic: &str,
+        kind: ChangelogKind,
+        max_id_bytes: usize,
+    ) -> Result<Self> {
+        Ok(ChangelogReader {
+            reader: TopicReader::new(kafka, group_id, true)?,
+            topic: topic.to_owned(),
+            kind,
+            max_id_bytes,
+        })
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// Rebuilds `partition`'s state from the beginning of the changelog up to
+    /// its end (the last stable offset, since this reader is read_committed).
+    pub fn restore(&self, partition: i32) -> Result<(PartitionState, RestoreStats)> {
+        let started = Instant::now();
+        let mut state = PartitionState::new();
+        let mut skipped = 0;
+        let records = self.read_partitions(Some(&[partition]), |_, entry| {
+            match entry {
+                Some(ChangelogEntry::Upsert(u)) => state.restore_update(&u),
+                Some(ChangelogEntry::Left(key)) => state.restore_tombstone(&key),
+                None => skipped += 1,
+            }
+            ControlFlow::Continue(())
+        })?;
+        let stats = RestoreStats {
+            records,
+            cursors: state.cursor_count(),
+            skipped,
+            elapsed: started.elapsed(),
+        };
+        Ok((state, stats))
+    }
+
+    /// Every committed entry of the given partitions (all when `None`), in
+    /// partition order, each with its partition.
+    pub fn entries(&self, partitions: Option<&[i32]>) -> Result<Vec<(i32, ChangelogEntry)>> {
+        let mut out = Vec::new();
+        self.read_partitions(partitions, |partition, entry| {
+            out.extend(entry.map(|e| (partition, e)));
+            ControlFlow::Continue(())
+        })?;
+        Ok(out)
+    }
+
+    /// Starts following the given partitions (all when `None`) from the
+    /// beginning; then call [`ChangelogReader::poll_entries`].
+    pub fn follow(&self, partitions: Option<&[i32]>) -> Result<()> {
+        self.reader.assign_from_beginning(&self.topic, partitions)?;
+        Ok(())
+    }
+
+    /// The entries that arrived since the last call, waiting up to `wait`
+    /// for each next one.
+    pub fn poll_entries(&self, wait: Duration) -> Result<Vec<ChangelogEntry>> {
+        let mut out = Vec::new();
+        self.reader.poll_available(wait, |message| {
+            out.extend(self.decode(message));
+        })?;
+        Ok(out)
+    }
+
+    fn read_partitions(
+        &self,
+        partitions: Option<&[i32]>,
+        mut each: impl FnMut(i32, Option<ChangelogEntry>) -> ControlFlow<()>,
+    ) -> Result<u64> {
+        let assigned = self.reader.assign_from_beginning(&self.topic, partitions)?;
+        let result = self.reader.read(
+            &self.topic,
+            &assigned,
+            Until::End { within: READ_BOUND },
+            |message| each(message.partition(), self.decode(message)),
+        );
+        self.reader.unassign()?;
+        result
+    }
+
+    /// Decodes one record; an unreadable one is logged and skipped.
+    fn decode(&self, message: &BorrowedMessage<'_>) -> Option<ChangelogEntry> {
+        match decode_changelog(self.kind, message.key(), message.payload(), self.max_id_bytes) {
+            Ok(entry) => Some(entry),
+            Err(e) => {
+                tracing::warn!(
+                    topic = %self.topic,
+                    partition = message.partition(),
+                    offset = message.offset(),
+                    error = %e,
+                    "skipping unreadable changelog record"
+                );
+                None
+            }
+        }
+    }
+}

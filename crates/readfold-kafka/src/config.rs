@@ -1,0 +1,144 @@
+//! The `[kafka]` and `[topics]` sections; defaults and documentation are in
+//! `config/default.toml`.
+
+use std::collections::BTreeMap;
+
+use rdkafka::ClientConfig;
+use serde::Deserialize;
+
+/// `[kafka]`: how to reach the brokers, as whom.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    pub bootstrap_servers: String,
+    pub group_id: String,
+    pub instance_id: String,
+    pub transaction_timeout_ms: u64,
+    /// librdkafka properties passed to every client as they are.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+impl KafkaConfig {
+    pub fn check(&self) -> Result<(), String> {
+        if self.group_id.is_empty() {
+            return Err("kafka.group_id must not be empty".into());
+        }
+        if self.bootstrap_servers.trim().is_empty() {
+            return Err("kafka.bootstrap_servers must name at least one broker".into());
+        }
+        Ok(())
+    }
+
+    /// The settings every client shares: brokers and the passthrough
+    /// properties.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut client = ClientConfig::new();
+        client.set("bootstrap.servers", &self.bootstrap_servers);
+        for (key, value) in &self.properties {
+            client.set(key, value);
+        }
+        client
+    }
+
+    /// `instance_id`, or the host name when empty.
+    pub fn instance_id(&self) -> String {
+        if !self.instance_id.is_empty() {
+            return self.instance_id.clone();
+        }
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .unwrap_or_else(|| "readfold".into())
+    }
+
+    /// The processor's transactional id: `<group_id>-<instance_id>`, so a
+    /// restarted instance fences its previous incarnation.
+    pub fn transactional_id(&self) -> String {
+        format!("{}-{}", self.group_id, self.instance_id())
+    }
+}
+
+/// `[topics]`: names, and how missing topics are created.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopicsConfig {
+    pub read_reports: String,
+    pub conversation_events: String,
+    pub read_cursors: String,
+    pub user_read_cursors: String,
+    pub dlq: String,
+    pub partitions: i32,
+    pub replication_factor: i32,
+    pub create: bool,
+}
+
+impl TopicsConfig {
+    pub fn check(&self) -> Result<(), String> {
+        if self.partitions < 1 {
+            return Err(format!(
+                "topics.partitions must be at least 1, not {}",
+                self.partitions
+            ));
+        }
+        if self.replication_factor < 1 {
+            return Err("topics.replication_factor must be at least 1".into());
+        }
+        let names = self.names();
+        for (i, a) in names.iter().enumerate() {
+            if a.is_empty() {
+                return Err("topic names must not be empty".into());
+            }
+            if names[..i].contains(a) {
+                return Err(format!("topic {a:?} is configured for two roles"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every topic readfold uses, in a fixed order: inputs, changelogs, DLQ.
+    pub fn names(&self) -> [&String; 5] {
+        [
+            &self.read_reports,
+            &self.conversation_events,
+            &self.read_cursors,
+            &self.user_read_cursors,
+            &self.dlq,
+        ]
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    /// A section of `config/default.toml`.
+    pub(crate) fn default_section<T: serde::de::DeserializeOwned>(name: &str) -> T {
+        let defaults: toml::Table = include_str!("../../../config/default.toml").parse().unwrap();
+        defaults[name].clone().try_into().unwrap()
+    }
+
+    #[test]
+    fn the_defaults_pass_their_checks() {
+        default_section::<KafkaConfig>("kafka").check().unwrap();
+        default_section::<TopicsConfig>("topics").check().unwrap();
+    }
+
+    #[test]
+    fn one_topic_in_two_roles_is_refused() {
+        let mut topics: TopicsConfig = default_section("topics");
+        topics.dlq = topics.read_reports.clone();
+        assert!(topics.check().unwrap_err().contains("two roles"));
+        topics.dlq = String::new();
+        assert!(topics.check().is_err());
+    }
+
+    #[test]
+    fn the_transactional_id_names_group_and_instance() {
+        let mut kafka: KafkaConfig = default_section("kafka");
+        kafka.instance_id = "a".into();
+        assert_eq!(kafka.transactional_id(), "readfold-a");
+    }
+}

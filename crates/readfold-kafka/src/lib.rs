@@ -1,0 +1,17 @@
+//! readfold's Kafka adapters, around the pure core and wire crates:
+//!
+//! - [`config`]: the `[kafka]` and `[topics]` sections, client settings.
+//! - [`admin`]: topic creation and the layout checks the fold relies on.
+//! - [`producer`]: a producer of the inputs, placed as readfold expects.
+//! - [`reader`]: committed-record readers (tail, changelogs).
+//! - [`changelog`]: the changelog reader: restore, read, follow.
+
+pub mod admin;
+pub mod changelog;
+pub mod config;
+pub mod error;
+pub mod producer;
+pub mod reader;
+
+pub use config::{KafkaConfig, TopicsConfig};
+pub use error::{is_fatal, Error, Result};

@@ -1,0 +1,129 @@
+//! A producer of readfold's inputs, placed as readfold expects: keyed by
+//! conversation id, partitioned by murmur2. Used by the demo and the tests;
+//! a model for producers elsewhere.
+
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::util::Timeout;
+
+use readfold_core::partitioner::partition_for_key;
+use readfold_wire::codec::{self, ConversationEventRecord, ReadReportRecord};
+
+use crate::config::{KafkaConfig, TopicsConfig};
+use crate::error::{Error, Result};
+
+pub struct InputProducer {
+    producer: FutureProducer,
+    read_reports: String,
+    conversation_events: String,
+    partitions: i32,
+}
+
+impl InputProducer {
+    pub fn new(kafka: &KafkaConfig, topics: &TopicsConfig, partitions: i32) -> Result<Self> {
+        let producer = kafka
+            .client_config()
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("partitioner", "murmur2_random")
+            .set("message.max.bytes", "2000000")
+            .create()?;
+        Ok(InputProducer {
+            producer,
+            read_reports: topics.read_reports.clone(),
+            conversation_events: topics.conversation_events.clone(),
+            partitions,
+        })
+    }
+
+    pub async fn report(&self, record: &ReadReportRecord) -> Result<()> {
+        let value = codec::encode_read_report(record);
+        let topic = self.read_reports.clone();
+        self.send(&topic, &record.conversation_id, Some(&value), None)
+            .await
+    }
+
+    pub async fn event(&self, record: &ConversationEventRecord) -> Result<()> {
+        let value = codec::encode_conversation_event(record);
+        let topic = self.conversation_events.clone();
+        self.send(&topic, &record.conversation_id, Some(&value), None)
+            .await
+    }
+
+    /// Sends many records at once (one in flight per record, order kept per
+    /// partition by the idempotent producer) and waits for all of them.
+    pub async fn send_many(
+        &self,
+        reports: &[ReadReportRecord],
+        events: &[ConversationEventRecord],
+    ) -> Result<()> {
+        let mut pending = Vec::with_capacity(reports.len() + events.len());
+        let encoded = reports
+            .iter()
+            .map(|r| {
+                (
+                    &self.read_reports,
+                    &r.conversation_id,
+                    codec::encode_read_report(r),
+                )
+            })
+            .chain(events.iter().map(|e| {
+                (
+                    &self.conversation_events,
+                    &e.conversation_id,
+                    codec::encode_conversation_event(e),
+                )
+            }));
+        for (topic, conversation_id, value) in encoded {
+            let partition = partition_for_key(conversation_id.as_bytes(), self.partitions);
+            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic)
+                .key(conversation_id.as_str())
+                .partition(partition)
+                .payload(&value);
+            loop {
+                match self.producer.send_result(record) {
+                    Ok(delivery) => break pending.push(delivery),
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        record = back;
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err((e, _)) => return Err(Error::Kafka(e)),
+                }
+            }
+        }
+        for delivery in pending {
+            match delivery.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, _))) => return Err(Error::Kafka(e)),
+                Err(_) => return Err(Error::DeliveryCanceled),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends arbitrary bytes keyed by `conversation_id` to its murmur2
+    /// partition, or to `partition` when given.
+    pub async fn send(
+        &self,
+        topic: &str,
+        conversation_id: &str,
+        value: Option<&[u8]>,
+        partition: Option<i32>,
+    ) -> Result<()> {
+        let partition =
+            partition.unwrap_or_else(|| partition_for_key(conversation_id.as_bytes(), self.partitions));
+        let mut record: FutureRecord<'_, str, [u8]> =
+            FutureRecord::to(topic).key(conversation_id).partition(partition);
+        if let Some(value) = value {
+            record = record.payload(value);
+        }
+        self.producer
+            .send(record, Timeout::After(Duration::from_secs(30)))
+            .await
+            .map(|_| ())
+            .map_err(|(e, _)| Error::Kafka(e))
+    }
+}

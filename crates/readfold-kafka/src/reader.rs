@@ -1,0 +1,171 @@
+//! Committed-record readers: a topic's partitions from the beginning, with
+//! `isolation.level=read_committed`, outside any consumer group's offsets
+//! (nothing is committed). Blocking; call from a blocking thread.
+
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::KafkaConfig;
+use crate::error::{Error, Result};
+
+/// How long to read for.
+#[derive(Clone, Copy, Debug)]
+pub enum Until {
+    /// Until every assigned partition is at its end (its last stable
+    /// offset); an error if that takes longer than the bound.
+    End { within: Duration },
+    /// Until the callback breaks.
+    Forever,
+}
+
+/// A reader of committed records.
+pub struct TopicReader {
+    consumer: BaseConsumer,
+}
+
+impl TopicReader {
+    /// A reader that identifies as `group_id` to the broker but commits
+    /// nothing. `bulk` allows 50 MB fetches and short end-of-partition
+    /// waits, for reading whole partitions fast (restore).
+    pub fn new(kafka: &KafkaConfig, group_id: &str, bulk: bool) -> Result<Self> {
+        let mut client = kafka.client_config();
+        client
+            .set("group.id", group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.partition.eof", "true")
+            // Only what committed transactions published counts.
+            .set("isolation.level", "read_committed")
+            .set("auto.offset.reset", "earliest");
+        if bulk {
+            client
+                .set("fetch.max.bytes", "52428800")
+                .set("max.partition.fetch.bytes", "52428800")
+                // At the end of a partition the broker would otherwise hold
+                // each fetch for fetch.wait.max.ms (500 ms) before saying so.
+                .set("fetch.wait.max.ms", "20");
+        }
+        Ok(TopicReader {
+            consumer: client.create()?,
+        })
+    }
+
+    /// The partition ids of `topic`; an error if it does not exist.
+    pub fn partitions(&self, topic: &str) -> Result<Vec<i32>> {
+        let metadata = self
+            .consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let partitions: Vec<i32> = metadata
+            .topics()
+            .first()
+            .filter(|t| t.error().is_none())
+            .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+            .unwrap_or_default();
+        if partitions.is_empty() {
+            return Err(Error::NoSuchTopic(topic.to_owned()));
+        }
+        Ok(partitions)
+    }
+
+    /// Starts reading `partitions` of `topic` (all when `None`) from the
+    /// beginning; returns the partitions assigned.
+    pub fn assign_from_beginning(&self, topic: &str, partitions: Option<&[i32]>) -> Result<Vec<i32>> {
+        let partitions = match partitions {
+            Some(p) => p.to_vec(),
+            None => self.partitions(topic)?,
+        };
+        let mut tpl = TopicPartitionList::new();
+        for &p in &partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+        }
+        self.consumer.assign(&tpl)?;
+        Ok(partitions)
+    }
+
+    pub fn unassign(&self) -> Result<()> {
+        Ok(self.consumer.unassign()?)
+    }
+
+    /// Reads the assigned partitions, calling `each` for every record, until
+    /// `until` says stop or `each` breaks. Returns the records seen.
+    pub fn read(
+        &self,
+        topic: &str,
+        assigned: &[i32],
+        until: Until,
+        mut each: impl FnMut(&BorrowedMessage<'_>) -> ControlFlow<()>,
+    ) -> Result<u64> {
+        let started = Instant::now();
+        let mut at_end = HashSet::new();
+        let mut count = 0u64;
+        loop {
+            if let Until::End { within } = until {
+                if assigned.iter().all(|p| at_end.contains(p)) {
+                    return Ok(count);
+                }
+                if started.elapsed() > within {
+                    return Err(Error::Timeout {
+                        topic: topic.to_owned(),
+                        within,
+                    });
+                }
+            }
+            match self.consumer.poll(Duration::from_millis(500)) {
+                None => {}
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    at_end.insert(p);
+                }
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(message)) => {
+                    count += 1;
+                    at_end.remove(&message.partition());
+                    if each(&message).is_break() {
+                        return Ok(count);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Calls `each` for every record that arrives within `wait` of the
+    /// previous one; returns when none does. For following a topic.
+    pub fn poll_available(&self, wait: Duration, mut each: impl FnMut(&BorrowedMessage<'_>)) -> Result<u64> {
+        let mut count = 0;
+        loop {
+            match self.consumer.poll(wait) {
+                None => return Ok(count),
+                Some(Err(KafkaError::PartitionEOF(_))) => return Ok(count),
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(message)) => {
+                    count += 1;
+                    each(&message);
+                }
+            }
+        }
+    }
+}
+
+/// A record's headers as (name, value) strings; values that are not UTF-8
+/// are shown lossily.
+pub fn headers_of(message: &BorrowedMessage<'_>) -> Vec<(String, String)> {
+    message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| {
+                    (
+                        h.key.to_owned(),
+                        h.value
+                            .map(|v| String::from_utf8_lossy(v).into_owned())
+                            .unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

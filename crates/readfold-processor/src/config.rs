@@ -1,0 +1,58 @@
+//! The processor's own sections (`[flush]`, `[snapshot]`, `[shutdown]`) and
+//! the settings it runs with; defaults and documentation are in
+//! `config/default.toml`.
+
+use std::time::Duration;
+
+use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_store::cql::CqlConfig;
+use readfold_store::redis::RedisConfig;
+use readfold_wire::Limits;
+use serde::Deserialize;
+
+/// `[flush]`: when changed cursors are published.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlushConfig {
+    pub interval_ms: u64,
+    pub max_dirty: usize,
+}
+
+/// `[snapshot]`: how often changed cursors go to CQL.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotConfig {
+    pub interval_ms: u64,
+}
+
+/// `[shutdown]`: the bound on a graceful stop.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownConfig {
+    pub timeout_ms: u64,
+}
+
+impl FlushConfig {
+    pub fn check(&self) -> Result<(), String> {
+        if self.interval_ms == 0 || self.max_dirty == 0 {
+            return Err("flush.interval_ms and flush.max_dirty must be positive".into());
+        }
+        Ok(())
+    }
+
+    pub fn interval(&self) -> Duration {
+        Duration::from_millis(self.interval_ms)
+    }
+}
+
+/// Everything one processor needs, section by section.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub kafka: KafkaConfig,
+    pub topics: TopicsConfig,
+    pub input: Limits,
+    pub flush: FlushConfig,
+    pub snapshot: SnapshotConfig,
+    pub redis: RedisConfig,
+    pub cql: CqlConfig,
+}

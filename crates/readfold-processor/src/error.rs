@@ -1,0 +1,63 @@
+//! The processor's errors, and the one rule of which are retried: by the
+//! flush loop (with backoff, nothing committed meanwhile) and by the
+//! start-up connection loop.
+
+use rdkafka::error::KafkaError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kafka(#[from] readfold_kafka::Error),
+    #[error(transparent)]
+    Store(#[from] readfold_store::Error),
+    /// The transaction was aborted; the same work is retried.
+    #[error("kafka transaction aborted: {0}")]
+    Transaction(#[source] KafkaError),
+    /// The producer was fenced by a newer incarnation or broke for good.
+    #[error("kafka transaction failed fatally (fenced or broken producer), stopping: {0}")]
+    FatalTransaction(#[source] KafkaError),
+    #[error("the consumer failed fatally: {0}")]
+    Consumer(#[source] KafkaError),
+    #[error("a background task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+impl From<KafkaError> for Error {
+    fn from(e: KafkaError) -> Self {
+        Error::Kafka(e.into())
+    }
+}
+
+impl Error {
+    /// Whether the operation may succeed later without anyone stepping in.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            Error::Kafka(e) => e.is_retriable(),
+            Error::Store(e) => e.is_retriable(),
+            Error::Transaction(_) => true,
+            Error::FatalTransaction(_) | Error::Consumer(_) | Error::Task(_) => false,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::types::RDKafkaErrorCode;
+
+    #[test]
+    fn aborted_transactions_and_unreachable_stores_are_retried_fencing_is_not() {
+        let aborted = Error::Transaction(KafkaError::Global(RDKafkaErrorCode::RequestTimedOut));
+        assert!(aborted.is_retriable());
+        let fenced = Error::FatalTransaction(KafkaError::Global(RDKafkaErrorCode::ProducerFenced));
+        assert!(!fenced.is_retriable());
+        let store = Error::Store(readfold_store::Error::Config("bad".into()));
+        assert!(!store.is_retriable());
+        let broker = Error::from(KafkaError::Global(RDKafkaErrorCode::AllBrokersDown));
+        assert!(broker.is_retriable());
+        let fenced_in_flush = Error::from(KafkaError::Global(RDKafkaErrorCode::ProducerFenced));
+        assert!(!fenced_in_flush.is_retriable());
+    }
+}

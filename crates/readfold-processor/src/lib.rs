@@ -1,0 +1,335 @@
+//! The processor: one member of the consumer group. It consumes both inputs,
+//! folds them per partition, and publishes each flush to the stores and in
+//! one Kafka transaction together with the input offsets it covers.
+//!
+//! - [`group`]: the consumer and its rebalance events.
+//! - [`partitions`]: the assigned partitions' state.
+//! - `flush`: executing the pure flush plan of `readfold_core::flush`.
+//! - [`transaction`]: the transactional producer, on a blocking thread.
+
+pub mod config;
+pub mod error;
+mod flush;
+pub mod group;
+pub mod partitions;
+pub mod telemetry;
+pub mod transaction;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Message, OwnedMessage};
+use readfold_core::backoff::{self, Backoff};
+use readfold_core::flush::over_bound;
+use readfold_core::fold::InputKind;
+use readfold_kafka::admin::Layout;
+use readfold_kafka::changelog::ChangelogReader;
+use readfold_store::cql::CqlStore;
+use readfold_store::redis::RedisStore;
+use readfold_wire::changelog::ChangelogKind;
+use readfold_wire::dead_letter::{dead_letter, Source};
+use readfold_wire::validate::{ingest, Placement};
+use readfold_wire::OutputTopics;
+use tokio::sync::watch;
+
+pub use config::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig};
+pub use error::{Error, Result};
+
+use group::{GroupConsumer, GroupEvents};
+use partitions::{Partitions, Slot};
+use transaction::Transactions;
+
+/// A running member of the processor's consumer group.
+pub struct Processor {
+    settings: Settings,
+    layout: Layout,
+    out: OutputTopics,
+    consumer: GroupConsumer,
+    events: GroupEvents,
+    transactions: Transactions,
+    restorer: Arc<ChangelogReader>,
+    redis: Option<RedisStore>,
+    cql: Option<CqlStore>,
+    snapshot_interval: Duration,
+    next_snapshot: Instant,
+    partitions: Partitions,
+    paused: bool,
+    retry: Backoff,
+}
+
+impl Processor {
+    /// Connects the consumer, the transactional producer and the enabled
+    /// stores (waiting for unreachable ones). Call after
+    /// [`readfold_kafka::admin::ensure_topics`] produced `layout`.
+    pub async fn new(settings: Settings, layout: Layout) -> Result<Self> {
+        let (consumer, events) = group::consumer(&settings.kafka, &settings.topics)?;
+        let kafka = settings.kafka.clone();
+        let transactions = tokio::task::spawn_blocking(move || Transactions::init(&kafka)).await??;
+        let restorer = ChangelogReader::new(
+            &settings.kafka,
+            &format!("{}-restore", settings.kafka.group_id),
+            &settings.topics.read_cursors,
+            ChangelogKind::ByConversation,
+            settings.input.max_id_bytes,
+        )?;
+        let redis = if settings.redis.enabled {
+            let store = connect_with_retry("redis", || RedisStore::connect_writer(&settings.redis)).await?;
+            tracing::info!(url = %settings.redis.url, "redis store ready");
+            Some(store)
+        } else {
+            None
+        };
+        let cql = if settings.cql.enabled {
+            let store = connect_with_retry("cql", || CqlStore::connect_writer(&settings.cql)).await?;
+            tracing::info!(contact_points = %settings.cql.contact_points, keyspace = %settings.cql.keyspace, "cql store ready");
+            Some(store)
+        } else {
+            None
+        };
+        Ok(Processor {
+            out: layout.output_topics(&settings.topics),
+            snapshot_interval: Duration::from_millis(settings.snapshot.interval_ms),
+            next_snapshot: Instant::now(),
+            layout,
+            consumer,
+            events,
+            transactions,
+            restorer: Arc::new(restorer),
+            redis,
+            cql,
+            partitions: Partitions::default(),
+            paused: false,
+            retry: Backoff::new(),
+            settings,
+        })
+    }
+
+    /// Runs until `shutdown` turns true, then flushes, commits and leaves
+    /// the group.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        let topics = [
+            self.settings.topics.read_reports.as_str(),
+            self.settings.topics.conversation_events.as_str(),
+        ];
+        self.consumer.subscribe(&topics)?;
+        tracing::info!(group = %self.settings.kafka.group_id, ?topics, "subscribed");
+        let mut tick = tokio::time::interval(self.settings.flush.interval());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        enum Step {
+            Shutdown,
+            Tick,
+            Message(std::result::Result<OwnedMessage, KafkaError>),
+        }
+        loop {
+            if *shutdown.borrow() {
+                break;
+            }
+            let step = tokio::select! {
+                _ = shutdown.changed() => Step::Shutdown,
+                _ = tick.tick() => Step::Tick,
+                m = self.consumer.recv() => Step::Message(m.map(|m| m.detach())),
+            };
+            // Rebalance callbacks ran inside recv(); apply them before
+            // touching any partition's state.
+            self.apply_group_events();
+            match step {
+                Step::Shutdown => break,
+                Step::Tick => self.flush_when_due().await?,
+                Step::Message(Ok(message)) => {
+                    self.process(message).await?;
+                    if self.partitions.dirty_len() >= self.settings.flush.max_dirty {
+                        self.flush_when_due().await?;
+                    }
+                }
+                Step::Message(Err(e)) => {
+                    tracing::warn!(error = %e, "consumer error");
+                    if matches!(e, KafkaError::MessageConsumptionFatal(_)) {
+                        return Err(Error::Consumer(e));
+                    }
+                }
+            }
+        }
+        tracing::info!("shutting down: final flush");
+        self.apply_group_events();
+        // Leave CQL as current as the changelog.
+        self.next_snapshot = Instant::now();
+        if !self.partitions.suspended {
+            for attempt in 0..3 {
+                match self.flush().await {
+                    Ok(()) => break,
+                    Err(e) if attempt < 2 && e.is_retriable() => {
+                        tracing::warn!(error = %e, "final flush failed, retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.consumer.unsubscribe();
+        tracing::info!("left the group");
+        Ok(())
+    }
+
+    fn apply_group_events(&mut self) {
+        let inputs = [
+            self.settings.topics.read_reports.as_str(),
+            self.settings.topics.conversation_events.as_str(),
+        ];
+        for event in self.events.take() {
+            // Paused partitions are resumed by the next assignment anyway.
+            self.paused = false;
+            let Some(assignment) = self.partitions.apply(event, inputs) else {
+                continue;
+            };
+            for p in &assignment.one_sided {
+                tracing::error!(
+                    partition = p,
+                    "partition assigned for one input only: the inputs are not co-partitioned in this group"
+                );
+            }
+            tracing::info!(read_reports = ?assignment.read_reports, conversation_events = ?assignment.conversation_events, "partitions assigned");
+            telemetry::paused(false);
+        }
+    }
+
+    async fn process(&mut self, message: OwnedMessage) -> Result<()> {
+        let topic = message.topic();
+        let kind = if topic == self.settings.topics.read_reports {
+            InputKind::ReadReports
+        } else if topic == self.settings.topics.conversation_events {
+            InputKind::ConversationEvents
+        } else {
+            tracing::warn!(topic, "message from an unexpected topic");
+            return Ok(());
+        };
+        let partition = message.partition();
+        telemetry::record_in(topic);
+        if !self.partitions.slots.contains_key(&partition) {
+            let slot = self.restore(partition).await?;
+            self.partitions.slots.insert(partition, slot);
+        }
+        let placement = Placement {
+            key: message.key(),
+            partition,
+            partition_count: self.layout.partitions,
+        };
+        let outcome = ingest(kind, message.payload(), placement, &self.settings.input);
+        let slot = self
+            .partitions
+            .slots
+            .get_mut(&partition)
+            .expect("slot restored above");
+        match outcome {
+            Ok(input) => {
+                slot.state.apply(&input);
+            }
+            Err(rejection) => {
+                telemetry::dead_lettered(rejection.reason);
+                tracing::debug!(topic, partition, offset = message.offset(), reason = %rejection.reason, detail = %rejection.detail, "dead-lettering");
+                let source = Source {
+                    topic: topic.to_owned(),
+                    partition,
+                    offset: message.offset(),
+                };
+                slot.dead_letters.push(dead_letter(
+                    message.key(),
+                    message.payload(),
+                    &rejection,
+                    &source,
+                    &self.out,
+                ));
+            }
+        }
+        slot.processed(kind, message.offset());
+        Ok(())
+    }
+
+    /// Rebuilds a partition's state from the changelog, on a blocking thread.
+    async fn restore(&self, partition: i32) -> Result<Slot> {
+        let restorer = Arc::clone(&self.restorer);
+        let (state, stats) = tokio::task::spawn_blocking(move || restorer.restore(partition)).await??;
+        telemetry::restored(stats.records, stats.elapsed);
+        tracing::info!(
+            partition,
+            records = stats.records,
+            cursors = stats.cursors,
+            skipped = stats.skipped,
+            elapsed_ms = stats.elapsed.as_millis() as u64,
+            "restored partition state from the changelog"
+        );
+        Ok(Slot::restored(state, self.cql.is_some()))
+    }
+
+    /// Flushes unless a recent failure asks to wait; pauses the consumer
+    /// when failures let the dirty set grow past its bound.
+    async fn flush_when_due(&mut self) -> Result<()> {
+        if self.partitions.suspended || !self.retry.ready(Instant::now()) {
+            return self.apply_backpressure();
+        }
+        match self.flush().await {
+            Ok(()) => {
+                self.retry.succeeded();
+                if self.paused {
+                    self.set_paused(false)?;
+                }
+                Ok(())
+            }
+            Err(e) if e.is_retriable() => {
+                let delay = self.retry.failed(Instant::now());
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "flush failed; will retry");
+                self.apply_backpressure()
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn apply_backpressure(&mut self) -> Result<()> {
+        let dirty = self.partitions.dirty_len();
+        if over_bound(dirty, self.settings.flush.max_dirty) && !self.paused && !self.partitions.suspended {
+            tracing::warn!(
+                dirty,
+                "dirty set over its bound: pausing the consumer until a flush succeeds"
+            );
+            self.set_paused(true)?;
+        }
+        Ok(())
+    }
+
+    fn set_paused(&mut self, on: bool) -> Result<()> {
+        let assignment = self.consumer.assignment()?;
+        if on {
+            self.consumer.pause(&assignment)?;
+        } else {
+            self.consumer.resume(&assignment)?;
+        }
+        self.paused = on;
+        telemetry::paused(on);
+        Ok(())
+    }
+}
+
+/// Connects a store, retrying with backoff while the error is retriable: a
+/// processor without its stores cannot flush anyway, and exiting would only
+/// churn restarts. Configuration errors fail at once.
+pub async fn connect_with_retry<T, E, F, Fut>(store: &'static str, connect: F) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = std::result::Result<T, E>>,
+    E: Into<Error>,
+{
+    let mut failures = 0;
+    loop {
+        match connect().await.map_err(Into::into) {
+            Err(e) if e.is_retriable() => {
+                failures += 1;
+                let delay = backoff::delay(failures);
+                tracing::warn!(sink = store, error = %e, retry_in_ms = delay.as_millis() as u64, "sink unreachable at start; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
+        }
+    }
+}

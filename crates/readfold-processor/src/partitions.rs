@@ -1,0 +1,140 @@
+//! The state of the assigned input partitions, and how group events change
+//! it. Pure: the run loop feeds it the consumer's events and records.
+
+use std::collections::BTreeMap;
+
+use readfold_core::flush::{self, PartitionSlot};
+use readfold_wire::OutRecord;
+
+use crate::group::GroupEvent;
+
+/// A partition's slot: its fold state and what its next flush publishes.
+pub type Slot = PartitionSlot<OutRecord>;
+
+/// What an assignment looked like, for the log.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assignment {
+    pub read_reports: Vec<i32>,
+    pub conversation_events: Vec<i32>,
+    /// Partitions assigned for one input only: the inputs are not
+    /// co-partitioned in this group.
+    pub one_sided: Vec<i32>,
+}
+
+/// The assigned partitions' state.
+#[derive(Default)]
+pub struct Partitions {
+    pub slots: BTreeMap<i32, Slot>,
+    /// Between a revoke and the next assignment nothing is flushed.
+    pub suspended: bool,
+}
+
+impl Partitions {
+    /// Applies one group event. `inputs` names the two input topics
+    /// (read reports, conversation events). Returns the new assignment,
+    /// if the event was one.
+    pub fn apply(&mut self, event: GroupEvent, inputs: [&str; 2]) -> Option<Assignment> {
+        match event {
+            GroupEvent::Revoked { lost } => {
+                for slot in self.slots.values_mut() {
+                    slot.forget_uncommitted();
+                }
+                if lost {
+                    tracing::warn!("assignment lost: dropping all partition state");
+                    self.slots.clear();
+                }
+                self.suspended = true;
+                None
+            }
+            GroupEvent::Assigned(partitions) => {
+                let of = |topic: &str| -> Vec<i32> {
+                    let mut p: Vec<i32> = partitions
+                        .iter()
+                        .filter(|(t, _)| t == topic)
+                        .map(|(_, p)| *p)
+                        .collect();
+                    p.sort_unstable();
+                    p
+                };
+                let (reports, events) = (of(inputs[0]), of(inputs[1]));
+                let one_sided = reports
+                    .iter()
+                    .filter(|p| !events.contains(p))
+                    .chain(events.iter().filter(|p| !reports.contains(p)))
+                    .copied()
+                    .collect();
+                // Another member may have owned a partition we did not get
+                // back: its state here is stale.
+                self.slots
+                    .retain(|p, _| reports.contains(p) || events.contains(p));
+                self.suspended = false;
+                Some(Assignment {
+                    read_reports: reports,
+                    conversation_events: events,
+                    one_sided,
+                })
+            }
+        }
+    }
+
+    pub fn dirty_len(&self) -> usize {
+        flush::dirty_len(&self.slots)
+    }
+
+    pub fn cursor_count(&self) -> usize {
+        self.slots.values().map(|s| s.state.cursor_count()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use readfold_core::fold::{InputKind, PartitionState, ReadReport};
+    use readfold_core::Seq;
+
+    const INPUTS: [&str; 2] = ["reports", "events"];
+
+    fn assigned(pairs: &[(&str, i32)]) -> GroupEvent {
+        GroupEvent::Assigned(pairs.iter().map(|(t, p)| (t.to_string(), *p)).collect())
+    }
+
+    fn with_slot(partitions: &mut Partitions, p: i32) {
+        let mut slot = Slot::restored(PartitionState::new(), false);
+        slot.state.apply_report(&ReadReport {
+            conversation_id: "C".parse().unwrap(),
+            user_id: "u".parse().unwrap(),
+            seq: Seq(1),
+            reported_at: 0,
+        });
+        slot.processed(InputKind::ReadReports, 4);
+        partitions.slots.insert(p, slot);
+    }
+
+    #[test]
+    fn a_revoke_suspends_and_keeps_state_unless_lost() {
+        let mut parts = Partitions::default();
+        with_slot(&mut parts, 0);
+        assert!(parts.apply(GroupEvent::Revoked { lost: false }, INPUTS).is_none());
+        assert!(parts.suspended);
+        assert!(parts.slots[&0].offsets.is_empty(), "uncommitted offsets go");
+        assert_eq!(parts.dirty_len(), 1, "folded state stays");
+        parts.apply(GroupEvent::Revoked { lost: true }, INPUTS);
+        assert!(parts.slots.is_empty());
+    }
+
+    #[test]
+    fn an_assignment_drops_partitions_that_moved_and_names_one_sided_ones() {
+        let mut parts = Partitions::default();
+        with_slot(&mut parts, 0);
+        with_slot(&mut parts, 1);
+        parts.apply(GroupEvent::Revoked { lost: false }, INPUTS);
+        let a = parts
+            .apply(assigned(&[("reports", 1), ("events", 1), ("reports", 2)]), INPUTS)
+            .unwrap();
+        assert!(!parts.suspended);
+        assert_eq!(a.read_reports, [1, 2]);
+        assert_eq!(a.conversation_events, [1]);
+        assert_eq!(a.one_sided, [2]);
+        assert_eq!(parts.slots.keys().copied().collect::<Vec<_>>(), [1]);
+    }
+}

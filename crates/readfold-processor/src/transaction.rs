@@ -1,0 +1,140 @@
+//! The transactional producer: one transaction per flush carries the
+//! changelog records, the dead letters and the input offsets. librdkafka's
+//! transaction calls block, so [`Transactions::commit`] runs them on a
+//! blocking thread, never on an async worker.
+
+use std::time::Duration;
+
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::TopicPartitionList;
+use readfold_kafka::{is_fatal, KafkaConfig};
+use readfold_wire::OutRecord;
+
+use crate::error::{Error, Result};
+
+const TXN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The processor's transactional producer.
+#[derive(Clone)]
+pub struct Transactions {
+    producer: FutureProducer,
+}
+
+impl Transactions {
+    /// Creates the producer and fences any earlier incarnation with the same
+    /// transactional id, aborting whatever it left open. Blocks.
+    pub fn init(kafka: &KafkaConfig) -> Result<Self> {
+        let transactional_id = kafka.transactional_id();
+        let producer: FutureProducer = kafka
+            .client_config()
+            .set("transactional.id", &transactional_id)
+            .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("compression.type", "lz4")
+            .set("queue.buffering.max.messages", "1000000")
+            // Dead letters keep records of up to MAX_DEAD_LETTER_BYTES.
+            .set("message.max.bytes", "2000000")
+            .create()?;
+        producer.init_transactions(TXN_TIMEOUT)?;
+        tracing::info!(%transactional_id, "transactional producer ready");
+        Ok(Transactions { producer })
+    }
+
+    /// Publishes `records` and commits `offsets` for the group in one
+    /// transaction, on a blocking thread. On failure the transaction is
+    /// aborted: [`Error::Transaction`] may be retried,
+    /// [`Error::FatalTransaction`] may not.
+    pub async fn commit(
+        &self,
+        records: Vec<OutRecord>,
+        offsets: TopicPartitionList,
+        group: Option<ConsumerGroupMetadata>,
+    ) -> Result<()> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.commit_blocking(&records, &offsets, group.as_ref())).await?
+    }
+
+    fn commit_blocking(
+        &self,
+        records: &[OutRecord],
+        offsets: &TopicPartitionList,
+        group: Option<&ConsumerGroupMetadata>,
+    ) -> Result<()> {
+        let classify = |e: KafkaError| {
+            if is_fatal(&e) {
+                Error::FatalTransaction(e)
+            } else {
+                Error::Transaction(e)
+            }
+        };
+        self.producer.begin_transaction().map_err(classify)?;
+        let body = || -> std::result::Result<(), KafkaError> {
+            for record in records {
+                self.send(record)?;
+            }
+            if offsets.count() > 0 {
+                // Not in a group generation (yet): retry after the next rebalance.
+                let group = group.ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
+                self.producer
+                    .send_offsets_to_transaction(offsets, group, TXN_TIMEOUT)?;
+            }
+            let mut attempt = 0;
+            loop {
+                match self.producer.commit_transaction(TXN_TIMEOUT) {
+                    Err(KafkaError::Transaction(e)) if e.is_retriable() && attempt < 3 => attempt += 1,
+                    other => return other,
+                }
+            }
+        };
+        match body() {
+            Ok(()) => Ok(()),
+            Err(e) if is_fatal(&e) => Err(Error::FatalTransaction(e)),
+            Err(e) => {
+                if let Err(abort) = self.producer.abort_transaction(TXN_TIMEOUT) {
+                    if is_fatal(&abort) {
+                        return Err(Error::FatalTransaction(abort));
+                    }
+                    tracing::warn!(error = %abort, "abort_transaction failed");
+                }
+                Err(Error::Transaction(e))
+            }
+        }
+    }
+
+    /// Queues one record; waits (this is a blocking thread) while the
+    /// producer's queue is full.
+    fn send(&self, record: &OutRecord) -> std::result::Result<(), KafkaError> {
+        let mut headers = OwnedHeaders::new();
+        for (name, value) in &record.headers {
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_bytes()),
+            });
+        }
+        let mut future: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&record.topic)
+            .partition(record.partition)
+            .headers(headers);
+        if let Some(key) = &record.key {
+            future = future.key(key);
+        }
+        if let Some(value) = &record.value {
+            future = future.payload(value);
+        }
+        loop {
+            match self.producer.send_result(future) {
+                // Delivery is checked by commit_transaction as a whole.
+                Ok(_delivery) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    future = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+}

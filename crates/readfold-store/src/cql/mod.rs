@@ -1,0 +1,134 @@
+//! CQL (ScyllaDB, Apache Cassandra): a durable snapshot of the cursors, one
+//! partition per conversation, with a write half and a read half.
+//!
+//! Monotonic without lightweight transactions: every cell is written `USING
+//! TIMESTAMP <cursor>` (`<latest_seq>` for `conversations`), so the store's
+//! last-write-wins reconciliation becomes max-wins. A lower cursor written
+//! later, by a replay or by a racing writer, loses to the higher one already
+//! stored. On equal timestamps Cassandra and ScyllaDB keep the larger cell
+//! value, which is right for `join_seq` (it only grows) and `updated_at`.
+//!
+//! Consequence of borrowing the write timestamp: these cells carry tiny
+//! timestamps (sequence numbers, not microseconds since the epoch), so any
+//! ordinary write or `DELETE` made by hand (server or client clock
+//! timestamps) beats every future write of this store to the same cells.
+//!
+//! Each conversation is written as UNLOGGED batches of one partition (the
+//! `cursors` rows and the `conversations` row share the partition key, so
+//! they form one mutation), split to stay under both `max_batch_rows` and
+//! [`write::MAX_BATCH_BYTES`], with at most `concurrency` batches in flight.
+
+mod config;
+mod read;
+mod schema;
+pub mod write;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use readfold_core::flush::ConversationBatch;
+use readfold_core::{ConversationId, ConversationView};
+use scylla::client::execution_profile::ExecutionProfile;
+use scylla::client::session::Session;
+use scylla::client::session_builder::SessionBuilder;
+use scylla::statement::prepared::PreparedStatement;
+
+pub use config::CqlConfig;
+pub use schema::schema;
+
+use crate::error::{Error, Result};
+use crate::CursorStore;
+
+/// The prepared writes.
+struct Statements {
+    cursor: PreparedStatement,
+    conversation: PreparedStatement,
+}
+
+/// A session on the CQL cluster that holds the cursor snapshots.
+pub struct CqlStore {
+    session: Arc<Session>,
+    /// Present when connected as a writer.
+    statements: Option<Arc<Statements>>,
+    keyspace: String,
+    concurrency: usize,
+    max_batch_rows: usize,
+}
+
+impl CqlStore {
+    /// Connects for reading only: no schema is created (two clients creating
+    /// the same table at once can disagree on its id), so reads of a
+    /// keyspace nobody wrote yet fail.
+    pub async fn connect(config: &CqlConfig) -> Result<Self> {
+        config.check().map_err(Error::Config)?;
+        let timeout = Duration::from_millis(config.timeout_ms);
+        let profile = ExecutionProfile::builder()
+            .request_timeout(Some(timeout))
+            .build()
+            .into_handle();
+        let session = SessionBuilder::new()
+            .known_nodes(config.contact_points())
+            .connection_timeout(timeout)
+            .default_execution_profile_handle(profile)
+            .build()
+            .await?;
+        Ok(CqlStore {
+            session: Arc::new(session),
+            statements: None,
+            keyspace: config.keyspace.clone(),
+            concurrency: config.concurrency,
+            max_batch_rows: config.max_batch_rows,
+        })
+    }
+
+    /// Connects, creates the keyspace and tables if missing, waits for schema
+    /// agreement and prepares the writes.
+    pub async fn connect_writer(config: &CqlConfig) -> Result<Self> {
+        let mut store = Self::connect(config).await?;
+        let session = &store.session;
+        for statement in schema(&config.keyspace, &config.replication) {
+            // The driver also awaits agreement after each schema change.
+            session.query_unpaged(statement, &[]).await?;
+        }
+        session.await_schema_agreement().await?;
+        let ks = &config.keyspace;
+        let mut cursor = session
+            .prepare(format!(
+                "INSERT INTO {ks}.cursors (conversation_id, user_id, cursor, join_seq, updated_at) \
+                 VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
+            ))
+            .await?;
+        let mut conversation = session
+            .prepare(format!(
+                "INSERT INTO {ks}.conversations (conversation_id, latest_seq) \
+                 VALUES (?, ?) USING TIMESTAMP ?"
+            ))
+            .await?;
+        // Explicit write timestamps make retries harmless.
+        cursor.set_is_idempotent(true);
+        conversation.set_is_idempotent(true);
+        store.statements = Some(Arc::new(Statements { cursor, conversation }));
+        Ok(store)
+    }
+
+    /// The driver session, for checks outside readfold's reads.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    pub fn keyspace(&self) -> &str {
+        &self.keyspace
+    }
+}
+
+impl CursorStore for CqlStore {
+    const NAME: &'static str = "cql";
+
+    async fn write(&self, batches: &[ConversationBatch]) -> Result<u64> {
+        self.merge(batches).await
+    }
+
+    async fn read(&self, conversation: &ConversationId) -> Result<Option<ConversationView>> {
+        self.conversation(conversation.as_str()).await
+    }
+}

@@ -1,0 +1,109 @@
+//! The read half: a conversation's rows as the core's read model.
+
+use std::collections::BTreeMap;
+
+use readfold_core::{ConversationId, ConversationView, CursorKey, MemberCursor, Seq, UserId};
+
+use super::CqlStore;
+use crate::error::{Error, Result};
+
+/// A stored bigint as a seq; negative values are never written.
+fn seq(n: i64) -> Seq {
+    Seq(n.max(0) as u64)
+}
+
+/// An id as readfold wrote it, so already within `input.max_id_bytes`.
+fn user(id: &str) -> Option<UserId> {
+    UserId::parse(id, usize::MAX).ok()
+}
+
+impl CqlStore {
+    /// The conversation's members and latest seq; `None` when CQL holds no
+    /// row of it.
+    pub async fn conversation(&self, conversation_id: &str) -> Result<Option<ConversationView>> {
+        let ks = &self.keyspace;
+        let rows = self
+            .session
+            .query_unpaged(
+                format!("SELECT user_id, cursor, join_seq FROM {ks}.cursors WHERE conversation_id = ?"),
+                (conversation_id,),
+            )
+            .await?
+            .into_rows_result()
+            .map_err(Error::cql_result)?;
+        let mut members = BTreeMap::new();
+        for row in rows.rows::<(String, i64, i64)>().map_err(Error::cql_result)? {
+            let (id, cursor, join_seq) = row.map_err(Error::cql_result)?;
+            if let Some(id) = user(&id) {
+                members.insert(id, member(cursor, join_seq));
+            }
+        }
+        let latest = self
+            .session
+            .query_unpaged(
+                format!("SELECT latest_seq FROM {ks}.conversations WHERE conversation_id = ?"),
+                (conversation_id,),
+            )
+            .await?
+            .into_rows_result()
+            .map_err(Error::cql_result)?
+            .maybe_first_row::<(i64,)>()
+            .map_err(Error::cql_result)?
+            .map(|(l,)| seq(l));
+        if members.is_empty() && latest.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(ConversationView {
+            latest_seq: latest.unwrap_or(Seq::ZERO),
+            members,
+        }))
+    }
+
+    /// Every cursor row of the keyspace, in one unpaged scan: for tests and
+    /// small checks, not for production reads.
+    pub async fn scan(&self) -> Result<BTreeMap<CursorKey, MemberCursor>> {
+        let rows = self
+            .session
+            .query_unpaged(
+                format!(
+                    "SELECT conversation_id, user_id, cursor, join_seq FROM {}.cursors",
+                    self.keyspace
+                ),
+                (),
+            )
+            .await?
+            .into_rows_result()
+            .map_err(Error::cql_result)?;
+        let mut out = BTreeMap::new();
+        for row in rows
+            .rows::<(String, String, i64, i64)>()
+            .map_err(Error::cql_result)?
+        {
+            let (c, u, cursor, join_seq) = row.map_err(Error::cql_result)?;
+            let (Ok(conversation_id), Some(user_id)) = (ConversationId::parse(&c, usize::MAX), user(&u))
+            else {
+                continue;
+            };
+            out.insert(
+                CursorKey {
+                    conversation_id,
+                    user_id,
+                },
+                member(cursor, join_seq),
+            );
+        }
+        Ok(out)
+    }
+
+    /// The latest seq CQL holds for a conversation.
+    pub async fn latest_seq(&self, conversation_id: &str) -> Result<Option<Seq>> {
+        Ok(self.conversation(conversation_id).await?.map(|v| v.latest_seq))
+    }
+}
+
+fn member(cursor: i64, join_seq: i64) -> MemberCursor {
+    MemberCursor {
+        cursor: seq(cursor),
+        join_seq: Seq(join_seq.max(1) as u64),
+    }
+}

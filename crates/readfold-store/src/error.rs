@@ -1,0 +1,83 @@
+//! Errors of the cursor stores, and which of them are worth retrying.
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration cannot work; nothing to retry.
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    // The driver's errors are large; boxed, they keep every Result small.
+    #[error("cql: cannot connect: {0}")]
+    CqlConnect(#[source] Box<scylla::errors::NewSessionError>),
+    #[error("cql: {0}")]
+    CqlExecute(#[source] Box<scylla::errors::ExecutionError>),
+    #[error("cql: cannot prepare a statement: {0}")]
+    CqlPrepare(#[source] Box<scylla::errors::PrepareError>),
+    #[error("cql: schema agreement: {0}")]
+    CqlSchemaAgreement(#[source] Box<scylla::errors::SchemaAgreementError>),
+    /// A result did not have the rows or types readfold wrote.
+    #[error("cql: unexpected result: {0}")]
+    CqlResult(#[source] BoxError),
+    /// Validation bounds seqs by `input.max_seq`, which is at most i64::MAX.
+    #[error("cql: sequence number {0} exceeds bigint")]
+    SeqOverflow(u64),
+    #[error("cql: batch task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+macro_rules! boxed_from {
+    ($($source:ty => $variant:ident),* $(,)?) => {
+        $(impl From<$source> for Error {
+            fn from(e: $source) -> Self {
+                Error::$variant(Box::new(e))
+            }
+        })*
+    };
+}
+
+boxed_from! {
+    scylla::errors::NewSessionError => CqlConnect,
+    scylla::errors::ExecutionError => CqlExecute,
+    scylla::errors::PrepareError => CqlPrepare,
+    scylla::errors::SchemaAgreementError => CqlSchemaAgreement,
+}
+
+impl Error {
+    /// Whether trying again later may succeed: an unreachable, restarting
+    /// or overloaded server is; a configuration or a value the store cannot
+    /// hold is not.
+    pub fn is_retriable(&self) -> bool {
+        match self {
+            Error::Config(_) | Error::SeqOverflow(_) => false,
+            Error::Redis(e) => !matches!(e.kind(), redis::ErrorKind::InvalidClientConfig),
+            Error::CqlConnect(_)
+            | Error::CqlExecute(_)
+            | Error::CqlPrepare(_)
+            | Error::CqlSchemaAgreement(_)
+            | Error::CqlResult(_)
+            | Error::Task(_) => true,
+        }
+    }
+
+    pub(crate) fn cql_result(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Error::CqlResult(Box::new(e))
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configuration_is_final_connection_trouble_is_not() {
+        assert!(!Error::Config("x".into()).is_retriable());
+        assert!(!Error::SeqOverflow(u64::MAX).is_retriable());
+        let io = redis::RedisError::from(std::io::Error::other("connection refused"));
+        assert!(Error::Redis(io).is_retriable());
+    }
+}

@@ -1,0 +1,36 @@
+//! readfold's cursor stores outside Kafka. Each store has a write half that
+//! max-merges a flush's batches, so that a replay or a racing writer never
+//! lowers a stored cursor, and a read half that returns a conversation in
+//! the core's read model.
+//!
+//! - [`redis`]: hot cursors, one hash per conversation, a Lua max-merge.
+//! - [`cql`]: durable snapshots in ScyllaDB or Cassandra, max-wins through
+//!   write timestamps.
+
+use std::future::Future;
+
+use readfold_core::flush::ConversationBatch;
+use readfold_core::{ConversationId, ConversationView};
+
+pub mod cql;
+pub mod error;
+pub mod redis;
+
+pub use error::{Error, Result};
+
+/// A store of cursors: what the processor writes and readers read.
+pub trait CursorStore {
+    /// The store's name in metrics and logs.
+    const NAME: &'static str;
+
+    /// Max-merges one flush, one conversation per batch. Returns how many
+    /// values were raised or rows written.
+    fn write(&self, batches: &[ConversationBatch]) -> impl Future<Output = Result<u64>> + Send;
+
+    /// One conversation as readers see it; `None` when the store holds
+    /// nothing of it.
+    fn read(
+        &self,
+        conversation: &ConversationId,
+    ) -> impl Future<Output = Result<Option<ConversationView>>> + Send;
+}

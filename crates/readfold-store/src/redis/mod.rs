@@ -1,0 +1,88 @@
+//! Redis: hot cursors, one hash per conversation. The write half max-merges
+//! with one Lua script (`merge.lua`) called with EVALSHA, one call per
+//! conversation, one pipeline per flush; the read half reads a
+//! conversation's keys in one round trip.
+//!
+//! For conversation C, with prefix P:
+//! - `P:{C}:cursors` hash user -> cursor, for every present member;
+//! - `P:{C}:latest`  the latest seq;
+//! - `P:{C}:joined`  hash user -> join_seq, only where it is above 1.
+
+mod config;
+mod read;
+mod write;
+
+use std::time::Duration;
+
+use readfold_core::flush::ConversationBatch;
+use readfold_core::{ConversationId, ConversationView};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+pub use config::RedisConfig;
+pub use write::MERGE_SCRIPT;
+
+use crate::error::{Error, Result};
+use crate::CursorStore;
+
+/// The Redis keys of one conversation: cursors, latest, joined. The braces
+/// are a Redis Cluster hash tag: all keys of a conversation live in one
+/// slot, as the script needs.
+pub fn keys(prefix: &str, conversation_id: &str) -> [String; 3] {
+    [
+        format!("{prefix}:{{{conversation_id}}}:cursors"),
+        format!("{prefix}:{{{conversation_id}}}:latest"),
+        format!("{prefix}:{{{conversation_id}}}:joined"),
+    ]
+}
+
+/// A connection to the Redis that holds the hot cursors.
+pub struct RedisStore {
+    conn: ConnectionManager,
+    script: redis::Script,
+    prefix: String,
+}
+
+impl RedisStore {
+    /// Connects for reading and writing. Writers should call
+    /// [`RedisStore::connect_writer`], which also loads the script.
+    pub async fn connect(config: &RedisConfig) -> Result<Self> {
+        config.check().map_err(Error::Config)?;
+        let client =
+            redis::Client::open(config.url.as_str()).map_err(|e| Error::Config(format!("redis.url: {e}")))?;
+        let timeout = Duration::from_millis(config.timeout_ms);
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        let conn = ConnectionManager::new_with_config(client, manager_config).await?;
+        Ok(RedisStore {
+            conn,
+            script: redis::Script::new(MERGE_SCRIPT),
+            prefix: config.key_prefix.clone(),
+        })
+    }
+
+    /// Connects and loads the max-merge script.
+    pub async fn connect_writer(config: &RedisConfig) -> Result<Self> {
+        let store = Self::connect(config).await?;
+        store.load_script().await?;
+        Ok(store)
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+}
+
+impl CursorStore for RedisStore {
+    const NAME: &'static str = "redis";
+
+    async fn write(&self, batches: &[ConversationBatch]) -> Result<u64> {
+        self.merge(batches).await
+    }
+
+    async fn read(&self, conversation: &ConversationId) -> Result<Option<ConversationView>> {
+        self.conversation(conversation.as_str()).await
+    }
+}

@@ -1,0 +1,119 @@
+//! One record of any of readfold's topics as JSON, decoded for the topic's
+//! role: what `readfold tail` prints and what the tests read.
+
+use serde_json::{json, Value};
+
+use crate::codec::{self, WireFormat};
+
+/// Which schema a topic's records follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopicRole {
+    ReadReports,
+    ConversationEvents,
+    ReadCursors,
+    UserReadCursors,
+    DeadLetters,
+}
+
+fn lossy(bytes: Option<&[u8]>) -> Value {
+    bytes.map_or(Value::Null, |b| {
+        Value::String(String::from_utf8_lossy(b).into_owned())
+    })
+}
+
+fn decoded<T: serde::Serialize>(result: Result<T, codec::DecodeError>) -> Value {
+    match result {
+        Ok(v) => serde_json::to_value(v).unwrap_or(Value::Null),
+        Err(e) => json!({ "undecodable": e.to_string() }),
+    }
+}
+
+/// One record as JSON: key and value decoded for the topic's role, and the
+/// headers when there are any.
+pub fn describe(
+    role: TopicRole,
+    format: WireFormat,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: &[(String, String)],
+) -> Value {
+    let (key, value) = match role {
+        TopicRole::ReadReports => (
+            lossy(key),
+            value.map_or(Value::Null, |v| decoded(codec::decode_read_report(v, format))),
+        ),
+        TopicRole::ConversationEvents => (
+            lossy(key),
+            value.map_or(Value::Null, |v| {
+                decoded(codec::decode_conversation_event(v, format))
+            }),
+        ),
+        TopicRole::ReadCursors => (
+            key.map_or(Value::Null, |k| decoded(codec::decode_cursor_key(k))),
+            value.map_or(Value::Null, |v| decoded(codec::decode_cursor_update(v))),
+        ),
+        TopicRole::UserReadCursors => (
+            key.map_or(Value::Null, |k| decoded(codec::decode_user_cursor_key(k))),
+            value.map_or(Value::Null, |v| decoded(codec::decode_cursor_update(v))),
+        ),
+        TopicRole::DeadLetters => (
+            lossy(key),
+            json!({ "bytes": value.map(<[u8]>::len), "text": lossy(value) }),
+        ),
+    };
+    let mut out = json!({ "key": key, "value": value });
+    if !headers.is_empty() {
+        out["headers"] = headers
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{CursorKeyRecord, CursorUpdateRecord};
+
+    #[test]
+    fn describes_changelog_records_and_tombstones() {
+        let key = codec::encode_cursor_key(&CursorKeyRecord {
+            conversation_id: "G".into(),
+            user_id: "u".into(),
+        });
+        let value = codec::encode_cursor_update(&CursorUpdateRecord {
+            conversation_id: "G".into(),
+            user_id: "u".into(),
+            cursor: 3,
+            join_seq: 1,
+            latest_seq: 4,
+            updated_at: 0,
+        });
+        let line = describe(
+            TopicRole::ReadCursors,
+            WireFormat::Auto,
+            Some(&key),
+            Some(&value),
+            &[],
+        );
+        assert_eq!(line["key"]["user_id"], "u");
+        assert_eq!(line["value"]["cursor"], 3);
+        let tomb = describe(TopicRole::ReadCursors, WireFormat::Auto, Some(&key), None, &[]);
+        assert!(tomb["value"].is_null());
+    }
+
+    #[test]
+    fn describes_dead_letters_with_headers() {
+        let headers = vec![("readfold.reason".to_owned(), "decode_error".to_owned())];
+        let line = describe(
+            TopicRole::DeadLetters,
+            WireFormat::Auto,
+            Some(b"G"),
+            Some(b"\xff"),
+            &headers,
+        );
+        assert_eq!(line["headers"]["readfold.reason"], "decode_error");
+        assert_eq!(line["value"]["bytes"], 1);
+    }
+}

@@ -1,0 +1,17 @@
+//! readfold's wire contract, pure: no I/O.
+//!
+//! - [`codec`]: Avro encode/decode of the compiled-in `schemas/`.
+//! - [`validate`]: input bytes to a fold input, or a dead-letter reason.
+//! - [`changelog`]: the changelog records a flush produces, and the one
+//!   changelog decoder every reader uses.
+//! - [`dead_letter`]: the dead-letter record of a rejected input.
+//! - [`describe`]: any topic's records as JSON.
+
+pub mod changelog;
+pub mod codec;
+pub mod dead_letter;
+pub mod describe;
+pub mod validate;
+
+pub use changelog::{ChangelogEntry, ChangelogKind, OutRecord, OutputLayout, OutputTopics};
+pub use validate::{Limits, RejectReason, Rejection};

@@ -1,0 +1,389 @@
+//! Turns decoded wire records into the fold's inputs, or says why not.
+//! Pure: the processor sends every rejection to the dead-letter topic.
+
+use std::fmt;
+
+use readfold_core::fold::{ConversationEvent, EventKind, Input, InputKind, ReadReport};
+use readfold_core::partitioner::partition_for_key;
+use readfold_core::{ConversationId, IdError, Seq, UserId};
+
+use crate::codec::{self, ConversationEventRecord, DecodeError, EventRecord, ReadReportRecord, WireFormat};
+
+/// Input limits: the `[input]` section of the configuration, whose defaults
+/// and documentation are in `config/default.toml`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    pub format: WireFormat,
+    pub max_id_bytes: usize,
+    pub max_seq: u64,
+    pub check_partitioning: bool,
+}
+
+impl Limits {
+    /// Checks the values the types allow but readfold does not.
+    pub fn check(&self) -> Result<(), String> {
+        if self.max_id_bytes == 0 {
+            return Err("input.max_id_bytes must be at least 1".into());
+        }
+        // Cursors are Avro longs on the changelog and CQL bigints.
+        if self.max_seq == 0 || self.max_seq > i64::MAX as u64 {
+            return Err(format!(
+                "input.max_seq must be between 1 and {} (a signed 64-bit integer), not {}",
+                i64::MAX,
+                self.max_seq
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a record went to the dead-letter topic; the `readfold.reason` header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RejectReason {
+    /// No value (a tombstone on an input topic).
+    MissingValue,
+    /// The bytes are not a record of the topic's schema.
+    Decode,
+    /// An id is empty.
+    EmptyId,
+    /// An id is longer than `input.max_id_bytes`.
+    IdTooLong,
+    /// A seq is below its minimum or above `input.max_seq`.
+    SeqOutOfRange,
+    /// The record's key is not its conversation id.
+    KeyMismatch,
+    /// The record is not on the partition murmur2(conversation_id) picks.
+    WrongPartition,
+}
+
+impl RejectReason {
+    pub const ALL: [RejectReason; 7] = [
+        RejectReason::MissingValue,
+        RejectReason::Decode,
+        RejectReason::EmptyId,
+        RejectReason::IdTooLong,
+        RejectReason::SeqOutOfRange,
+        RejectReason::KeyMismatch,
+        RejectReason::WrongPartition,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RejectReason::MissingValue => "missing_value",
+            RejectReason::Decode => "decode_error",
+            RejectReason::EmptyId => "empty_id",
+            RejectReason::IdTooLong => "id_too_long",
+            RejectReason::SeqOutOfRange => "seq_out_of_range",
+            RejectReason::KeyMismatch => "key_mismatch",
+            RejectReason::WrongPartition => "wrong_partition",
+        }
+    }
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A rejected record: the reason and a human-readable detail.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub reason: RejectReason,
+    pub detail: String,
+}
+
+impl Rejection {
+    fn new(reason: RejectReason, detail: impl Into<String>) -> Self {
+        Rejection {
+            reason,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl From<DecodeError> for Rejection {
+    fn from(e: DecodeError) -> Self {
+        Rejection::new(RejectReason::Decode, e.to_string())
+    }
+}
+
+/// Where a record was read from, for the placement checks.
+#[derive(Clone, Copy, Debug)]
+pub struct Placement<'a> {
+    pub key: Option<&'a [u8]>,
+    pub partition: i32,
+    pub partition_count: i32,
+}
+
+/// The whole per-record transform: bytes in, fold input or rejection out.
+pub fn ingest(
+    kind: InputKind,
+    value: Option<&[u8]>,
+    placement: Placement<'_>,
+    limits: &Limits,
+) -> Result<Input, Rejection> {
+    let value = value.ok_or_else(|| Rejection::new(RejectReason::MissingValue, "record has no value"))?;
+    let input = match kind {
+        InputKind::ReadReports => Input::Report(read_report(
+            codec::decode_read_report(value, limits.format)?,
+            limits,
+        )?),
+        InputKind::ConversationEvents => Input::Event(conversation_event(
+            codec::decode_conversation_event(value, limits.format)?,
+            limits,
+        )?),
+    };
+    if limits.check_partitioning {
+        check_placement(input.conversation_id(), placement)?;
+    }
+    Ok(input)
+}
+
+fn check_placement(conversation: &ConversationId, placement: Placement<'_>) -> Result<(), Rejection> {
+    let id = conversation.as_str().as_bytes();
+    if let Some(key) = placement.key {
+        if key != id {
+            return Err(Rejection::new(
+                RejectReason::KeyMismatch,
+                format!(
+                    "key {:?} is not the conversation id {:?}",
+                    String::from_utf8_lossy(key),
+                    conversation.as_str()
+                ),
+            ));
+        }
+    }
+    let expected = partition_for_key(id, placement.partition_count);
+    if expected != placement.partition {
+        return Err(Rejection::new(
+            RejectReason::WrongPartition,
+            format!(
+                "conversation {:?} belongs on partition {expected} of {} (murmur2), found on {}",
+                conversation.as_str(),
+                placement.partition_count,
+                placement.partition
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn id<T>(
+    field: &str,
+    raw: &str,
+    limits: &Limits,
+    parse: fn(&str, usize) -> Result<T, IdError>,
+) -> Result<T, Rejection> {
+    parse(raw, limits.max_id_bytes).map_err(|e| match e {
+        IdError::Empty => Rejection::new(RejectReason::EmptyId, format!("{field} is empty")),
+        IdError::TooLong { len, max } => Rejection::new(
+            RejectReason::IdTooLong,
+            format!("{field} is {len} bytes, limit {max}"),
+        ),
+    })
+}
+
+fn seq(field: &str, raw: i64, min: u64, limits: &Limits) -> Result<Seq, Rejection> {
+    match u64::try_from(raw) {
+        Ok(n) if n >= min && n <= limits.max_seq => Ok(Seq(n)),
+        _ => Err(Rejection::new(
+            RejectReason::SeqOutOfRange,
+            format!("{field} {raw} is outside {min}..={}", limits.max_seq),
+        )),
+    }
+}
+
+/// Validates a read report: ids non-empty and bounded, 1 <= seq <= max_seq.
+pub fn read_report(r: ReadReportRecord, limits: &Limits) -> Result<ReadReport, Rejection> {
+    Ok(ReadReport {
+        conversation_id: id(
+            "conversation_id",
+            &r.conversation_id,
+            limits,
+            ConversationId::parse,
+        )?,
+        user_id: id("user_id", &r.user_id, limits, UserId::parse)?,
+        seq: seq("seq", r.seq, 1, limits)?,
+        reported_at: r.reported_at,
+    })
+}
+
+/// Validates a conversation event. A message has seq >= 1; a member event
+/// carries the latest seq when it happened, which is 0 in a new conversation.
+pub fn conversation_event(
+    e: ConversationEventRecord,
+    limits: &Limits,
+) -> Result<ConversationEvent, Rejection> {
+    let conversation_id = id(
+        "conversation_id",
+        &e.conversation_id,
+        limits,
+        ConversationId::parse,
+    )?;
+    let (kind, min_seq) = match &e.event {
+        EventRecord::MessageSent { sender_id } => (
+            EventKind::MessageSent {
+                sender_id: id("sender_id", sender_id, limits, UserId::parse)?,
+            },
+            1,
+        ),
+        EventRecord::MemberJoined { user_id } => (
+            EventKind::MemberJoined {
+                user_id: id("user_id", user_id, limits, UserId::parse)?,
+            },
+            0,
+        ),
+        EventRecord::MemberLeft { user_id } => (
+            EventKind::MemberLeft {
+                user_id: id("user_id", user_id, limits, UserId::parse)?,
+            },
+            0,
+        ),
+    };
+    Ok(ConversationEvent {
+        conversation_id,
+        seq: seq("seq", e.seq, min_seq, limits)?,
+        at: e.at,
+        kind,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{encode_conversation_event, encode_read_report, frame_confluent};
+
+    fn record(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
+        ReadReportRecord {
+            conversation_id: conversation.into(),
+            user_id: user.into(),
+            seq,
+            device_id: None,
+            reported_at: 0,
+            private: false,
+        }
+    }
+
+    fn placed(conversation: &str) -> Placement<'static> {
+        Placement {
+            key: None,
+            partition: partition_for_key(conversation.as_bytes(), 3),
+            partition_count: 3,
+        }
+    }
+
+    /// The `[input]` defaults of `config/default.toml`.
+    pub(crate) fn default_limits() -> Limits {
+        let defaults: toml::Table = include_str!("../../../config/default.toml").parse().unwrap();
+        defaults["input"].clone().try_into().unwrap()
+    }
+
+    fn reason(kind: InputKind, bytes: &[u8], placement: Placement<'_>) -> Option<RejectReason> {
+        ingest(kind, Some(bytes), placement, &default_limits())
+            .err()
+            .map(|r| r.reason)
+    }
+
+    #[test]
+    fn accepts_a_valid_report_plain_and_framed() {
+        let bytes = encode_read_report(&record("G", "u", 5));
+        assert_eq!(reason(InputKind::ReadReports, &bytes, placed("G")), None);
+        assert_eq!(
+            reason(InputKind::ReadReports, &frame_confluent(3, &bytes), placed("G")),
+            None
+        );
+    }
+
+    #[test]
+    fn rejects_each_kind_of_bad_report() {
+        use RejectReason::*;
+        let cases = [
+            (record("", "u", 1), EmptyId),
+            (record("G", "", 1), EmptyId),
+            (record("G", "u", 0), SeqOutOfRange),
+            (record("G", "u", -1), SeqOutOfRange),
+            (record("G", "u", i64::MAX), SeqOutOfRange),
+            (record("G", &"x".repeat(1 << 20), 1), IdTooLong),
+        ];
+        for (rec, expected) in cases {
+            let bytes = encode_read_report(&rec);
+            let conversation = rec.conversation_id.clone();
+            assert_eq!(
+                reason(InputKind::ReadReports, &bytes, placed(&conversation)),
+                Some(expected),
+                "{expected}"
+            );
+        }
+        assert_eq!(
+            reason(InputKind::ReadReports, b"\xde\xad\xbe\xef", placed("G")),
+            Some(Decode)
+        );
+        assert_eq!(
+            ingest(InputKind::ReadReports, None, placed("G"), &default_limits())
+                .unwrap_err()
+                .reason,
+            MissingValue
+        );
+    }
+
+    #[test]
+    fn member_events_allow_seq_zero_but_messages_do_not() {
+        let event = |seq, event| ConversationEventRecord {
+            conversation_id: "G".into(),
+            seq,
+            at: 0,
+            event,
+        };
+        let joined = encode_conversation_event(&event(0, EventRecord::MemberJoined { user_id: "u".into() }));
+        assert_eq!(reason(InputKind::ConversationEvents, &joined, placed("G")), None);
+        let sent = encode_conversation_event(&event(
+            0,
+            EventRecord::MessageSent {
+                sender_id: "u".into(),
+            },
+        ));
+        assert_eq!(
+            reason(InputKind::ConversationEvents, &sent, placed("G")),
+            Some(RejectReason::SeqOutOfRange)
+        );
+    }
+
+    #[test]
+    fn checks_key_and_partition() {
+        let bytes = encode_read_report(&record("G", "u", 1));
+        let right = placed("G");
+        let wrong_partition = Placement {
+            partition: (right.partition + 1) % 3,
+            ..right
+        };
+        assert_eq!(
+            reason(InputKind::ReadReports, &bytes, wrong_partition),
+            Some(RejectReason::WrongPartition)
+        );
+        let wrong_key = Placement {
+            key: Some(b"H"),
+            ..right
+        };
+        assert_eq!(
+            reason(InputKind::ReadReports, &bytes, wrong_key),
+            Some(RejectReason::KeyMismatch)
+        );
+        let limits = Limits {
+            check_partitioning: false,
+            ..default_limits()
+        };
+        assert!(ingest(InputKind::ReadReports, Some(&bytes), wrong_partition, &limits).is_ok());
+    }
+
+    #[test]
+    fn limits_check_the_seq_range() {
+        assert!(default_limits().check().is_ok());
+        let too_big = Limits {
+            max_seq: u64::MAX,
+            ..default_limits()
+        };
+        assert!(too_big.check().unwrap_err().contains("input.max_seq"));
+    }
+}

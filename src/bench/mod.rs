@@ -1,0 +1,228 @@
+//! `readfold bench`. This module measures the pure fold with a synthetic
+//! workload (one hot group, many 1:1 chats), with no I/O: fold speed, and
+//! what each flush would send to Redis and CQL. [`restore`] and
+//! [`pipeline`] measure against the configured services.
+
+mod pipeline;
+mod restore;
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use readfold_core::fold::{ConversationEvent, CursorUpdate, EventKind, PartitionState, ReadReport};
+use readfold_core::{ConversationId, Seq, UserId};
+
+pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
+pub use restore::{print_restore, restore, RestoreFigures};
+
+/// Workload shape.
+#[derive(Clone, Copy, Debug)]
+pub struct Workload {
+    pub reports: u64,
+    pub group_members: u64,
+    pub direct_chats: u64,
+    /// Reports folded between two flushes (rate x flush interval).
+    pub flush_every: u64,
+}
+
+/// What the run measured.
+#[derive(Clone, Copy, Debug)]
+pub struct Figures {
+    pub reports: u64,
+    pub flushes: u64,
+    pub cursor_updates: u64,
+    pub redis_calls: u64,
+    pub elapsed_secs: f64,
+    pub cursors: usize,
+}
+
+/// A small deterministic generator (xorshift), so runs are comparable.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+pub fn run(w: Workload) -> Figures {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut state = PartitionState::new();
+    let group: ConversationId = "hot-group".parse().expect("id");
+    let members: Vec<UserId> = (0..w.group_members)
+        .map(|i| UserId::parse(&format!("m{i}"), 64).expect("id"))
+        .collect();
+    let chats: Vec<ConversationId> = (0..w.direct_chats)
+        .map(|i| ConversationId::parse(&format!("dm{i}"), 64).expect("id"))
+        .collect();
+    let pair = [
+        UserId::parse("a", 8).expect("id"),
+        UserId::parse("b", 8).expect("id"),
+    ];
+    let mut group_latest = 0u64;
+    let mut chat_latest = vec![0u64; chats.len()];
+    let (mut flushes, mut cursor_updates, mut redis_calls) = (0u64, 0u64, 0u64);
+    let started = Instant::now();
+    for i in 0..w.reports {
+        if i % 2 == 0 {
+            // The hot group: a message every 10 reports, everyone reads near the end.
+            if i % 20 == 0 {
+                group_latest += 1;
+                state.apply_event(&ConversationEvent {
+                    conversation_id: group.clone(),
+                    seq: Seq(group_latest),
+                    at: i as i64,
+                    kind: EventKind::MessageSent {
+                        sender_id: members[0].clone(),
+                    },
+                });
+            }
+            let reader = &members[(rng.next() % w.group_members) as usize];
+            let seq = group_latest.saturating_sub(rng.next() % 3).max(1);
+            state.apply_report(&ReadReport {
+                conversation_id: group.clone(),
+                user_id: reader.clone(),
+                seq: Seq(seq),
+                reported_at: i as i64,
+            });
+        } else {
+            let c = (rng.next() % w.direct_chats) as usize;
+            if rng.next() % 2 == 0 {
+                chat_latest[c] += 1;
+            }
+            let seq = chat_latest[c].max(1);
+            state.apply_report(&ReadReport {
+                conversation_id: chats[c].clone(),
+                user_id: pair[(rng.next() % 2) as usize].clone(),
+                seq: Seq(seq),
+                reported_at: i as i64,
+            });
+        }
+        if (i + 1) % w.flush_every == 0 || i + 1 == w.reports {
+            let changes = state.drain();
+            let conversations: HashSet<ConversationId> =
+                changes.iter().map(|c| c.key().conversation_id).collect();
+            flushes += 1;
+            cursor_updates += changes.len() as u64;
+            redis_calls += conversations.len() as u64;
+        }
+    }
+    Figures {
+        reports: w.reports,
+        flushes,
+        cursor_updates,
+        redis_calls,
+        elapsed_secs: started.elapsed().as_secs_f64(),
+        cursors: state.cursor_count(),
+    }
+}
+
+/// Resident memory per cursor of a state holding `cursors` cursors, 100 per
+/// conversation, ids like those of the restore bench.
+pub fn state_bytes_per_cursor(cursors: u64) -> f64 {
+    let before = resident_bytes();
+    let mut state = PartitionState::new();
+    for i in 0..cursors {
+        state.restore_update(&CursorUpdate {
+            conversation_id: ConversationId::parse(&format!("conv-{}", i / 100), 64).expect("id"),
+            user_id: UserId::parse(&format!("user-{}", i % 100), 64).expect("id"),
+            cursor: Seq(i % 1000 + 1),
+            join_seq: Seq(1),
+            latest_seq: Seq(1000),
+            updated_at: 0,
+        });
+    }
+    let grown = resident_bytes().saturating_sub(before);
+    let held = state.cursor_count().max(1);
+    drop(state);
+    grown as f64 / held as f64
+}
+
+/// Changelog records decoded per second (key and value), the restore's
+/// inner loop.
+pub fn decode_rate(records: u64) -> f64 {
+    use readfold_wire::codec::{
+        decode_cursor_key, decode_cursor_update, encode_cursor_key, encode_cursor_update,
+    };
+    use readfold_wire::codec::{CursorKeyRecord, CursorUpdateRecord};
+    let key = encode_cursor_key(&CursorKeyRecord {
+        conversation_id: "conv-12345".into(),
+        user_id: "user-42".into(),
+    });
+    let value = encode_cursor_update(&CursorUpdateRecord {
+        conversation_id: "conv-12345".into(),
+        user_id: "user-42".into(),
+        cursor: 1234,
+        join_seq: 1,
+        latest_seq: 1300,
+        updated_at: 1_700_000_000_000,
+    });
+    let started = Instant::now();
+    let mut sum = 0i64;
+    for _ in 0..records {
+        let k = decode_cursor_key(&key).expect("valid key");
+        let v = decode_cursor_update(&value).expect("valid value");
+        sum += v.cursor + k.user_id.len() as i64;
+    }
+    std::hint::black_box(sum);
+    records as f64 / started.elapsed().as_secs_f64()
+}
+
+pub fn print(w: Workload, f: Figures) {
+    let per = |n: u64| n as f64 / f.reports as f64;
+    println!(
+        "workload: {} reports, half to one {}-member group, half to {} 1:1 chats; a flush every {} reports",
+        w.reports, w.group_members, w.direct_chats, w.flush_every
+    );
+    println!(
+        "fold (pure, one core):            {:>12.0} reports/s",
+        f.reports as f64 / f.elapsed_secs
+    );
+    println!(
+        "changelog decode (one core):      {:>12.0} records/s",
+        decode_rate(200_000)
+    );
+    println!(
+        "memory per cursor (1M in one state): {:>9.0} bytes",
+        state_bytes_per_cursor(1_000_000)
+    );
+    println!("flushes:                          {:>12}", f.flushes);
+    println!("cursors held:                     {:>12}", f.cursors);
+    println!(
+        "Redis script calls per report:    {:>12.4}   (seed design: 1 EVAL per report; ratio {:.1}x fewer)",
+        per(f.redis_calls),
+        1.0 / per(f.redis_calls).max(f64::MIN_POSITIVE)
+    );
+    println!("cursor updates per report:        {:>12.4}   (= CQL rows and changelog records per report; seed: 1; ratio {:.1}x fewer)",
+        per(f.cursor_updates), 1.0 / per(f.cursor_updates).max(f64::MIN_POSITIVE));
+}
+
+/// Resident memory of this process, from /proc/self/statm.
+pub(crate) fn resident_bytes() -> u64 {
+    // /proc/self/statm: size resident ... in pages.
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * 4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coalescing_never_writes_more_than_one_update_per_report() {
+        let w = Workload {
+            reports: 10_000,
+            group_members: 50,
+            direct_chats: 100,
+            flush_every: 500,
+        };
+        let f = run(w);
+        assert!(f.cursor_updates <= f.reports);
+        assert!(f.redis_calls <= f.cursor_updates);
+        assert_eq!(f.flushes, 20);
+    }
+}

@@ -1,0 +1,110 @@
+//! `readfold bench --restore-cursors N`: writes N changelog records to a
+//! fresh one-partition compacted topic on the configured broker, then times
+//! a restore of it. Talks to Kafka.
+
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use readfold_kafka::admin::{create_topic, delete_topics};
+use readfold_kafka::changelog::ChangelogReader;
+use readfold_wire::changelog::ChangelogKind;
+use readfold_wire::codec::{encode_cursor_key, encode_cursor_update, CursorKeyRecord, CursorUpdateRecord};
+
+use super::resident_bytes;
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// What a restore run measured.
+#[derive(Clone, Copy, Debug)]
+pub struct RestoreFigures {
+    pub cursors: usize,
+    pub records: u64,
+    pub elapsed_secs: f64,
+    /// Resident memory growth from before the restore to after it (the
+    /// consumer closed), per cursor: an upper bound on the state's size.
+    pub bytes_per_cursor: f64,
+}
+
+pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let topic = format!("readfold.bench-restore.{stamp}");
+    create_topic(&config.kafka, &topic, 1, config.topics.replication_factor, true).await?;
+    let producer: FutureProducer = config
+        .kafka
+        .client_config()
+        .set("linger.ms", "20")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let mut pending = Vec::new();
+    for i in 0..cursors {
+        let (conversation_id, user_id) = (format!("conv-{}", i / 100), format!("user-{}", i % 100));
+        let key = encode_cursor_key(&CursorKeyRecord {
+            conversation_id: conversation_id.clone(),
+            user_id: user_id.clone(),
+        });
+        let value = encode_cursor_update(&CursorUpdateRecord {
+            conversation_id,
+            user_id,
+            cursor: (i % 1000) as i64 + 1,
+            join_seq: 1,
+            latest_seq: 1000,
+            updated_at: 0,
+        });
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
+            .partition(0)
+            .key(key.as_slice())
+            .payload(value.as_slice());
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => break pending.push(delivery),
+                Err((_, back)) => {
+                    record = back;
+                    for delivery in pending.drain(..) {
+                        let _ = delivery.await;
+                    }
+                }
+            }
+        }
+    }
+    for delivery in pending {
+        delivery
+            .await
+            .map_err(|_| Error::Kafka(readfold_kafka::Error::DeliveryCanceled))?
+            .map_err(|(e, _)| Error::from(e))?;
+    }
+    let reader = ChangelogReader::new(
+        &config.kafka,
+        &format!("{}-bench-restore", config.kafka.group_id),
+        &topic,
+        ChangelogKind::ByConversation,
+        config.input.max_id_bytes,
+    )?;
+    let before = resident_bytes();
+    // The reader (and its consumer's fetch buffers) is dropped inside the
+    // task, so the growth measured after it is mostly the state itself.
+    let (state, stats) = tokio::task::spawn_blocking(move || reader.restore(0)).await??;
+    let grown = resident_bytes().saturating_sub(before);
+    let figures = RestoreFigures {
+        cursors: state.cursor_count(),
+        records: stats.records,
+        elapsed_secs: stats.elapsed.as_secs_f64(),
+        bytes_per_cursor: grown as f64 / state.cursor_count().max(1) as f64,
+    };
+    drop(state);
+    delete_topics(&config.kafka, &[&topic]).await?;
+    Ok(figures)
+}
+
+pub fn print_restore(f: RestoreFigures) {
+    println!(
+        "restore: {} cursors from {} changelog records in {:.2} s = {:.0} cursors/s ({:.1} s per million); \
+         resident memory grew by ~{:.0} bytes per cursor (with the consumer's fetch buffers)",
+        f.cursors,
+        f.records,
+        f.elapsed_secs,
+        f.cursors as f64 / f.elapsed_secs,
+        f.elapsed_secs * 1e6 / f.cursors.max(1) as f64,
+        f.bytes_per_cursor
+    );
+}

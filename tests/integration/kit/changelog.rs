@@ -1,0 +1,104 @@
+//! What a changelog says, read through the crates' changelog reader: each
+//! key's committed history, and the read model over its latest values.
+
+use std::collections::BTreeMap;
+
+use readfold::config::Config;
+use readfold_core::{ConversationView, MemberCursor, Seq, UserId};
+use readfold_kafka::changelog::ChangelogReader;
+use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+
+/// (conversation, user).
+pub type Key = (String, String);
+/// A changelog value as the tests compare it: (cursor, join_seq), or `None`
+/// for a tombstone.
+pub type Cursor = Option<(i64, i64)>;
+
+/// Each key's committed history, in order.
+#[derive(Debug, Default)]
+pub struct Changelog {
+    /// (conversation, user) -> successive values; `None` is a tombstone.
+    pub history: BTreeMap<Key, Vec<Cursor>>,
+}
+
+impl Changelog {
+    /// Every committed record of a changelog topic.
+    pub fn read(config: &Config, topic: &str, kind: ChangelogKind) -> Changelog {
+        let reader = ChangelogReader::new(
+            &config.kafka,
+            &format!("{}-test-read", config.kafka.group_id),
+            topic,
+            kind,
+            config.input.max_id_bytes,
+        )
+        .expect("changelog reader");
+        let mut log = Changelog::default();
+        for (_, entry) in reader.entries(None).expect("read the changelog") {
+            let key = entry.key();
+            let value = match entry {
+                ChangelogEntry::Upsert(u) => Some((u.cursor.get() as i64, u.join_seq.get() as i64)),
+                ChangelogEntry::Left(_) => None,
+            };
+            log.history
+                .entry((key.conversation_id.to_string(), key.user_id.to_string()))
+                .or_default()
+                .push(value);
+        }
+        log
+    }
+
+    /// The latest value per key.
+    pub fn latest(&self) -> BTreeMap<Key, Cursor> {
+        self.history
+            .iter()
+            .map(|(k, v)| (k.clone(), *v.last().unwrap()))
+            .collect()
+    }
+
+    /// Keys whose cursor ever went down between two values (tombstones
+    /// aside: a member who leaves and rejoins keeps a cursor at least as high).
+    pub fn regressions(&self) -> Vec<String> {
+        let mut bad = Vec::new();
+        for (key, values) in &self.history {
+            let mut high = 0;
+            for (cursor, _) in values.iter().flatten() {
+                if *cursor < high {
+                    bad.push(format!("{key:?}: {values:?}"));
+                    break;
+                }
+                high = *cursor;
+            }
+        }
+        bad
+    }
+
+    /// One conversation's present members, from the latest values.
+    pub fn view(&self, conversation: &str) -> ConversationView {
+        let members = self
+            .latest()
+            .into_iter()
+            .filter(|((c, _), _)| c == conversation)
+            .filter_map(|((_, u), v)| {
+                let (cursor, join_seq) = v?;
+                Some((
+                    u.parse::<UserId>().unwrap(),
+                    MemberCursor {
+                        cursor: Seq(cursor as u64),
+                        join_seq: Seq(join_seq as u64),
+                    },
+                ))
+            })
+            .collect();
+        ConversationView {
+            latest_seq: Seq::ZERO,
+            members,
+        }
+    }
+
+    /// Read count of message `seq` sent by `sender`, by the read model over
+    /// the changelog's latest values.
+    pub fn read_count(&self, conversation: &str, seq: u64, sender: &str) -> usize {
+        self.view(conversation)
+            .read_count(Seq(seq), &sender.parse().unwrap())
+    }
+}

@@ -1,0 +1,247 @@
+//! One test's topics, group, keys and keyspace, and the `readfold run`
+//! processes it starts.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use readfold::config::Config;
+use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::producer::InputProducer;
+use serde_json::Value;
+
+use super::changelog::Changelog;
+use super::reference::{Feed, Reference};
+use super::services::*;
+use readfold_wire::changelog::ChangelogKind;
+
+/// One test's topics, group and configuration.
+pub struct TestEnv {
+    pub config: Config,
+    pub partitions: i32,
+    vars: Vec<(String, String)>,
+    logs: PathBuf,
+    _services: ServicesGuard,
+}
+
+impl TestEnv {
+    pub async fn new(test: &str, partitions: i32) -> TestEnv {
+        Self::with_services(test, partitions, shared_services().await).await
+    }
+
+    /// For tests that stop or restart a shared service.
+    pub async fn exclusive(test: &str, partitions: i32) -> TestEnv {
+        Self::with_services(test, partitions, exclusive_services().await).await
+    }
+
+    async fn with_services(test: &str, partitions: i32, services: ServicesGuard) -> TestEnv {
+        let prefix = unique(&format!("it.{test}"));
+        let vars: Vec<(String, String)> = [
+            ("READFOLD__KAFKA__BOOTSTRAP_SERVERS", bootstrap()),
+            ("READFOLD__KAFKA__GROUP_ID", prefix.clone()),
+            ("READFOLD__KAFKA__TRANSACTION_TIMEOUT_MS", "10000".into()),
+            ("READFOLD__TOPICS__READ_REPORTS", format!("{prefix}.read-reports")),
+            (
+                "READFOLD__TOPICS__CONVERSATION_EVENTS",
+                format!("{prefix}.conversation-events"),
+            ),
+            ("READFOLD__TOPICS__READ_CURSORS", format!("{prefix}.read-cursors")),
+            (
+                "READFOLD__TOPICS__USER_READ_CURSORS",
+                format!("{prefix}.user-read-cursors"),
+            ),
+            ("READFOLD__TOPICS__DLQ", format!("{prefix}.dlq")),
+            ("READFOLD__TOPICS__PARTITIONS", partitions.to_string()),
+            ("READFOLD__FLUSH__INTERVAL_MS", "100".into()),
+            ("READFOLD__METRICS__LISTEN", String::new()),
+            ("READFOLD__REDIS__KEY_PREFIX", prefix.clone()),
+            ("READFOLD__CQL__KEYSPACE", keyspace_name(&prefix)),
+            ("READFOLD__CQL__CONTACT_POINTS", cql_contact_point()),
+            ("READFOLD__SNAPSHOT__INTERVAL_MS", "300".into()),
+            ("READFOLD__REDIS__URL", redis_url()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        let config = Config::from_sources(None, vars.clone()).expect("test config");
+        let layout = ensure_topics(&config.kafka, &config.topics)
+            .await
+            .expect("create test topics");
+        assert_eq!(layout.partitions, partitions);
+        let logs = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("it-logs");
+        std::fs::create_dir_all(&logs).unwrap();
+        TestEnv {
+            config,
+            partitions,
+            vars,
+            logs: logs.join(prefix),
+            _services: services,
+        }
+    }
+
+    pub fn producer(&self) -> InputProducer {
+        InputProducer::new(&self.config.kafka, &self.config.topics, self.partitions).expect("input producer")
+    }
+
+    /// A producer that also folds what it sends into `reference`.
+    pub fn feed<'a>(&self, reference: &'a mut Reference) -> Feed<'a> {
+        Feed {
+            producer: self.producer(),
+            reference,
+        }
+    }
+
+    /// This test's settings as environment variables.
+    pub fn vars(&self) -> Vec<(String, String)> {
+        self.vars.clone()
+    }
+
+    /// Starts `readfold run` as a child process with this test's settings.
+    pub fn spawn(&self, instance: &str) -> Processor {
+        self.spawn_with(instance, &[])
+    }
+
+    /// `spawn` with extra environment variables.
+    pub fn spawn_with(&self, instance: &str, extra: &[(&str, &str)]) -> Processor {
+        let log = self.logs.with_extension(format!("{instance}.{}.log", now_ms()));
+        let file = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_readfold"))
+            .arg("run")
+            .envs(self.vars.iter().cloned())
+            .env("READFOLD__KAFKA__INSTANCE_ID", instance)
+            .env("READFOLD_LOG", "info")
+            .envs(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())))
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().unwrap())
+            .stderr(file)
+            .spawn()
+            .expect("start readfold");
+        Processor {
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// Every committed record of a topic, in partition order, as JSON (as
+    /// `readfold tail` prints it).
+    pub fn read_topic(&self, topic: &str) -> Vec<Value> {
+        let mut lines = Vec::new();
+        readfold::tail::tail(&self.config, topic, false, None, |l| lines.push(l)).expect("read topic");
+        lines
+    }
+
+    /// The by-conversation changelog, read through the changelog reader.
+    pub fn changelog(&self) -> Changelog {
+        Changelog::read(
+            &self.config,
+            &self.config.topics.read_cursors,
+            ChangelogKind::ByConversation,
+        )
+    }
+
+    /// The by-user changelog, read through the changelog reader.
+    pub fn user_changelog(&self) -> Changelog {
+        Changelog::read(
+            &self.config,
+            &self.config.topics.user_read_cursors,
+            ChangelogKind::ByUser,
+        )
+    }
+
+    pub fn dead_letters(&self) -> Vec<Value> {
+        self.read_topic(&self.config.topics.dlq)
+    }
+
+    /// Polls the changelog until its final values equal the reference fold,
+    /// or `timeout` passes; returns what it read last.
+    pub async fn wait_for_reference(&self, reference: &Reference, timeout: Duration) -> Changelog {
+        self.wait_for(timeout, |log| log.latest() == reference.expected())
+            .await
+    }
+
+    /// Polls the changelog until `done` holds or `timeout` passes.
+    pub async fn wait_for(&self, timeout: Duration, done: impl Fn(&Changelog) -> bool) -> Changelog {
+        let started = Instant::now();
+        loop {
+            let log = self.changelog();
+            if done(&log) {
+                return log;
+            }
+            if started.elapsed() > timeout {
+                return log;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+/// A running `readfold run`, killed when dropped.
+pub struct Processor {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Processor {
+    /// Whether the process is still alive.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Sends a signal by name (TERM, INT, STOP, ...).
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            send_signal(child.id(), signal);
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit; its exit code.
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// SIGKILL: no flush, no goodbye.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub fn terminate(&mut self, timeout: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return false;
+        };
+        send_signal(child.id(), "TERM");
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Processor {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

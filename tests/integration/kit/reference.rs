@@ -1,0 +1,186 @@
+//! The fold the test expects, computed in the test from what it produced
+//! with the core's own fold, and the records tests produce.
+
+use std::collections::{BTreeMap, HashMap};
+
+use readfold::config::Config;
+use readfold_core::fold::PartitionState;
+use readfold_core::{ConversationId, Seq, UserId};
+use readfold_kafka::producer::InputProducer;
+use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadReportRecord};
+use readfold_wire::{validate, Limits};
+
+use super::changelog::{Changelog, Cursor, Key};
+use super::services::now_ms;
+
+/// The reference fold of everything a test produced.
+pub struct Reference {
+    pub state: PartitionState,
+    limits: Limits,
+}
+
+impl Default for Reference {
+    fn default() -> Self {
+        Reference {
+            state: PartitionState::new(),
+            limits: Config::defaults().input,
+        }
+    }
+}
+
+impl Reference {
+    pub fn report(&mut self, r: &ReadReportRecord) {
+        self.state
+            .apply_report(&validate::read_report(r.clone(), &self.limits).unwrap());
+    }
+
+    pub fn event(&mut self, e: &ConversationEventRecord) {
+        self.state
+            .apply_event(&validate::conversation_event(e.clone(), &self.limits).unwrap());
+    }
+
+    /// The final changelog value per key: (cursor, join_seq), or None if left.
+    pub fn expected(&self) -> BTreeMap<Key, Cursor> {
+        let mut out = BTreeMap::new();
+        for (c, conv) in self.state.conversations() {
+            for (u, m) in &conv.members {
+                let v = (!m.left).then_some((m.cursor.get() as i64, m.join_seq.get() as i64));
+                out.insert((c.to_string(), u.to_string()), v);
+            }
+        }
+        out
+    }
+
+    /// Present members only: (conversation, user) -> (cursor, join_seq).
+    pub fn present(&self) -> BTreeMap<Key, (i64, i64)> {
+        self.expected()
+            .into_iter()
+            .filter_map(|(k, v)| v.map(|v| (k, v)))
+            .collect()
+    }
+
+    /// Present members' cursors by conversation.
+    pub fn present_by_conversation(&self) -> BTreeMap<String, BTreeMap<String, i64>> {
+        let mut out: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+        for ((c, u), (cursor, _)) in self.present() {
+            out.entry(c).or_default().insert(u, cursor);
+        }
+        out
+    }
+
+    /// Read count of message `seq` sent by `sender`, by the read model over
+    /// the reference fold.
+    pub fn read_count(&self, conversation: &str, seq: u64, sender: &str) -> usize {
+        let c: ConversationId = conversation.parse().unwrap();
+        let s: UserId = sender.parse().unwrap();
+        self.state
+            .conversation(&c)
+            .map_or(0, |c| c.view().read_count(Seq(seq), &s))
+    }
+}
+
+pub fn report(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
+    ReadReportRecord {
+        conversation_id: conversation.into(),
+        user_id: user.into(),
+        seq,
+        device_id: None,
+        reported_at: now_ms(),
+        private: false,
+    }
+}
+
+pub fn event(conversation: &str, seq: i64, event: EventRecord) -> ConversationEventRecord {
+    ConversationEventRecord {
+        conversation_id: conversation.into(),
+        seq,
+        at: now_ms(),
+        event,
+    }
+}
+
+pub fn sent(conversation: &str, sender: &str, seq: i64) -> ConversationEventRecord {
+    event(
+        conversation,
+        seq,
+        EventRecord::MessageSent {
+            sender_id: sender.into(),
+        },
+    )
+}
+
+pub fn joined(conversation: &str, user: &str, seq: i64) -> ConversationEventRecord {
+    event(
+        conversation,
+        seq,
+        EventRecord::MemberJoined { user_id: user.into() },
+    )
+}
+
+pub fn left(conversation: &str, user: &str, seq: i64) -> ConversationEventRecord {
+    event(
+        conversation,
+        seq,
+        EventRecord::MemberLeft { user_id: user.into() },
+    )
+}
+
+/// Produces and folds into the reference in one go.
+pub struct Feed<'a> {
+    pub producer: InputProducer,
+    pub reference: &'a mut Reference,
+}
+
+impl Feed<'_> {
+    /// The seed articles' chats: the 1:1 chat of A and B in `dm`, and in
+    /// `group` A, B, C with read counts 0 -> 1 -> 1, then 2 and 1, a late
+    /// joiner D who reads #3, and a stale duplicate report.
+    pub async fn seed_chats(&mut self, dm: &str, group: &str) {
+        self.event(joined(dm, "A", 0)).await;
+        self.event(joined(dm, "B", 0)).await;
+        self.event(sent(dm, "A", 1)).await;
+        self.report(report(dm, "B", 1)).await;
+        self.event(sent(dm, "B", 2)).await;
+        self.report(report(dm, "A", 2)).await;
+        for m in ["A", "B", "C"] {
+            self.event(joined(group, m, 0)).await;
+        }
+        self.event(sent(group, "A", 1)).await;
+        self.report(report(group, "B", 1)).await;
+        self.event(sent(group, "A", 2)).await;
+        self.report(report(group, "C", 2)).await;
+        self.event(joined(group, "D", 2)).await;
+        self.event(sent(group, "A", 3)).await;
+        self.report(report(group, "D", 3)).await;
+        self.report(report(group, "C", 1)).await;
+    }
+
+    pub async fn report(&mut self, r: ReadReportRecord) {
+        self.producer.report(&r).await.unwrap();
+        self.reference.report(&r);
+    }
+
+    pub async fn event(&mut self, e: ConversationEventRecord) {
+        self.producer.event(&e).await.unwrap();
+        self.reference.event(&e);
+    }
+}
+
+/// Asserts the changelog's final values equal the reference, with a diff.
+pub fn assert_matches(log: &Changelog, reference: &Reference) {
+    let (got, want) = (log.latest(), reference.expected());
+    let diff: HashMap<_, _> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(v))
+        .map(|(k, v)| (k.clone(), (got.get(k).cloned(), *v)))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "changelog differs from the reference fold (got, want): {diff:?}"
+    );
+    let extra: Vec<_> = got.keys().filter(|k| !want.contains_key(*k)).collect();
+    assert!(
+        extra.is_empty(),
+        "changelog has keys the reference lacks: {extra:?}"
+    );
+}

@@ -1,0 +1,254 @@
+//! The shared services (Kafka, Redis, a CQL server) and private ones.
+//! `scripts/dev test` starts the shared ones; a test that finds one of them
+//! unreachable fails and says how to start it, never skips.
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{OwnedRwLockReadGuard, OwnedRwLockWriteGuard, RwLock};
+
+pub fn bootstrap() -> String {
+    std::env::var("READFOLD_TEST_KAFKA").unwrap_or_else(|_| "127.0.0.1:9092".into())
+}
+
+pub fn redis_url() -> String {
+    std::env::var("READFOLD_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into())
+}
+
+pub fn cql_contact_point() -> String {
+    std::env::var("READFOLD_TEST_CQL").unwrap_or_else(|_| "127.0.0.1:9042".into())
+}
+
+/// Fails the test, with how to start it, when a shared service does not
+/// accept connections.
+pub fn require_services() {
+    let redis_addr = redis_url()
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .rsplit('@')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    for (name, service, addr, var) in [
+        ("Kafka", "kafka", bootstrap(), "READFOLD_TEST_KAFKA"),
+        ("Redis", "redis", redis_addr, "READFOLD_TEST_REDIS"),
+        (
+            "the CQL server",
+            "cassandra",
+            cql_contact_point(),
+            "READFOLD_TEST_CQL",
+        ),
+    ] {
+        let reachable = addr
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+            .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_secs(3)).is_ok());
+        assert!(
+            reachable,
+            "{name} is not reachable at {addr}. Start the test services with `scripts/dev test` \
+             (or `scripts/services.sh up {service}`), or point {var} at a running one."
+        );
+    }
+}
+
+/// Tests share one Kafka, Redis and CQL server. Most only need them up
+/// (shared); the fault tests that stop or restart one take them exclusively.
+static SERVICES: LazyLock<Arc<RwLock<()>>> = LazyLock::new(|| Arc::new(RwLock::new(())));
+
+pub enum ServicesGuard {
+    Shared(#[allow(dead_code)] OwnedRwLockReadGuard<()>),
+    Exclusive(#[allow(dead_code)] OwnedRwLockWriteGuard<()>),
+}
+
+/// Hold while using the shared services.
+pub async fn shared_services() -> ServicesGuard {
+    let guard = ServicesGuard::Shared(SERVICES.clone().read_owned().await);
+    require_services();
+    guard
+}
+
+/// Hold while stopping or restarting a shared service.
+pub async fn exclusive_services() -> ServicesGuard {
+    let guard = ServicesGuard::Exclusive(SERVICES.clone().write_owned().await);
+    require_services();
+    guard
+}
+
+/// Runs `scripts/services.sh ACTION SERVICE`, e.g. ("down", "cassandra").
+pub fn service(action: &str, name: &str) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services.sh");
+    let status = Command::new("bash")
+        .args([script, action, name])
+        .status()
+        .expect("run services.sh");
+    assert!(status.success(), "services.sh {action} {name} failed");
+}
+
+/// A shared service stopped for a fault test; started again when dropped,
+/// so that a failing test does not leave it down for the others.
+pub struct Outage {
+    name: &'static str,
+    up: bool,
+}
+
+impl Outage {
+    pub fn begin(name: &'static str) -> Outage {
+        service("down", name);
+        Outage { name, up: false }
+    }
+
+    pub fn end(&mut self) {
+        if !self.up {
+            service("up", self.name);
+            self.up = true;
+        }
+    }
+}
+
+impl Drop for Outage {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// Sends a signal by name (TERM, KILL, STOP, CONT, ...) to a process.
+pub fn send_signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status();
+}
+
+/// A port on loopback nobody listens on.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An address on loopback nobody listens on (for a spawned processor's
+/// metrics endpoint).
+pub fn free_local_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+/// A name no other test or run uses: `<prefix>-<pid>-<nanos>`.
+pub fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
+    format!("{prefix}-{}-{}", std::process::id(), nanos % 1_000_000_000_000)
+}
+
+/// A CQL keyspace name (letters, digits, `_`) made from `prefix`.
+pub fn keyspace_name(prefix: &str) -> String {
+    prefix
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .take(48)
+        .collect()
+}
+
+/// A private redis-server, so stopping it disturbs no other test.
+pub struct PrivateRedis {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl PrivateRedis {
+    /// A Redis on a free port with an empty data folder, not started yet.
+    pub fn fresh() -> PrivateRedis {
+        let port = free_port();
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("redis-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        PrivateRedis {
+            port,
+            dir,
+            child: None,
+        }
+    }
+
+    pub fn up(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                &self.port.to_string(),
+                "--save",
+                "",
+            ])
+            .args(["--appendonly", "yes", "--dir", self.dir.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("redis-server not found: `scripts/services.sh up redis` installs it");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("private redis did not start");
+    }
+
+    /// SIGTERM: Redis writes its append-only file and exits.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            send_signal(child.id(), "TERM");
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP or SIGCONT: a frozen Redis accepts connections but never answers.
+    pub fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            send_signal(child.id(), signal);
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        self.signal("CONT");
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// xorshift: deterministic, no dependency.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed | 1)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number in 0..n.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}

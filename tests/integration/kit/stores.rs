@@ -1,0 +1,156 @@
+//! Redis and CQL as the tests see them, through the store crate's own read
+//! halves (raw commands only where a test edits a store by hand).
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+use readfold::config::Config;
+use readfold_core::flush::{ConversationBatch, MemberWrite};
+use readfold_core::Seq;
+use readfold_store::cql::{CqlConfig, CqlStore};
+use readfold_store::redis::{RedisConfig, RedisStore};
+use readfold_store::CursorStore;
+
+use super::changelog::Key;
+use super::env::TestEnv;
+use super::reference::Reference;
+use super::services::{cql_contact_point, redis_url};
+
+/// The default `[redis]` section with this URL and key prefix.
+pub fn redis_config(url: &str, prefix: &str) -> RedisConfig {
+    RedisConfig {
+        url: url.to_owned(),
+        key_prefix: prefix.to_owned(),
+        ..Config::defaults().redis
+    }
+}
+
+/// A connection to the Redis store, for reading and writing.
+pub async fn redis_store(url: &str, prefix: &str) -> RedisStore {
+    RedisStore::connect_writer(&redis_config(url, prefix))
+        .await
+        .expect("connect to Redis")
+}
+
+/// A raw connection, for editing Redis by hand.
+pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// user -> cursor of one conversation, through the Redis read half.
+pub async fn redis_cursors(url: &str, prefix: &str, conversation: &str) -> HashMap<String, i64> {
+    let store = RedisStore::connect(&redis_config(url, prefix))
+        .await
+        .expect("connect to Redis");
+    store
+        .conversation(conversation)
+        .await
+        .expect("read Redis")
+        .map(|view| {
+            view.members
+                .into_iter()
+                .map(|(u, m)| (u.to_string(), m.cursor.get() as i64))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Every present member's cursor of the reference is in the test's Redis,
+/// and nothing else.
+pub async fn assert_redis_matches(env: &TestEnv, reference: &Reference) {
+    for (conv, want) in reference.present_by_conversation() {
+        let got: BTreeMap<String, i64> = redis_cursors(&redis_url(), &env.config.redis.key_prefix, &conv)
+            .await
+            .into_iter()
+            .collect();
+        assert_eq!(got, want, "redis hash of {conv}");
+    }
+}
+
+/// The default `[cql]` section on the test CQL server, with this keyspace.
+pub fn cql_config(keyspace: &str) -> CqlConfig {
+    CqlConfig {
+        contact_points: cql_contact_point(),
+        keyspace: keyspace.to_owned(),
+        timeout_ms: 10_000,
+        ..Config::defaults().cql
+    }
+}
+
+/// Every row of `<keyspace>.cursors`: (conversation, user) -> (cursor,
+/// join_seq), through the CQL read half; empty while the keyspace does not
+/// exist yet.
+pub async fn cql_cursors(keyspace: &str) -> BTreeMap<Key, (i64, i64)> {
+    let store = CqlStore::connect(&cql_config(keyspace))
+        .await
+        .expect("connect to the CQL server");
+    let Ok(rows) = store.scan().await else {
+        return BTreeMap::new(); // not created yet
+    };
+    rows.into_iter()
+        .map(|(k, m)| {
+            (
+                (k.conversation_id.to_string(), k.user_id.to_string()),
+                (m.cursor.get() as i64, m.join_seq.get() as i64),
+            )
+        })
+        .collect()
+}
+
+/// Polls CQL until it holds `want` or the timeout passes.
+pub async fn wait_for_cql(
+    keyspace: &str,
+    want: &BTreeMap<Key, (i64, i64)>,
+    timeout: Duration,
+) -> BTreeMap<Key, (i64, i64)> {
+    let started = Instant::now();
+    loop {
+        let got = cql_cursors(keyspace).await;
+        if &got == want || started.elapsed() > timeout {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Two writers race on conversation C, concurrently: `a` climbs from 1 to
+/// 300 while `b` descends from 300 to 1, both writing u = seq and
+/// v = 301 - seq. A max-merging store ends with u = v = latest = 300.
+pub async fn race_writers<S: CursorStore>(a: &S, b: &S) {
+    let up = async {
+        for seq in 1..=300u64 {
+            a.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+                .await
+                .unwrap();
+        }
+    };
+    let down = async {
+        for seq in (1..=300u64).rev() {
+            b.write(&[sink_batch("C", seq, &[("u", seq), ("v", 301 - seq)])])
+                .await
+                .unwrap();
+        }
+    };
+    tokio::join!(up, down);
+}
+
+/// A store batch for one conversation: members with join_seq 1.
+pub fn sink_batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> ConversationBatch {
+    ConversationBatch {
+        conversation_id: conv.parse().unwrap(),
+        latest_seq: Seq(latest),
+        members: members
+            .iter()
+            .map(|(u, c)| MemberWrite {
+                user_id: u.parse().unwrap(),
+                cursor: Seq(*c),
+                join_seq: Seq(1),
+                left: false,
+            })
+            .collect(),
+    }
+}
