@@ -5,6 +5,7 @@ use std::path::Path;
 
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_processor::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig};
+use readfold_serve::{AuthConfig, ServeConfig};
 use readfold_store::cql::CqlConfig;
 use readfold_store::redis::RedisConfig;
 use readfold_wire::Limits;
@@ -59,6 +60,8 @@ pub struct Config {
     pub redis: RedisConfig,
     pub cql: CqlConfig,
     pub snapshot: SnapshotConfig,
+    pub serve: ServeConfig,
+    pub auth: AuthConfig,
     pub metrics: MetricsConfig,
     pub shutdown: ShutdownConfig,
 }
@@ -138,6 +141,16 @@ impl Config {
         self.flush.check().map_err(ConfigError::Invalid)?;
         self.redis.check().map_err(ConfigError::Invalid)?;
         self.cql.check().map_err(ConfigError::Invalid)?;
+        self.serve.check().map_err(ConfigError::Invalid)?;
+        self.auth.check().map_err(ConfigError::Invalid)?;
+        if self.cql.enabled && self.input.max_seq > readfold_store::cql::write::MAX_CURSOR {
+            return Err(ConfigError::Invalid(format!(
+                "input.max_seq {} is above {}, the highest cursor the CQL store can order \
+                 (see topology.md); lower it or set cql.enabled = false",
+                self.input.max_seq,
+                readfold_store::cql::write::MAX_CURSOR
+            )));
+        }
         Ok(())
     }
 
@@ -311,6 +324,15 @@ mod tests {
         assert!(err.to_string().contains("xml"), "{err}");
         let err = Config::from_sources(None, env(&[("READFOLD__TOPICS__PARTITIONS", "0")])).unwrap_err();
         assert!(err.to_string().contains("partitions"), "{err}");
+    }
+
+    #[test]
+    fn max_seq_must_fit_the_cql_timestamps_when_cql_is_on() {
+        let big = [("READFOLD__INPUT__MAX_SEQ", "2000000000000")];
+        let err = Config::from_sources(None, env(&big)).unwrap_err();
+        assert!(err.to_string().contains("input.max_seq"), "{err}");
+        let without_cql = [big[0], ("READFOLD__CQL__ENABLED", "false")];
+        assert!(Config::from_sources(None, env(&without_cql)).is_ok());
     }
 
     #[test]

@@ -7,15 +7,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use readfold_core::fold::PartitionState;
 use readfold_core::partitioner::partition_for_key;
-use readfold_core::{ConversationId, ConversationView, Seq, UserId};
+use readfold_core::{ConversationId, ConversationView, OwnCursor, Seq, UserId};
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::changelog::ChangelogReader;
 use readfold_kafka::producer::InputProducer;
 use readfold_processor::Processor;
+use readfold_serve::client::HttpClient;
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::{keys, RedisStore};
 use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
-use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadReportRecord};
+use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
 use readfold_wire::validate;
 use tokio::sync::watch;
 
@@ -30,6 +31,12 @@ enum Step {
         text: &'static str,
     },
     Read {
+        conv: usize,
+        user: &'static str,
+        seq: i64,
+    },
+    /// A private receipt: the user's own unread drops, "N read" does not.
+    ReadPrivately {
         conv: usize,
         user: &'static str,
         seq: i64,
@@ -140,6 +147,11 @@ fn script() -> Vec<Step> {
             user: "D",
             seq: 3,
         },
+        ReadPrivately {
+            conv: 1,
+            user: "B",
+            seq: 3,
+        },
     ]
 }
 
@@ -180,6 +192,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
         let conv = match &step {
             Step::Send { conv, .. }
             | Step::Read { conv, .. }
+            | Step::ReadPrivately { conv, .. }
             | Step::Join { conv, .. }
             | Step::Garbage { conv } => *conv,
         };
@@ -201,18 +214,24 @@ pub async fn demo(mut config: Config) -> Result<()> {
                 expected.apply_event(&validate::conversation_event(e, &config.input).map_err(invalid)?);
                 format!("{sender} sends #{seq} {text:?}")
             }
-            Step::Read { user, seq, .. } => {
+            Step::Read { user, seq, .. } | Step::ReadPrivately { user, seq, .. } => {
+                let private = matches!(step, Step::ReadPrivately { .. });
                 let r = ReadReportRecord {
                     conversation_id: cid.clone(),
                     user_id: user.into(),
                     seq,
                     device_id: None,
                     reported_at: base_at,
-                    private: false,
+                    private,
+                    action: ReadAction::Read,
                 };
                 producer.report(&r).await?;
-                expected.apply_report(&validate::read_report(r, &config.input).map_err(invalid)?);
-                format!("{user} reports having seen up to #{seq}")
+                expected.apply(&validate::read_report(r, &config.input).map_err(invalid)?);
+                if private {
+                    format!("{user} reads up to #{seq} privately (a private receipt: only {user}'s own devices learn it)")
+                } else {
+                    format!("{user} reports having seen up to #{seq}")
+                }
             }
             Step::Join { user, at_seq, .. } => {
                 let e = ConversationEventRecord {
@@ -240,14 +259,18 @@ pub async fn demo(mut config: Config) -> Result<()> {
         print_view(view.get(&convs[conv]), conv, &texts);
     }
     println!(
-        "\nEvery number above was read back from {} (read_committed).",
-        config.topics.read_cursors
+        "\nEvery number above was read back from {} (cursors, read counts) and {} \
+         (each member's own unread, with private receipts), read_committed.",
+        config.topics.read_cursors, config.topics.user_read_cursors
     );
     if config.redis.enabled {
         print_redis(&config, &convs).await?;
     }
     if config.cql.enabled {
         print_cql(&config, &convs).await?;
+    }
+    if config.redis.enabled || config.cql.enabled {
+        print_api(&config, &convs).await?;
     }
     println!(
         "Try: readfold tail {}   and   readfold tail {}",
@@ -258,10 +281,17 @@ pub async fn demo(mut config: Config) -> Result<()> {
     Ok(())
 }
 
-/// Prints a conversation's cursors, unread counts and read counts, all
-/// answered by the read model.
-fn print_view(view: Option<&ConversationView>, conv: usize, texts: &BTreeMap<(usize, i64), (&str, &str)>) {
-    let Some(c) = view else {
+/// A conversation as the demo shows it: the public view (what other members
+/// see) and each member's own view (what their own devices see).
+struct Shown {
+    view: ConversationView,
+    own: BTreeMap<UserId, OwnCursor>,
+}
+
+/// Prints a conversation's cursors, each member's own unread count and the
+/// read counts, all answered by the read model.
+fn print_view(shown: Option<&Shown>, conv: usize, texts: &BTreeMap<(usize, i64), (&str, &str)>) {
+    let Some(Shown { view: c, own }) = shown else {
         println!("    (no cursors yet)");
         return;
     };
@@ -270,9 +300,26 @@ fn print_view(view: Option<&ConversationView>, conv: usize, texts: &BTreeMap<(us
         .iter()
         .map(|(u, m)| format!("{u}={}", m.cursor))
         .collect();
-    let unread: Vec<String> = c.members.keys().map(|u| format!("{u}={}", c.unread(u))).collect();
+    let unread: Vec<String> = c
+        .members
+        .keys()
+        .map(|u| {
+            let n = own.get(u).map_or_else(|| c.unread(u), |o| o.unread(c.latest_seq));
+            format!("{u}={n}")
+        })
+        .collect();
+    let private: Vec<String> = own
+        .iter()
+        .filter(|(_, o)| o.private_cursor > o.cursor)
+        .map(|(u, o)| format!("{u}={}", o.private_cursor))
+        .collect();
+    let private = if private.is_empty() {
+        String::new()
+    } else {
+        format!("   private (own devices only): {}", private.join(" "))
+    };
     println!(
-        "    cursors: {}   unread: {}",
+        "    cursors: {}   unread: {}{private}",
         cursors.join(" "),
         unread.join(" ")
     );
@@ -298,44 +345,54 @@ fn print_view(view: Option<&ConversationView>, conv: usize, texts: &BTreeMap<(us
     }
 }
 
-/// Follows the changelog partitions of the demo conversations.
+/// Follows both changelogs for the demo conversations.
 struct ChangelogWatcher {
-    reader: ChangelogReader,
+    public: ChangelogReader,
+    own: ChangelogReader,
     convs: Vec<String>,
-    /// What the changelog said so far, folded as a restore would.
+    /// What the by-conversation changelog said so far, folded as a restore
+    /// would.
     seen: PartitionState,
+    /// What the by-user changelog said so far: each member's own view.
+    seen_own: BTreeMap<(String, UserId), OwnCursor>,
 }
 
 impl ChangelogWatcher {
     fn new(config: &Config, convs: &[String], partitions: i32) -> Result<Self> {
-        let reader = ChangelogReader::new(
-            &config.kafka,
-            &format!("{}-demo-watch", config.kafka.group_id),
-            &config.topics.read_cursors,
-            ChangelogKind::ByConversation,
-            config.input.max_id_bytes,
-        )?;
+        let reader = |topic: &str, kind| {
+            ChangelogReader::new(
+                &config.kafka,
+                &format!("{}-demo-watch", config.kafka.group_id),
+                topic,
+                kind,
+                config.input.max_id_bytes,
+            )
+        };
+        let public = reader(&config.topics.read_cursors, ChangelogKind::ByConversation)?;
+        let own = reader(&config.topics.user_read_cursors, ChangelogKind::ByUser)?;
         let mut watched: Vec<i32> = convs
             .iter()
             .map(|c| partition_for_key(c.as_bytes(), partitions))
             .collect();
         watched.dedup();
-        reader.follow(Some(&watched))?;
+        public.follow(Some(&watched))?;
+        own.follow(None)?;
         Ok(ChangelogWatcher {
-            reader,
+            public,
+            own,
             convs: convs.to_vec(),
             seen: PartitionState::new(),
+            seen_own: BTreeMap::new(),
         })
     }
 
-    /// Waits, on a blocking thread, until every member the script expects
-    /// shows on the changelog with the expected cursor; returns the watcher
-    /// and the demo conversations as readers see them.
+    /// Waits, on a blocking thread, until both changelogs show what the
+    /// script expects; returns the watcher and the demo conversations.
     async fn wait_for(
         self,
         expected: PartitionState,
         timeout: Duration,
-    ) -> Result<(Self, BTreeMap<String, ConversationView>)> {
+    ) -> Result<(Self, BTreeMap<String, Shown>)> {
         tokio::task::spawn_blocking(move || self.wait_blocking(&expected, timeout)).await?
     }
 
@@ -343,46 +400,139 @@ impl ChangelogWatcher {
         mut self,
         expected: &PartitionState,
         timeout: Duration,
-    ) -> Result<(Self, BTreeMap<String, ConversationView>)> {
+    ) -> Result<(Self, BTreeMap<String, Shown>)> {
         let started = Instant::now();
         loop {
-            for entry in self.reader.poll_entries(Duration::from_millis(100))? {
-                if !self
-                    .convs
-                    .iter()
-                    .any(|c| c == entry.key().conversation_id.as_str())
-                {
-                    continue;
-                }
-                match entry {
-                    ChangelogEntry::Upsert(u) => self.seen.restore_update(&u),
-                    ChangelogEntry::Left(k) => self.seen.restore_tombstone(&k),
+            for entry in self.public.poll_entries(Duration::from_millis(50))? {
+                if self.watches(&entry) {
+                    entry.restore_into(&mut self.seen);
                 }
             }
-            let views = self.views(&self.seen);
-            if views.iter().all(|(c, v)| {
-                self.views(expected)
-                    .get(c)
-                    .is_none_or(|want| want.members == v.members)
-            }) && self.views(expected).keys().all(|c| views.contains_key(c))
-            {
-                return Ok((self, views));
+            for entry in self.own.poll_entries(Duration::from_millis(50))? {
+                if let (true, ChangelogEntry::Own(own)) = (self.watches(&entry), &entry) {
+                    let u = &own.update;
+                    let read_up_to = u.cursor.max(own.private_cursor);
+                    self.seen_own.insert(
+                        (u.conversation_id.to_string(), u.user_id.clone()),
+                        OwnCursor {
+                            cursor: u.cursor,
+                            private_cursor: own.private_cursor,
+                            mark_seq: own.unread_mark.then_some(read_up_to),
+                        },
+                    );
+                }
+            }
+            let shown = self.shown(&self.seen, |c| {
+                self.seen_own
+                    .iter()
+                    .filter(|((cc, _), _)| cc == c)
+                    .map(|((_, u), o)| (u.clone(), *o))
+                    .collect()
+            });
+            let want = self.shown(expected, |c| {
+                let id = ConversationId::parse(c, usize::MAX).ok();
+                id.and_then(|id| expected.conversation(&id))
+                    .map(|conv| {
+                        conv.members
+                            .iter()
+                            .filter(|(_, m)| !m.left)
+                            .map(|(u, m)| (u.clone(), m.own()))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            });
+            let done = want.iter().all(|(c, w)| {
+                shown.get(c).is_some_and(|s| {
+                    s.view.members == w.view.members
+                        && w.own
+                            .iter()
+                            .all(|(u, o)| s.own.get(u).map(|x| x.read_up_to()) == Some(o.read_up_to()))
+                })
+            });
+            if done {
+                return Ok((self, shown));
             }
             if started.elapsed() > timeout {
-                return Err(Error::Run(format!("the changelog did not show the expected cursors within {timeout:?}; is `readfold` able to reach the broker?")));
+                return Err(Error::Run(format!("the changelogs did not show the expected cursors within {timeout:?}; is `readfold` able to reach the broker?")));
             }
         }
     }
 
-    fn views(&self, state: &PartitionState) -> BTreeMap<String, ConversationView> {
+    fn watches(&self, entry: &ChangelogEntry) -> bool {
+        let conversation = entry.key().conversation_id;
+        self.convs.iter().any(|c| c == conversation.as_str())
+    }
+
+    /// The demo conversations of `state`, with the own views `own` gives.
+    fn shown(
+        &self,
+        state: &PartitionState,
+        own: impl Fn(&str) -> BTreeMap<UserId, OwnCursor>,
+    ) -> BTreeMap<String, Shown> {
         self.convs
             .iter()
             .filter_map(|c| {
                 let id = ConversationId::parse(c, usize::MAX).ok()?;
-                Some((c.clone(), state.conversation(&id)?.view()))
+                let conv = state.conversation(&id)?;
+                Some((
+                    c.clone(),
+                    Shown {
+                        view: conv.view(),
+                        own: own(c),
+                    },
+                ))
             })
             .collect()
     }
+}
+
+/// Asks the query API (`readfold serve`, started in-process on a free port)
+/// what a chat screen would: "N read" under the group's messages, who read
+/// the first one, and B's unread badges.
+async fn print_api(config: &Config, convs: &[String]) -> Result<()> {
+    let mut config = config.clone();
+    // In-process and on loopback: the demo is the trusted backend.
+    config.auth.mode = readfold_serve::AuthMode::None;
+    let addr = crate::serve::spawn(&config, "127.0.0.1:0").await?;
+    let mut client = HttpClient::new(addr.to_string());
+    let group = &convs[1];
+    println!("\nThe query API (readfold serve) on http://{addr}:");
+    let calls: [(&str, String, Option<serde_json::Value>); 3] = [
+        (
+            "POST",
+            format!("/v1/conversations/{group}/read-counts"),
+            Some(serde_json::json!({ "messages": [
+                { "seq": 1, "sender": "A" }, { "seq": 2, "sender": "A" }, { "seq": 3, "sender": "A" }
+            ] })),
+        ),
+        (
+            "GET",
+            format!("/v1/conversations/{group}/messages/1/readers?sender=A"),
+            None,
+        ),
+        (
+            "POST",
+            "/v1/users/B/unread".to_owned(),
+            Some(serde_json::json!({ "conversations": [group] })),
+        ),
+    ];
+    for (method, path, body) in calls {
+        let response = match &body {
+            Some(b) => client.post_json(&path, b).await,
+            None => client.get(&path).await,
+        }
+        .map_err(|e| Error::Run(format!("query API: {e}")))?;
+        let data = body
+            .map(|b| format!(" -H 'Content-Type: application/json' -d '{b}'"))
+            .unwrap_or_default();
+        println!("  curl -X {method} 'http://{addr}{path}'{data}");
+        println!(
+            "    -> {} {}",
+            response.status,
+            String::from_utf8_lossy(&response.body)
+        );
+    }
+    Ok(())
 }
 
 /// Shows the hot cursors the processor max-merged into Redis, read back
@@ -390,7 +540,7 @@ impl ChangelogWatcher {
 async fn print_redis(config: &Config, convs: &[String]) -> Result<()> {
     let redis = RedisStore::connect(&config.redis).await?;
     for conv in convs {
-        let [cursors, _, _] = keys(redis.prefix(), conv);
+        let [cursors, ..] = keys(redis.prefix(), conv);
         let view = redis.conversation(conv).await?.unwrap_or_default();
         let hash: BTreeMap<&str, u64> = view
             .members

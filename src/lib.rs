@@ -9,4 +9,5 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod run;
+pub mod serve;
 pub mod tail;

@@ -29,6 +29,10 @@ struct Cli {
 enum Command {
     /// Run the processor until SIGTERM or SIGINT.
     Run,
+    /// Serve the query API (unread, read counts, who-read) until SIGTERM or SIGINT.
+    Serve,
+    /// Print the query API's OpenAPI document.
+    Openapi,
     /// Play a small chat scenario through a live processor and print the cursors.
     Demo,
     /// Print a topic's records (changelog, DLQ or input) as JSON lines.
@@ -62,6 +66,13 @@ enum Command {
         /// configured services, on fresh topics (0: skip).
         #[arg(long, default_value_t = 0)]
         pipeline_reports: u64,
+        /// Also measure the query API for this many seconds per scenario
+        /// against the configured Redis (0: skip).
+        #[arg(long, default_value_t = 0)]
+        serve_seconds: u64,
+        /// Keep-alive connections the query API bench uses.
+        #[arg(long, default_value_t = 8)]
+        serve_connections: usize,
     },
 }
 
@@ -94,6 +105,14 @@ fn real_main(cli: Cli) -> Result<()> {
         .map_err(Error::Runtime)?;
     match cli.command {
         Command::Run => runtime.block_on(readfold::run::run(config)),
+        Command::Serve => runtime.block_on(readfold::serve::serve(config)),
+        Command::Openapi => {
+            let doc = readfold_serve::openapi()
+                .to_pretty_json()
+                .map_err(|e| Error::Run(format!("cannot print the OpenAPI document: {e}")))?;
+            println!("{doc}");
+            Ok(())
+        }
         Command::Demo => runtime.block_on(readfold::demo::demo(config)),
         Command::Tail { topic, follow, limit } => {
             readfold::tail::tail(&config, &topic, follow, limit, |line| println!("{line}"))?;
@@ -106,6 +125,8 @@ fn real_main(cli: Cli) -> Result<()> {
             flush_every,
             restore_cursors,
             pipeline_reports,
+            serve_seconds,
+            serve_connections,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -121,6 +142,11 @@ fn real_main(cli: Cli) -> Result<()> {
             if pipeline_reports > 0 {
                 let figures = runtime.block_on(readfold::bench::pipeline(&config, pipeline_reports))?;
                 readfold::bench::print_pipeline(&figures);
+            }
+            if serve_seconds > 0 {
+                let connections = serve_connections.max(1);
+                let rows = runtime.block_on(readfold::bench::serve(&config, serve_seconds, connections))?;
+                readfold::bench::print_serve(&rows, connections);
             }
             Ok(())
         }

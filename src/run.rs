@@ -57,7 +57,8 @@ pub async fn run(config: Config) -> Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() {
+/// Completes on the first SIGTERM or SIGINT.
+pub async fn wait_for_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
     else {

@@ -5,6 +5,7 @@
 
 mod pipeline;
 mod restore;
+mod serve;
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -14,6 +15,15 @@ use readfold_core::{ConversationId, Seq, UserId};
 
 pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
 pub use restore::{print_restore, restore, RestoreFigures};
+pub use serve::{print_serve, serve, ServeRow};
+
+/// The value at fraction `p` of sorted `values` (0 when empty).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted
+        .get(((sorted.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or(0.0)
+}
 
 /// Workload shape.
 #[derive(Clone, Copy, Debug)]
@@ -86,10 +96,11 @@ pub fn run(w: Workload) -> Figures {
                 user_id: reader.clone(),
                 seq: Seq(seq),
                 reported_at: i as i64,
+                private: false,
             });
         } else {
             let c = (rng.next() % w.direct_chats) as usize;
-            if rng.next() % 2 == 0 {
+            if rng.next().is_multiple_of(2) {
                 chat_latest[c] += 1;
             }
             let seq = chat_latest[c].max(1);
@@ -98,6 +109,7 @@ pub fn run(w: Workload) -> Figures {
                 user_id: pair[(rng.next() % 2) as usize].clone(),
                 seq: Seq(seq),
                 reported_at: i as i64,
+                private: false,
             });
         }
         if (i + 1) % w.flush_every == 0 || i + 1 == w.reports {
@@ -158,6 +170,8 @@ pub fn decode_rate(records: u64) -> f64 {
         join_seq: 1,
         latest_seq: 1300,
         updated_at: 1_700_000_000_000,
+        private_cursor: None,
+        unread_mark: None,
     });
     let started = Instant::now();
     let mut sum = 0i64;

@@ -10,7 +10,7 @@ use readfold_kafka::changelog::ChangelogReader;
 use readfold_kafka::producer::InputProducer;
 use readfold_processor::Processor;
 use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
-use readfold_wire::codec::ReadReportRecord;
+use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -51,6 +51,7 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
         (&mut config.topics.conversation_events, "conversation-events"),
         (&mut config.topics.read_cursors, "read-cursors"),
         (&mut config.topics.user_read_cursors, "user-read-cursors"),
+        (&mut config.topics.member_state, "member-state"),
         (&mut config.topics.dlq, "dlq"),
     ] {
         *topic = format!("readfold.bench-{stamp}.{role}");
@@ -77,6 +78,7 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
             device_id: None,
             reported_at: now_ms(),
             private: false,
+            action: ReadAction::Read,
         };
         expected.insert((r.conversation_id.clone(), r.user_id.clone()), seq);
         batch.push(r);

@@ -4,7 +4,7 @@
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use readfold_kafka::admin::{create_topic, delete_topics};
-use readfold_kafka::changelog::ChangelogReader;
+use readfold_kafka::changelog::{ChangelogReader, RestoreStats};
 use readfold_wire::changelog::ChangelogKind;
 use readfold_wire::codec::{encode_cursor_key, encode_cursor_update, CursorKeyRecord, CursorUpdateRecord};
 
@@ -50,6 +50,8 @@ pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
             join_seq: 1,
             latest_seq: 1000,
             updated_at: 0,
+            private_cursor: None,
+            unread_mark: None,
         });
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
             .partition(0)
@@ -83,7 +85,15 @@ pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
     let before = resident_bytes();
     // The reader (and its consumer's fetch buffers) is dropped inside the
     // task, so the growth measured after it is mostly the state itself.
-    let (state, stats) = tokio::task::spawn_blocking(move || reader.restore(0)).await??;
+    let (state, stats) = tokio::task::spawn_blocking(move || {
+        let mut state = readfold_core::fold::PartitionState::new();
+        let mut stats = RestoreStats::default();
+        let started = std::time::Instant::now();
+        reader.restore_into(0, &mut state, &mut stats)?;
+        stats.elapsed = started.elapsed();
+        Ok::<_, readfold_kafka::Error>((state, stats))
+    })
+    .await??;
     let grown = resident_bytes().saturating_sub(before);
     let figures = RestoreFigures {
         cursors: state.cursor_count(),

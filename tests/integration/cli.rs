@@ -53,6 +53,7 @@ async fn refuses_inputs_that_are_not_co_partitioned() {
             "READFOLD__TOPICS__USER_READ_CURSORS",
             format!("{prefix}.user-cursors"),
         )
+        .env("READFOLD__TOPICS__MEMBER_STATE", format!("{prefix}.member-state"))
         .env("READFOLD__TOPICS__DLQ", format!("{prefix}.dlq"))
         .env("READFOLD__METRICS__LISTEN", "")
         .output()

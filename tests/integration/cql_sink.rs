@@ -73,7 +73,7 @@ async fn schema_is_created_idempotently() {
         .map(|r| r.unwrap().0)
         .collect();
     names.sort();
-    assert_eq!(names, ["conversations", "cursors"]);
+    assert_eq!(names, ["conversations", "cursors", "user_cursors"]);
     assert_eq!(cursors(&second, "C").await["u"], 3);
 
     // updated_at is the wall clock at the write, join_seq as given.
@@ -180,19 +180,59 @@ async fn latest_seq_only_grows() {
     );
     sink.write(&[sink_batch("L", 60, &[])]).await.unwrap();
     assert_eq!(latest_seq(&sink, "L").await, Some(60));
-    // Departures only (latest_seq 0) leave everything as it was.
-    let departed = ConversationBatch {
-        conversation_id: "L".parse().unwrap(),
-        latest_seq: Seq::ZERO,
-        members: vec![MemberWrite {
-            user_id: "u".parse().unwrap(),
-            cursor: Seq::ZERO,
-            join_seq: Seq::ZERO,
-            left: true,
-        }],
-    };
-    assert_eq!(sink.write(&[departed]).await.unwrap(), 0);
+    // Departures only (latest_seq 0) leave latest_seq as it was.
+    assert_eq!(sink.write(&[membership("L", "u", 0, 1, true)]).await.unwrap(), 1);
     assert_eq!(latest_seq(&sink, "L").await, Some(60));
-    assert_eq!(cursors(&sink, "L").await["u"], 2);
+    assert!(!cursors(&sink, "L").await.contains_key("u"), "departed: absent");
+    drop_keyspace(&sink).await;
+}
+
+/// One member's write with a membership epoch: a departure when `left`.
+fn membership(conv: &str, user: &str, cursor: u64, epoch: u64, left: bool) -> ConversationBatch {
+    ConversationBatch {
+        conversation_id: conv.parse().unwrap(),
+        latest_seq: Seq(if left { 0 } else { cursor }),
+        members: vec![MemberWrite {
+            user_id: user.parse().unwrap(),
+            cursor: Seq(if left { 0 } else { cursor }),
+            join_seq: Seq(if left { 0 } else { 1 }),
+            left,
+            epoch,
+        }],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn departures_and_rejoins_are_ordered_by_the_membership_epoch() {
+    let _services = shared_services().await;
+    let ks = unique_keyspace("epoch");
+    let sink = writer(&cql_config(&ks)).await;
+    sink.write(&[membership("M", "u", 5, 1, false)]).await.unwrap();
+    sink.write(&[membership("M", "u", 0, 2, true)]).await.unwrap();
+    assert!(!cursors(&sink, "M").await.contains_key("u"), "departed");
+    // A racing or replayed write of the earlier membership, even with a
+    // higher cursor, does not bring the member back.
+    sink.write(&[membership("M", "u", 9, 1, false)]).await.unwrap();
+    assert!(!cursors(&sink, "M").await.contains_key("u"), "still departed");
+    // A rejoin at the very cursor the member left with is not shadowed.
+    sink.write(&[membership("M", "u", 5, 3, false)]).await.unwrap();
+    assert_eq!(cursors(&sink, "M").await.get("u"), Some(&5), "rejoined");
+    // A replayed departure does not undo the rejoin; cursors still only grow.
+    sink.write(&[membership("M", "u", 0, 2, true)]).await.unwrap();
+    sink.write(&[membership("M", "u", 4, 3, false)]).await.unwrap();
+    assert_eq!(cursors(&sink, "M").await.get("u"), Some(&5));
+    drop_keyspace(&sink).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_state_is_max_merged_per_user() {
+    let _services = shared_services().await;
+    let ks = unique_keyspace("private");
+    let sink = writer(&cql_config(&ks)).await;
+    for batch in private_race() {
+        sink.write_private(&[batch]).await.unwrap();
+    }
+    let got = sink.private_state("u", &["C", "D", "E"]).await.unwrap();
+    assert_eq!(got, expected_private_state());
     drop_keyspace(&sink).await;
 }

@@ -5,79 +5,9 @@
 //! input record was folded or dead-lettered (offsets committed to the end,
 //! dead letters = bad records sent).
 
-use std::time::{Duration, Instant};
-
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::time::Duration;
 
 use crate::kit::*;
-
-/// Checks (a), (b) and (c) once the last processor has stopped gracefully.
-async fn check_everything(env: &TestEnv, load: &Load) {
-    let reference = &load.reference;
-    let log = env.wait_for_reference(reference, Duration::from_secs(120)).await;
-    assert_matches(&log, reference);
-    assert!(
-        log.regressions().is_empty(),
-        "cursors went down: {:?}",
-        log.regressions()
-    );
-    for (conv, users) in reference.present_by_conversation() {
-        let got = redis_cursors(&redis_url(), &env.config.redis.key_prefix, &conv).await;
-        for (user, cursor) in users {
-            assert_eq!(got.get(&user), Some(&cursor), "redis {conv}/{user}");
-        }
-    }
-    let want = reference.present();
-    let started = Instant::now();
-    let mut cql = cql_cursors(&env.config.cql.keyspace).await;
-    while cql != want && started.elapsed() < Duration::from_secs(60) {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        cql = cql_cursors(&env.config.cql.keyspace).await;
-    }
-    assert!(cql == want, "CQL rows differ from the reference");
-    assert_eq!(
-        env.dead_letters().len(),
-        load.bad,
-        "every bad record dead-lettered exactly once"
-    );
-    assert_all_input_committed(env);
-}
-
-/// The group's committed offsets reach the end of both inputs.
-fn assert_all_input_committed(env: &TestEnv) {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("group.id", &env.config.kafka.group_id)
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for topic in [
-        &env.config.topics.read_reports,
-        &env.config.topics.conversation_events,
-    ] {
-        for p in 0..env.partitions {
-            tpl.add_partition(topic, p);
-        }
-    }
-    let committed = consumer.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
-    for e in committed.elements() {
-        let (_, high) = consumer
-            .fetch_watermarks(e.topic(), e.partition(), Duration::from_secs(10))
-            .unwrap();
-        let at = match e.offset() {
-            Offset::Offset(o) => o,
-            _ => 0,
-        };
-        assert_eq!(
-            at,
-            high,
-            "{}[{}]: committed {at} of {high}",
-            e.topic(),
-            e.partition()
-        );
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_loses_nothing() {

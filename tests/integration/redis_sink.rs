@@ -23,7 +23,7 @@ async fn racing_writers_never_lower_a_cursor() {
     let h = hash(&prefix, "C").await;
     assert_eq!(h["u"], 300);
     assert_eq!(h["v"], 300);
-    let [_, latest, _] = keys(&prefix, "C");
+    let [_, latest, ..] = keys(&prefix, "C");
     let latest: i64 = redis::cmd("GET")
         .arg(latest)
         .query_async(&mut redis_conn(&redis_url()).await)
@@ -65,7 +65,7 @@ async fn the_pipeline_writes_redis_and_keeps_higher_hand_edits() {
     feed.event(joined("G", "D", 2)).await;
 
     // Someone raised C by hand beyond anything the processor will write.
-    let [cursors, latest, joined_key] = keys(&prefix, "G");
+    let [cursors, latest, joined_key, _] = keys(&prefix, "G");
     let _: () = redis::cmd("HSET")
         .arg(&cursors)
         .arg("C")
@@ -94,4 +94,50 @@ async fn the_pipeline_writes_redis_and_keeps_higher_hand_edits() {
         .unwrap();
     assert_eq!(joined.get("D"), Some(&3), "D joined after #2");
     assert!(processor.terminate(Duration::from_secs(30)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn departures_and_rejoins_are_ordered_by_the_membership_epoch() {
+    let _services = shared_services().await;
+    let prefix = unique("epoch");
+    let sink = redis_store(&redis_url(), &prefix).await;
+    let write = |cursor: u64, epoch: u64, left: bool| {
+        let mut batch = sink_batch("M", cursor, &[("u", if left { 0 } else { cursor })]);
+        batch.members[0].left = left;
+        batch.members[0].epoch = epoch;
+        batch
+    };
+    sink.write(&[write(5, 1, false)]).await.unwrap();
+    sink.write(&[write(0, 2, true)]).await.unwrap();
+    assert!(!hash(&prefix, "M").await.contains_key("u"), "departed");
+    sink.write(&[write(9, 1, false)]).await.unwrap();
+    assert!(
+        !hash(&prefix, "M").await.contains_key("u"),
+        "a stale write does not bring them back"
+    );
+    sink.write(&[write(5, 3, false)]).await.unwrap();
+    assert_eq!(
+        hash(&prefix, "M").await.get("u"),
+        Some(&5),
+        "rejoined at the same cursor"
+    );
+    sink.write(&[write(0, 2, true)]).await.unwrap();
+    sink.write(&[write(4, 3, false)]).await.unwrap();
+    assert_eq!(
+        hash(&prefix, "M").await.get("u"),
+        Some(&5),
+        "a replayed departure changes nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_state_is_max_merged_per_user() {
+    let _services = shared_services().await;
+    let prefix = unique("private");
+    let sink = redis_store(&redis_url(), &prefix).await;
+    for batch in private_race() {
+        sink.write_private(&[batch]).await.unwrap();
+    }
+    let got = sink.private_state("u", &["C", "D", "E"]).await.unwrap();
+    assert_eq!(got, expected_private_state());
 }

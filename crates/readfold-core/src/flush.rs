@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
-use crate::fold::{Change, InputKind, PartitionState};
+use crate::fold::{Change, InputKind, PartitionState, UnreadMark};
 
 /// One input partition's state and what its next flush must publish. `D` is
 /// the producer's dead-letter record, opaque here.
@@ -69,9 +69,13 @@ pub struct FlushPlan<D> {
     /// The current value of every dirty key, with its input partition: the
     /// changelog records and the Redis writes.
     pub changes: Vec<(i32, Change)>,
-    /// When a snapshot is due: keys published earlier but not yet in CQL
-    /// (the dirty ones are in `changes`). `None` when no snapshot is due.
-    pub snapshot_backlog: Option<Vec<Change>>,
+    /// When a snapshot is due, what CQL gets: the whole current state
+    /// (public, and private where there is any) of every key changed since
+    /// the last snapshot, the dirty ones and those published by earlier
+    /// flushes. Whole, because an earlier flush may have published only
+    /// part of a key's state (a private change) that CQL has not seen.
+    /// `None` when no snapshot is due.
+    pub snapshot: Option<Vec<Change>>,
     pub dead_letters: Vec<D>,
     /// (input, partition, next offset) to commit with the transaction.
     pub offsets: Vec<(InputKind, i32, i64)>,
@@ -88,12 +92,9 @@ impl<D> FlushPlan<D> {
         !self.changes.is_empty() || !self.dead_letters.is_empty() || !self.offsets.is_empty()
     }
 
-    /// The rows a snapshot writes: the changes and the backlog.
+    /// The rows a snapshot writes.
     pub fn snapshot_changes(&self) -> impl Iterator<Item = &Change> {
-        self.changes
-            .iter()
-            .map(|(_, c)| c)
-            .chain(self.snapshot_backlog.iter().flatten())
+        self.snapshot.iter().flatten()
     }
 }
 
@@ -103,7 +104,7 @@ pub fn plan<D: Clone>(slots: &BTreeMap<i32, PartitionSlot<D>>, snapshot_due: boo
     let mut plan = FlushPlan {
         partitions: Vec::new(),
         changes: Vec::new(),
-        snapshot_backlog: snapshot_due.then(Vec::new),
+        snapshot: snapshot_due.then(Vec::new),
         dead_letters: Vec::new(),
         offsets: Vec::new(),
     };
@@ -119,13 +120,10 @@ pub fn plan<D: Clone>(slots: &BTreeMap<i32, PartitionSlot<D>>, snapshot_due: boo
                 .into_iter()
                 .map(|change| (partition, change)),
         );
-        if let Some(backlog) = &mut plan.snapshot_backlog {
-            backlog.extend(
-                slot.unsnapshotted
-                    .iter()
-                    .filter(|k| !slot.state.is_dirty(k))
-                    .filter_map(|k| slot.state.current(k)),
-            );
+        if let Some(snapshot) = &mut plan.snapshot {
+            let dirty = slot.state.dirty_keys();
+            let earlier = slot.unsnapshotted.iter().filter(|k| !slot.state.is_dirty(k));
+            snapshot.extend(dirty.chain(earlier).filter_map(|k| slot.state.current(k)));
         }
         plan.dead_letters.extend(slot.dead_letters.iter().cloned());
         plan.offsets.extend(
@@ -141,7 +139,7 @@ pub fn plan<D: Clone>(slots: &BTreeMap<i32, PartitionSlot<D>>, snapshot_due: boo
 /// what it published. With `track_snapshots` (CQL on) and no snapshot in
 /// this flush, the published keys are remembered for the next snapshot.
 pub fn committed<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, plan: &FlushPlan<D>, track_snapshots: bool) {
-    let snapshot_taken = plan.snapshot_backlog.is_some();
+    let snapshot_taken = plan.snapshot.is_some();
     for partition in &plan.partitions {
         let Some(slot) = slots.get_mut(partition) else {
             continue;
@@ -169,7 +167,7 @@ pub fn over_bound(dirty: usize, max_dirty: usize) -> bool {
     dirty >= max_dirty.saturating_mul(4)
 }
 
-/// One member's new state, as stores keep it.
+/// One member's new public state, as the conversation stores keep it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberWrite {
     pub user_id: UserId,
@@ -177,9 +175,12 @@ pub struct MemberWrite {
     pub join_seq: Seq,
     /// The member left: stores forget them.
     pub left: bool,
+    /// Orders membership: a write of a lower epoch never undoes a later
+    /// join or leave, and a departure never hides a later rejoin.
+    pub epoch: u64,
 }
 
-/// The changes of one conversation in one flush: one store call each.
+/// The public changes of one conversation in one flush: one store call each.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConversationBatch {
     pub conversation_id: ConversationId,
@@ -188,53 +189,105 @@ pub struct ConversationBatch {
     pub members: Vec<MemberWrite>,
 }
 
-/// Groups a flush's changes by conversation, in conversation order.
+/// Groups a flush's public changes by conversation, in conversation order;
+/// changes with no public output are left out.
 pub fn group_by_conversation<'a>(changes: impl IntoIterator<Item = &'a Change>) -> Vec<ConversationBatch> {
     let mut by_conv: BTreeMap<ConversationId, ConversationBatch> = BTreeMap::new();
-    for change in changes {
-        let key = change.key();
+    for change in changes.into_iter().filter(|c| c.outputs.public) {
         let batch = by_conv
-            .entry(key.conversation_id.clone())
+            .entry(change.key.conversation_id.clone())
             .or_insert_with(|| ConversationBatch {
-                conversation_id: key.conversation_id.clone(),
+                conversation_id: change.key.conversation_id.clone(),
                 latest_seq: Seq::ZERO,
                 members: Vec::new(),
             });
-        match change {
-            Change::Upsert(u) => {
-                batch.latest_seq = batch.latest_seq.max(u.latest_seq);
-                batch.members.push(MemberWrite {
-                    user_id: u.user_id.clone(),
-                    cursor: u.cursor,
-                    join_seq: u.join_seq,
-                    left: false,
-                });
-            }
-            Change::Left(k) => batch.members.push(MemberWrite {
-                user_id: k.user_id.clone(),
-                cursor: Seq::ZERO,
-                join_seq: Seq::ZERO,
-                left: true,
-            }),
+        let m = &change.member;
+        if !m.left {
+            batch.latest_seq = batch.latest_seq.max(change.latest_seq);
         }
+        batch.members.push(MemberWrite {
+            user_id: change.key.user_id.clone(),
+            cursor: if m.left { Seq::ZERO } else { m.cursor },
+            join_seq: if m.left { Seq::ZERO } else { m.join_seq },
+            left: m.left,
+            epoch: m.epoch,
+        });
     }
     by_conv.into_values().collect()
+}
+
+/// One conversation's private state of one member, as the per-user stores
+/// keep it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrivateWrite {
+    pub conversation_id: ConversationId,
+    pub private_cursor: Seq,
+    pub mark: Option<UnreadMark>,
+}
+
+/// The private changes of one user in one flush: one store call each.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserBatch {
+    pub user_id: UserId,
+    pub conversations: Vec<PrivateWrite>,
+}
+
+/// Groups a flush's private changes by user, in user order; members with no
+/// private state (only a membership change) are left out.
+pub fn group_by_user<'a>(changes: impl IntoIterator<Item = &'a Change>) -> Vec<UserBatch> {
+    let mut by_user: BTreeMap<UserId, UserBatch> = BTreeMap::new();
+    for change in changes
+        .into_iter()
+        .filter(|c| c.outputs.state && c.member.has_private_state())
+    {
+        by_user
+            .entry(change.key.user_id.clone())
+            .or_insert_with(|| UserBatch {
+                user_id: change.key.user_id.clone(),
+                conversations: Vec::new(),
+            })
+            .conversations
+            .push(PrivateWrite {
+                conversation_id: change.key.conversation_id.clone(),
+                private_cursor: change.member.private_cursor,
+                mark: change.member.mark,
+            });
+    }
+    by_user.into_values().collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fold::{CursorUpdate, ReadReport};
+    use crate::fold::{Member, Outputs, ReadReport};
+
+    fn change(c: &str, u: &str, member: Member, latest: u64, outputs: Outputs) -> Change {
+        Change {
+            key: CursorKey {
+                conversation_id: c.parse().unwrap(),
+                user_id: u.parse().unwrap(),
+            },
+            member,
+            latest_seq: Seq(latest),
+            outputs,
+        }
+    }
+
+    fn member(cursor: u64) -> Member {
+        let mut s = PartitionState::new();
+        s.apply_report(&report("x", "y", cursor));
+        s.drain().remove(0).member
+    }
+
+    const PUBLIC: Outputs = Outputs {
+        public: true,
+        state: false,
+    };
 
     fn up(c: &str, u: &str, cursor: u64, latest: u64) -> Change {
-        Change::Upsert(CursorUpdate {
-            conversation_id: c.parse().unwrap(),
-            user_id: u.parse().unwrap(),
-            cursor: Seq(cursor),
-            join_seq: Seq(1),
-            latest_seq: Seq(latest),
-            updated_at: 0,
-        })
+        let mut m = member(cursor);
+        m.updated_at = 0;
+        change(c, u, m, latest, PUBLIC)
     }
 
     fn report(c: &str, u: &str, seq: u64) -> ReadReport {
@@ -243,6 +296,7 @@ mod tests {
             user_id: u.parse().unwrap(),
             seq: Seq(seq),
             reported_at: 0,
+            private: false,
         }
     }
 
@@ -262,10 +316,9 @@ mod tests {
 
     #[test]
     fn groups_changes_by_conversation() {
-        let left = Change::Left(CursorKey {
-            conversation_id: "A".parse().unwrap(),
-            user_id: "z".parse().unwrap(),
-        });
+        let mut gone = member(0);
+        gone.left = true;
+        let left = change("A", "z", gone, 0, PUBLIC);
         let batches =
             group_by_conversation(&[up("B", "x", 1, 4), up("A", "y", 2, 3), left, up("B", "w", 3, 5)]);
         assert_eq!(batches.len(), 2);
@@ -275,6 +328,36 @@ mod tests {
         assert!(batches[0].members[1].left);
         assert_eq!(batches[1].latest_seq, Seq(5));
         assert_eq!(batches[1].members.len(), 2);
+        // Private-only changes stay out of the conversation batches.
+        let private = change(
+            "C",
+            "p",
+            member(3),
+            3,
+            Outputs {
+                public: false,
+                state: true,
+            },
+        );
+        assert!(group_by_conversation(&[private]).is_empty());
+    }
+
+    #[test]
+    fn groups_private_state_by_user_and_skips_members_without_any() {
+        let mut private = member(0);
+        private.private_cursor = Seq(4);
+        let state = Outputs {
+            public: false,
+            state: true,
+        };
+        let batches = group_by_user(&[
+            change("C", "u", private.clone(), 4, state),
+            change("D", "u", private, 4, state),
+            change("C", "v", member(2), 2, state),
+        ]);
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].user_id.as_str(), "u");
+        assert_eq!(batches[0].conversations.len(), 2);
     }
 
     #[test]
@@ -294,7 +377,7 @@ mod tests {
             plan.offsets,
             [(InputKind::ReadReports, 0, 11), (InputKind::ReadReports, 1, 11)]
         );
-        assert!(plan.snapshot_backlog.is_none());
+        assert!(plan.snapshot.is_none());
         assert!(plan.needs_transaction());
     }
 
@@ -327,7 +410,7 @@ mod tests {
         let snap = plan(&slots, true);
         assert_eq!(snap.partitions, [0]);
         assert!(snap.changes.is_empty());
-        assert_eq!(snap.snapshot_backlog.as_ref().unwrap().len(), 1);
+        assert_eq!(snap.snapshot.as_ref().unwrap().len(), 1);
         assert!(
             !snap.needs_transaction(),
             "a snapshot-only flush has nothing for Kafka"
@@ -336,6 +419,40 @@ mod tests {
         committed(&mut slots, &snap, true);
         assert!(slots[&0].unsnapshotted.is_empty());
         assert!(plan(&slots, true).is_empty());
+    }
+
+    #[test]
+    fn a_snapshot_writes_the_whole_state_of_a_key_only_partly_published() {
+        // A private receipt published by an earlier flush, then a public
+        // one in the snapshot's own flush: CQL must get both.
+        let mut slots = slots_with(&[(0, report("C", "u", 1))]);
+        slots.get_mut(&0).unwrap().unsnapshotted.clear();
+        let p = plan(&slots, false);
+        committed(&mut slots, &p, true);
+        let private = ReadReport {
+            private: true,
+            ..report("C", "u", 5)
+        };
+        slots.get_mut(&0).unwrap().state.apply_report(&private);
+        let p = plan(&slots, false);
+        committed(&mut slots, &p, true);
+        slots
+            .get_mut(&0)
+            .unwrap()
+            .state
+            .apply_report(&report("C", "u", 2));
+        let snap = plan(&slots, true);
+        assert!(
+            !snap.changes[0].1.outputs.state,
+            "the dirty change itself is public only"
+        );
+        let cql: Vec<&Change> = snap.snapshot_changes().collect();
+        assert_eq!(cql.len(), 1);
+        assert!(
+            cql[0].outputs.public && cql[0].outputs.state,
+            "the snapshot carries both"
+        );
+        assert_eq!(cql[0].member.private_cursor, Seq(5));
     }
 
     #[test]

@@ -17,4 +17,4 @@ pub mod partitioner;
 pub mod read_model;
 
 pub use domain::{ConversationId, CursorKey, IdError, Seq, UserId};
-pub use read_model::{ConversationView, MemberCursor, MessageRef};
+pub use read_model::{ConversationView, MemberCursor, MessageRef, OwnCursor};

@@ -31,6 +31,42 @@ impl MemberCursor {
     }
 }
 
+/// A member's read state as their own devices see it: both cursors and the
+/// unread mark. Other members never see more than [`MemberCursor`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnCursor {
+    /// The public cursor.
+    pub cursor: Seq,
+    /// The highest private receipt.
+    pub private_cursor: Seq,
+    /// The cursor at which the member marked the conversation unread, if
+    /// the mark was not cleared since.
+    pub mark_seq: Option<Seq>,
+}
+
+impl OwnCursor {
+    /// How far the member has read, by either cursor.
+    pub fn read_up_to(&self) -> Seq {
+        self.cursor.max(self.private_cursor)
+    }
+
+    /// The mark holds until the member reads past where they set it.
+    pub fn marked_unread(&self) -> bool {
+        self.mark_seq.is_some_and(|s| self.read_up_to() <= s)
+    }
+
+    /// The member's own unread count: max(0, latest_seq - max(public,
+    /// private)), and at least 1 while the conversation is marked unread.
+    pub fn unread(&self, latest_seq: Seq) -> u64 {
+        let unread = latest_seq.get().saturating_sub(self.read_up_to().get());
+        if self.marked_unread() {
+            unread.max(1)
+        } else {
+            unread
+        }
+    }
+}
+
 /// A message whose readers are asked for: its seq and its sender, who never
 /// counts as a reader of their own message.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -55,7 +91,9 @@ impl ConversationView {
         self.members.get(user).map_or(Seq::ZERO, |m| m.cursor)
     }
 
-    /// unread(user) = max(0, latest_seq - cursor(user)).
+    /// unread(user) = max(0, latest_seq - cursor(user)), by the public
+    /// cursor. A member's own count also takes their private cursor and
+    /// unread mark: [`OwnCursor::unread`].
     pub fn unread(&self, user: &UserId) -> u64 {
         self.latest_seq.get().saturating_sub(self.cursor(user).get())
     }
@@ -167,6 +205,33 @@ mod tests {
         assert_eq!(g.unread(&user("stranger")), 3);
         g.latest_seq = Seq(1); // lagging latest_seq
         assert_eq!(g.unread(&user("C")), 0);
+    }
+
+    #[test]
+    fn own_unread_takes_the_private_cursor_and_the_mark() {
+        let own = |cursor, private_cursor, mark_seq: Option<u64>| OwnCursor {
+            cursor: Seq(cursor),
+            private_cursor: Seq(private_cursor),
+            mark_seq: mark_seq.map(Seq),
+        };
+        assert_eq!(own(2, 0, None).unread(Seq(5)), 3);
+        assert_eq!(
+            own(2, 5, None).unread(Seq(5)),
+            0,
+            "a private read counts for oneself"
+        );
+        assert_eq!(own(5, 0, Some(5)).unread(Seq(5)), 1, "marked: at least 1");
+        assert_eq!(
+            own(2, 0, Some(2)).unread(Seq(5)),
+            3,
+            "marked, and more unread than 1"
+        );
+        assert!(
+            !own(6, 0, Some(5)).marked_unread(),
+            "reading past the mark clears it"
+        );
+        assert!(!own(0, 6, Some(5)).marked_unread(), "privately too");
+        assert_eq!(own(6, 0, Some(5)).unread(Seq(6)), 0);
     }
 
     #[test]

@@ -43,6 +43,7 @@ impl Layout {
         OutputTopics {
             read_cursors: topics.read_cursors.clone(),
             user_read_cursors: topics.user_read_cursors.clone(),
+            member_state: topics.member_state.clone(),
             dlq: topics.dlq.clone(),
             layout: self.output,
         }
@@ -50,7 +51,7 @@ impl Layout {
 }
 
 /// The topics readfold uses, in a fixed order: inputs, changelogs, DLQ.
-pub fn specs(t: &TopicsConfig) -> [TopicSpec; 5] {
+pub fn specs(t: &TopicsConfig) -> [TopicSpec; 6] {
     let spec = |name: &String, compacted| TopicSpec {
         name: name.clone(),
         compacted,
@@ -60,6 +61,7 @@ pub fn specs(t: &TopicsConfig) -> [TopicSpec; 5] {
         spec(&t.conversation_events, false),
         spec(&t.read_cursors, true),
         spec(&t.user_read_cursors, true),
+        spec(&t.member_state, true),
         spec(&t.dlq, false),
     ]
 }
@@ -77,6 +79,7 @@ pub fn check_layout(t: &TopicsConfig, facts: &HashMap<String, TopicFacts>) -> Re
     let events = get(&t.conversation_events)?;
     let cursors = get(&t.read_cursors)?;
     let user_cursors = get(&t.user_read_cursors)?;
+    let member_state = get(&t.member_state)?;
     let dlq = get(&t.dlq)?;
     if reports.partitions != events.partitions {
         return Err(Error::Topology(format!(
@@ -92,7 +95,18 @@ pub fn check_layout(t: &TopicsConfig, facts: &HashMap<String, TopicFacts>) -> Re
             t.read_cursors, cursors.partitions, reports.partitions
         )));
     }
-    for (name, topic) in [(&t.read_cursors, cursors), (&t.user_read_cursors, user_cursors)] {
+    if member_state.partitions != reports.partitions {
+        return Err(Error::Topology(format!(
+            "{:?} has {} partitions but the inputs have {}: the member-state topic must have the same count, \
+             since it is written to the partition number of its input and restored from it",
+            t.member_state, member_state.partitions, reports.partitions
+        )));
+    }
+    for (name, topic) in [
+        (&t.read_cursors, cursors),
+        (&t.user_read_cursors, user_cursors),
+        (&t.member_state, member_state),
+    ] {
         if topic.cleanup_policy.trim() != "compact" {
             return Err(Error::Topology(format!(
                 "{name:?} has cleanup.policy={} but a cursor changelog must be compacted and never \
@@ -243,7 +257,7 @@ mod tests {
         crate::config::tests::default_section("topics")
     }
 
-    fn facts(counts: [i32; 5], policies: [&str; 5]) -> HashMap<String, TopicFacts> {
+    fn facts(counts: [i32; 6], policies: [&str; 6]) -> HashMap<String, TopicFacts> {
         specs(&topics())
             .iter()
             .zip(counts.iter().zip(policies))
@@ -258,7 +272,7 @@ mod tests {
             })
             .collect()
     }
-    const POLICIES: [&str; 5] = ["delete", "delete", "compact", "compact", "delete"];
+    const POLICIES: [&str; 6] = ["delete", "delete", "compact", "compact", "compact", "delete"];
 
     fn check(f: &HashMap<String, TopicFacts>) -> Result<Layout> {
         check_layout(&topics(), f)
@@ -266,7 +280,7 @@ mod tests {
 
     #[test]
     fn accepts_a_co_partitioned_layout() {
-        let layout = check(&facts([6, 6, 6, 12, 3], POLICIES)).unwrap();
+        let layout = check(&facts([6, 6, 6, 12, 6, 3], POLICIES)).unwrap();
         assert_eq!(layout.partitions, 6);
         assert_eq!(layout.output.user_read_cursors_partitions, 12);
         assert_eq!(layout.output.dlq_partitions, 3);
@@ -274,29 +288,50 @@ mod tests {
 
     #[test]
     fn refuses_inputs_with_different_counts() {
-        let err = check(&facts([6, 4, 6, 6, 6], POLICIES)).unwrap_err().to_string();
+        let err = check(&facts([6, 4, 6, 6, 6, 6], POLICIES))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("co-partitioned"), "{err}");
     }
 
     #[test]
     fn refuses_a_changelog_with_another_count() {
-        let err = check(&facts([6, 6, 8, 6, 6], POLICIES)).unwrap_err().to_string();
+        let err = check(&facts([6, 6, 8, 6, 6, 6], POLICIES))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("chat.read-cursors"), "{err}");
     }
 
     #[test]
     fn refuses_an_uncompacted_changelog() {
-        let err = check(&facts([6, 6, 6, 6, 6], ["delete"; 5]))
+        let err = check(&facts([6, 6, 6, 6, 6, 6], ["delete"; 6]))
             .unwrap_err()
             .to_string();
         assert!(err.contains("cleanup.policy=compact"), "{err}");
-        let time_limited = ["delete", "delete", "compact,delete", "compact", "delete"];
-        assert!(check(&facts([6, 6, 6, 6, 6], time_limited)).is_err());
+        let time_limited = [
+            "delete",
+            "delete",
+            "compact,delete",
+            "compact",
+            "compact",
+            "delete",
+        ];
+        assert!(check(&facts([6, 6, 6, 6, 6, 6], time_limited)).is_err());
+    }
+
+    #[test]
+    fn refuses_a_member_state_topic_that_is_not_co_partitioned_or_compacted() {
+        let err = check(&facts([6, 6, 6, 6, 4, 6], POLICIES))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("member-state"), "{err}");
+        let deleted = ["delete", "delete", "compact", "compact", "delete", "delete"];
+        assert!(check(&facts([6, 6, 6, 6, 6, 6], deleted)).is_err());
     }
 
     #[test]
     fn names_a_missing_topic() {
-        let mut f = facts([6, 6, 6, 6, 6], POLICIES);
+        let mut f = facts([6, 6, 6, 6, 6, 6], POLICIES);
         f.remove("chat.read-reports.dlq");
         assert!(check(&f)
             .unwrap_err()

@@ -12,7 +12,7 @@ use rdkafka::message::{BorrowedMessage, Message};
 use readfold_core::fold::PartitionState;
 use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind};
 
-use crate::config::KafkaConfig;
+use crate::config::{KafkaConfig, TopicsConfig};
 use crate::error::Result;
 use crate::reader::{TopicReader, Until};
 
@@ -27,6 +27,48 @@ pub struct RestoreStats {
     /// Records that could not be decoded and were skipped (with a warning).
     pub skipped: u64,
     pub elapsed: Duration,
+}
+
+/// Rebuilds a partition's state: the public changelog first, then the
+/// member-state topic, which adds what the public one does not carry.
+pub struct Restorer {
+    public: ChangelogReader,
+    member_state: ChangelogReader,
+}
+
+impl Restorer {
+    pub fn new(kafka: &KafkaConfig, topics: &TopicsConfig, max_id_bytes: usize) -> Result<Self> {
+        let group = format!("{}-restore", kafka.group_id);
+        Ok(Restorer {
+            public: ChangelogReader::new(
+                kafka,
+                &group,
+                &topics.read_cursors,
+                ChangelogKind::ByConversation,
+                max_id_bytes,
+            )?,
+            member_state: ChangelogReader::new(
+                kafka,
+                &group,
+                &topics.member_state,
+                ChangelogKind::MemberState,
+                max_id_bytes,
+            )?,
+        })
+    }
+
+    /// `partition`'s state as the committed changelogs hold it.
+    pub fn restore(&self, partition: i32) -> Result<(PartitionState, RestoreStats)> {
+        let started = Instant::now();
+        let mut state = PartitionState::new();
+        let mut stats = RestoreStats::default();
+        self.public.restore_into(partition, &mut state, &mut stats)?;
+        self.member_state
+            .restore_into(partition, &mut state, &mut stats)?;
+        stats.cursors = state.cursor_count();
+        stats.elapsed = started.elapsed();
+        Ok((state, stats))
+    }
 }
 
 /// Reads one changelog topic.
@@ -60,27 +102,23 @@ impl ChangelogReader {
         &self.topic
     }
 
-    /// Rebuilds `partition`'s state from the beginning of the changelog up to
-    /// its end (the last stable offset, since this reader is read_committed).
-    pub fn restore(&self, partition: i32) -> Result<(PartitionState, RestoreStats)> {
-        let started = Instant::now();
-        let mut state = PartitionState::new();
-        let mut skipped = 0;
-        let records = self.read_partitions(Some(&[partition]), |_, entry| {
+    /// Applies `partition` of this changelog, from the beginning up to its
+    /// end (the last stable offset, since this reader is read_committed), to
+    /// `state`.
+    pub fn restore_into(
+        &self,
+        partition: i32,
+        state: &mut PartitionState,
+        stats: &mut RestoreStats,
+    ) -> Result<()> {
+        stats.records += self.read_partitions(Some(&[partition]), |_, entry| {
             match entry {
-                Some(ChangelogEntry::Upsert(u)) => state.restore_update(&u),
-                Some(ChangelogEntry::Left(key)) => state.restore_tombstone(&key),
-                None => skipped += 1,
+                Some(entry) => entry.restore_into(state),
+                None => stats.skipped += 1,
             }
             ControlFlow::Continue(())
         })?;
-        let stats = RestoreStats {
-            records,
-            cursors: state.cursor_count(),
-            skipped,
-            elapsed: started.elapsed(),
-        };
-        Ok((state, stats))
+        Ok(())
     }
 
     /// Every committed entry of the given partitions (all when `None`), in

@@ -69,6 +69,8 @@ pub struct TopicsConfig {
     pub conversation_events: String,
     pub read_cursors: String,
     pub user_read_cursors: String,
+    /// readfold-internal: what the public changelog does not carry.
+    pub member_state: String,
     pub dlq: String,
     pub partitions: i32,
     pub replication_factor: i32,
@@ -98,13 +100,15 @@ impl TopicsConfig {
         Ok(())
     }
 
-    /// Every topic readfold uses, in a fixed order: inputs, changelogs, DLQ.
-    pub fn names(&self) -> [&String; 5] {
+    /// Every topic readfold uses, in a fixed order: inputs, changelogs,
+    /// member state, DLQ.
+    pub fn names(&self) -> [&String; 6] {
         [
             &self.read_reports,
             &self.conversation_events,
             &self.read_cursors,
             &self.user_read_cursors,
+            &self.member_state,
             &self.dlq,
         ]
     }

@@ -120,6 +120,11 @@ impl TopicReader {
                 Some(Err(KafkaError::PartitionEOF(p))) => {
                     at_end.insert(p);
                 }
+                // librdkafka reconnects by itself; the `within` bound limits
+                // how long a broker may stay away.
+                Some(Err(e)) if !is_fatal_read(&e) => {
+                    tracing::debug!(topic, error = %e, "transient consumer error while reading");
+                }
                 Some(Err(e)) => return Err(e.into()),
                 Some(Ok(message)) => {
                     count += 1;
@@ -140,6 +145,7 @@ impl TopicReader {
             match self.consumer.poll(wait) {
                 None => return Ok(count),
                 Some(Err(KafkaError::PartitionEOF(_))) => return Ok(count),
+                Some(Err(e)) if !is_fatal_read(&e) => return Ok(count),
                 Some(Err(e)) => return Err(e.into()),
                 Some(Ok(message)) => {
                     count += 1;
@@ -148,6 +154,12 @@ impl TopicReader {
             }
         }
     }
+}
+
+/// Whether a consumer error ends a read: fatal ones do; transport errors,
+/// brokers down and the like are reported while librdkafka reconnects.
+fn is_fatal_read(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::MessageConsumptionFatal(_)) || crate::error::is_fatal(e)
 }
 
 /// A record's headers as (name, value) strings; values that are not UTF-8

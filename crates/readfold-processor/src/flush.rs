@@ -6,7 +6,9 @@
 use std::time::Instant;
 
 use rdkafka::{Offset, TopicPartitionList};
-use readfold_core::flush::{self, group_by_conversation, ConversationBatch, FlushPlan};
+use readfold_core::flush::{
+    self, group_by_conversation, group_by_user, ConversationBatch, FlushPlan, UserBatch,
+};
 use readfold_core::fold::InputKind;
 use readfold_store::CursorStore;
 use readfold_wire::changelog::changelog_records;
@@ -52,11 +54,17 @@ impl Processor {
 
     async fn execute(&self, plan: &FlushPlan<OutRecord>) -> Result<()> {
         if let Some(redis) = &self.redis {
-            let batches = group_by_conversation(plan.changes.iter().map(|(_, c)| c));
-            timed_write(redis, &batches).await?;
+            let changes = || plan.changes.iter().map(|(_, c)| c);
+            timed_write(
+                redis,
+                &group_by_conversation(changes()),
+                &group_by_user(changes()),
+            )
+            .await?;
         }
-        if let (Some(_), Some(cql)) = (&plan.snapshot_backlog, &self.cql) {
-            timed_write(cql, &group_by_conversation(plan.snapshot_changes())).await?;
+        if let (Some(_), Some(cql)) = (&plan.snapshot, &self.cql) {
+            let changes = || plan.snapshot_changes();
+            timed_write(cql, &group_by_conversation(changes()), &group_by_user(changes())).await?;
         }
         // A snapshot-only flush has nothing for Kafka: no transaction.
         if !plan.needs_transaction() {
@@ -80,12 +88,21 @@ impl Processor {
     }
 }
 
-/// One store's write of a flush's batches, with telemetry.
-async fn timed_write<S: CursorStore>(store: &S, batches: &[ConversationBatch]) -> Result<()> {
+/// One store's write of a flush's batches, public then private, with
+/// telemetry.
+async fn timed_write<S: CursorStore>(
+    store: &S,
+    batches: &[ConversationBatch],
+    private: &[UserBatch],
+) -> Result<()> {
     let started = Instant::now();
-    match store.write(batches).await {
+    let written = async {
+        let public = store.write(batches).await?;
+        Ok::<_, readfold_store::Error>(public + store.write_private(private).await?)
+    };
+    match written.await {
         Ok(written) => {
-            telemetry::sink_written(S::NAME, started.elapsed(), batches.len(), written);
+            telemetry::sink_written(S::NAME, started.elapsed(), batches.len() + private.len(), written);
             Ok(())
         }
         Err(e) => {

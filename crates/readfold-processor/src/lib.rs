@@ -26,10 +26,9 @@ use readfold_core::backoff::{self, Backoff};
 use readfold_core::flush::over_bound;
 use readfold_core::fold::InputKind;
 use readfold_kafka::admin::Layout;
-use readfold_kafka::changelog::ChangelogReader;
+use readfold_kafka::changelog::Restorer;
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::RedisStore;
-use readfold_wire::changelog::ChangelogKind;
 use readfold_wire::dead_letter::{dead_letter, Source};
 use readfold_wire::validate::{ingest, Placement};
 use readfold_wire::OutputTopics;
@@ -50,7 +49,7 @@ pub struct Processor {
     consumer: GroupConsumer,
     events: GroupEvents,
     transactions: Transactions,
-    restorer: Arc<ChangelogReader>,
+    restorer: Arc<Restorer>,
     redis: Option<RedisStore>,
     cql: Option<CqlStore>,
     snapshot_interval: Duration,
@@ -58,7 +57,13 @@ pub struct Processor {
     partitions: Partitions,
     paused: bool,
     retry: Backoff,
+    /// Producer recoveries since the last committed flush.
+    recoveries: u32,
 }
+
+/// How many times in a row the processor starts over with a new
+/// transactional producer before it gives up (see `recover_producer`).
+const MAX_PRODUCER_RECOVERIES: u32 = 3;
 
 impl Processor {
     /// Connects the consumer, the transactional producer and the enabled
@@ -66,15 +71,8 @@ impl Processor {
     /// [`readfold_kafka::admin::ensure_topics`] produced `layout`.
     pub async fn new(settings: Settings, layout: Layout) -> Result<Self> {
         let (consumer, events) = group::consumer(&settings.kafka, &settings.topics)?;
-        let kafka = settings.kafka.clone();
-        let transactions = tokio::task::spawn_blocking(move || Transactions::init(&kafka)).await??;
-        let restorer = ChangelogReader::new(
-            &settings.kafka,
-            &format!("{}-restore", settings.kafka.group_id),
-            &settings.topics.read_cursors,
-            ChangelogKind::ByConversation,
-            settings.input.max_id_bytes,
-        )?;
+        let transactions = init_producer(&settings).await?;
+        let restorer = Restorer::new(&settings.kafka, &settings.topics, settings.input.max_id_bytes)?;
         let redis = if settings.redis.enabled {
             let store = connect_with_retry("redis", || RedisStore::connect_writer(&settings.redis)).await?;
             tracing::info!(url = %settings.redis.url, "redis store ready");
@@ -103,6 +101,7 @@ impl Processor {
             partitions: Partitions::default(),
             paused: false,
             retry: Backoff::new(),
+            recoveries: 0,
             settings,
         })
     }
@@ -247,10 +246,24 @@ impl Processor {
         Ok(())
     }
 
-    /// Rebuilds a partition's state from the changelog, on a blocking thread.
+    /// Rebuilds a partition's state from the changelogs, on a blocking
+    /// thread; a restore that fails for a reason that may pass (a broker
+    /// away) is tried again with backoff.
     async fn restore(&self, partition: i32) -> Result<Slot> {
-        let restorer = Arc::clone(&self.restorer);
-        let (state, stats) = tokio::task::spawn_blocking(move || restorer.restore(partition)).await??;
+        let mut failures = 0;
+        let (state, stats) = loop {
+            let restorer = Arc::clone(&self.restorer);
+            match tokio::task::spawn_blocking(move || restorer.restore(partition)).await? {
+                Ok(restored) => break restored,
+                Err(e) if e.is_retriable() => {
+                    failures += 1;
+                    let delay = backoff::delay(failures);
+                    tracing::warn!(partition, error = %e, retry_in_ms = delay.as_millis() as u64, "restore failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         telemetry::restored(stats.records, stats.elapsed);
         tracing::info!(
             partition,
@@ -272,11 +285,13 @@ impl Processor {
         match self.flush().await {
             Ok(()) => {
                 self.retry.succeeded();
+                self.recoveries = 0;
                 if self.paused {
                     self.set_paused(false)?;
                 }
                 Ok(())
             }
+            Err(e @ Error::FatalTransaction(_)) => self.recover_producer(e).await,
             Err(e) if e.is_retriable() => {
                 let delay = self.retry.failed(Instant::now());
                 tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "flush failed; will retry");
@@ -284,6 +299,42 @@ impl Processor {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The transactional producer was fenced or broke. Either a transaction
+    /// outlived `kafka.transaction_timeout_ms` (a broker restart can do
+    /// that; the broker then aborts it and bumps the producer's epoch), or
+    /// another process runs with this `instance_id`. Like Kafka Streams
+    /// after a fenced commit, start over: drop what was folded but not
+    /// committed, rejoin the group and restore from the changelogs, with a
+    /// new producer. Whatever reached Redis or CQL was max-merged, so
+    /// folding the same input again changes nothing there. After
+    /// [`MAX_PRODUCER_RECOVERIES`] in a row without a commit, give up: a
+    /// second instance with the same `instance_id` is a configuration error.
+    async fn recover_producer(&mut self, cause: Error) -> Result<()> {
+        self.recoveries += 1;
+        if self.recoveries > MAX_PRODUCER_RECOVERIES {
+            return Err(cause);
+        }
+        tracing::warn!(
+            error = %cause,
+            attempt = self.recoveries,
+            "the transactional producer was fenced; dropping uncommitted state and starting over from the committed offsets"
+        );
+        self.consumer.unsubscribe();
+        self.partitions = Partitions {
+            suspended: true,
+            ..Partitions::default()
+        };
+        self.paused = false;
+        self.retry.succeeded();
+        self.transactions = init_producer(&self.settings).await?;
+        let topics = [
+            self.settings.topics.read_reports.as_str(),
+            self.settings.topics.conversation_events.as_str(),
+        ];
+        self.consumer.subscribe(&topics)?;
+        Ok(())
     }
 
     fn apply_backpressure(&mut self) -> Result<()> {
@@ -309,6 +360,21 @@ impl Processor {
         telemetry::paused(on);
         Ok(())
     }
+}
+
+/// Creates the transactional producer on a blocking thread, retrying while
+/// the brokers are away.
+async fn init_producer(settings: &Settings) -> Result<Transactions> {
+    connect_with_retry("kafka", || {
+        let kafka = settings.kafka.clone();
+        async move {
+            match tokio::task::spawn_blocking(move || Transactions::init(&kafka)).await {
+                Ok(result) => result,
+                Err(e) => Err(Error::Task(e)),
+            }
+        }
+    })
+    .await
 }
 
 /// Connects a store, retrying with backoff while the error is retriable: a

@@ -105,6 +105,7 @@ mod tests {
             user_id: "u".parse().unwrap(),
             seq: Seq(1),
             reported_at: 0,
+            private: false,
         });
         slot.processed(InputKind::ReadReports, 4);
         partitions.slots.insert(p, slot);

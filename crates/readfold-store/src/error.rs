@@ -22,10 +22,19 @@ pub enum Error {
     #[error("cql: unexpected result: {0}")]
     CqlResult(#[source] BoxError),
     /// Validation bounds seqs by `input.max_seq`, which is at most i64::MAX.
-    #[error("cql: sequence number {0} exceeds bigint")]
+    #[error("cql: sequence number {0} is beyond what the store can order (2^40 - 1)")]
     SeqOverflow(u64),
+    /// A member joined and left more often than the store can order.
+    #[error("cql: membership epoch {0} is beyond what the store can order (2^23 - 1)")]
+    EpochOverflow(u64),
     #[error("cql: batch task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+}
+
+impl From<redis::ParsingError> for Error {
+    fn from(e: redis::ParsingError) -> Self {
+        Error::Redis(e.into())
+    }
 }
 
 macro_rules! boxed_from {
@@ -51,7 +60,7 @@ impl Error {
     /// hold is not.
     pub fn is_retriable(&self) -> bool {
         match self {
-            Error::Config(_) | Error::SeqOverflow(_) => false,
+            Error::Config(_) | Error::SeqOverflow(_) | Error::EpochOverflow(_) => false,
             Error::Redis(e) => !matches!(e.kind(), redis::ErrorKind::InvalidClientConfig),
             Error::CqlConnect(_)
             | Error::CqlExecute(_)

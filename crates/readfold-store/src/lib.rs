@@ -9,7 +9,7 @@
 
 use std::future::Future;
 
-use readfold_core::flush::ConversationBatch;
+use readfold_core::flush::{ConversationBatch, UserBatch};
 use readfold_core::{ConversationId, ConversationView};
 
 pub mod cql;
@@ -26,6 +26,10 @@ pub trait CursorStore {
     /// Max-merges one flush, one conversation per batch. Returns how many
     /// values were raised or rows written.
     fn write(&self, batches: &[ConversationBatch]) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Max-merges one flush's private state (private cursors, unread marks),
+    /// one user per batch. Returns how many values were raised or written.
+    fn write_private(&self, batches: &[UserBatch]) -> impl Future<Output = Result<u64>> + Send;
 
     /// One conversation as readers see it; `None` when the store holds
     /// nothing of it.

@@ -1,12 +1,22 @@
-//! The cursor changelogs, both ways: the records a flush produces, and the
-//! one decoder every changelog reader uses (restore, the demo, the tests,
-//! and every later reader), so that they all apply the same rules.
+//! The changelogs, both ways: the records a flush produces, and the one
+//! decoder every changelog reader uses (restore, the demo, the tests, and
+//! every later reader), so that they all apply the same rules.
+//!
+//! A change goes to up to three topics: the by-conversation changelog when
+//! what other members see changed, the by-user changelog always (it carries
+//! the member's private cursor and unread mark for their own devices), and
+//! the internal member-state topic when the private cursor, the mark or the
+//! membership changed.
 
-use readfold_core::fold::{Change, CursorUpdate};
+use readfold_core::fold::{
+    Change, CursorUpdate, MemberStateUpdate, MembershipVersion, PartitionState, UnreadMark,
+};
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, CursorKey, IdError, Seq, UserId};
 
-use crate::codec::{self, CursorKeyRecord, CursorUpdateRecord, DecodeError, UserCursorKeyRecord};
+use crate::codec::{
+    self, CursorKeyRecord, CursorUpdateRecord, DecodeError, MemberStateRecord, UserCursorKeyRecord,
+};
 
 /// One record to produce, partition chosen by readfold.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,14 +37,18 @@ pub struct OutputLayout {
 }
 
 /// Where the processor's output goes: topic names and partition counts.
+/// The by-conversation changelog and the member-state topic use the input's
+/// partition number.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutputTopics {
     pub read_cursors: String,
     pub user_read_cursors: String,
+    pub member_state: String,
     pub dlq: String,
     pub layout: OutputLayout,
 }
 
+/// The by-conversation changelog value: public fields only.
 pub fn cursor_update_record(u: &CursorUpdate) -> CursorUpdateRecord {
     CursorUpdateRecord {
         conversation_id: u.conversation_id.to_string(),
@@ -43,58 +57,127 @@ pub fn cursor_update_record(u: &CursorUpdate) -> CursorUpdateRecord {
         join_seq: u.join_seq.get() as i64,
         latest_seq: u.latest_seq.get() as i64,
         updated_at: u.updated_at,
+        private_cursor: None,
+        unread_mark: None,
     }
 }
 
-/// The two changelog records of one change: `read_cursors` on the input
-/// partition, `user_read_cursors` on murmur2(user_id).
-pub fn changelog_records(change: &Change, input_partition: i32, out: &OutputTopics) -> [OutRecord; 2] {
-    let key = change.key();
-    let (conversation_id, user_id) = (key.conversation_id.to_string(), key.user_id.to_string());
-    let value = match change {
-        Change::Upsert(u) => Some(codec::encode_cursor_update(&cursor_update_record(u))),
-        Change::Left(_) => None,
-    };
-    let user_partition = partition_for_key(user_id.as_bytes(), out.layout.user_read_cursors_partitions);
+/// The by-user changelog value: the public fields, and what only the member
+/// sees. `None` when the member left.
+pub fn own_update_record(change: &Change) -> Option<CursorUpdateRecord> {
+    let public = change.public_update()?;
+    let own = change.member.own();
+    Some(CursorUpdateRecord {
+        private_cursor: Some(own.private_cursor.get() as i64),
+        unread_mark: Some(own.marked_unread()),
+        ..cursor_update_record(&public)
+    })
+}
+
+/// The member-state value.
+pub fn member_state_record(s: &MemberStateUpdate) -> MemberStateRecord {
+    MemberStateRecord {
+        conversation_id: s.key.conversation_id.to_string(),
+        user_id: s.key.user_id.to_string(),
+        private_cursor: s.private_cursor.get() as i64,
+        mark_at: s.mark.map(|m| m.at),
+        mark_seq: s.mark.and_then(|m| m.seq).map(|q| q.get() as i64),
+        left: s.left,
+        membership_seq: s.membership.map(|v| v.seq.get() as i64),
+        membership_at: s.membership.map(|v| v.at),
+        epoch: s.epoch as i64,
+        updated_at: s.updated_at,
+    }
+}
+
+/// The records of one change (see the module documentation): the
+/// by-conversation changelog and the member-state topic on the input
+/// partition, the by-user changelog on murmur2(user_id).
+pub fn changelog_records(change: &Change, input_partition: i32, out: &OutputTopics) -> Vec<OutRecord> {
+    let (conversation_id, user_id) = (
+        change.key.conversation_id.to_string(),
+        change.key.user_id.to_string(),
+    );
     let by_conversation = codec::encode_cursor_key(&CursorKeyRecord {
         conversation_id: conversation_id.clone(),
         user_id: user_id.clone(),
     });
-    let by_user = codec::encode_user_cursor_key(&UserCursorKeyRecord {
-        user_id,
-        conversation_id,
-    });
-    [
-        OutRecord {
+    let mut records = Vec::with_capacity(3);
+    if change.outputs.public {
+        records.push(OutRecord {
             topic: out.read_cursors.clone(),
             partition: input_partition,
+            key: Some(by_conversation.clone()),
+            value: change
+                .public_update()
+                .map(|u| codec::encode_cursor_update(&cursor_update_record(&u))),
+            headers: Vec::new(),
+        });
+    }
+    records.push(OutRecord {
+        topic: out.user_read_cursors.clone(),
+        partition: partition_for_key(user_id.as_bytes(), out.layout.user_read_cursors_partitions),
+        key: Some(codec::encode_user_cursor_key(&UserCursorKeyRecord {
+            user_id,
+            conversation_id,
+        })),
+        value: own_update_record(change).map(|r| codec::encode_cursor_update(&r)),
+        headers: Vec::new(),
+    });
+    if change.outputs.state {
+        records.push(OutRecord {
+            topic: out.member_state.clone(),
+            partition: input_partition,
             key: Some(by_conversation),
-            value: value.clone(),
+            value: Some(codec::encode_member_state(&member_state_record(
+                &change.state_update(),
+            ))),
             headers: Vec::new(),
-        },
-        OutRecord {
-            topic: out.user_read_cursors.clone(),
-            partition: user_partition,
-            key: Some(by_user),
-            value,
-            headers: Vec::new(),
-        },
-    ]
+        });
+    }
+    records
 }
 
-/// One decoded changelog record: a member's cursor, or a departure.
+/// A by-user changelog value: the public fields, and what only the member's
+/// own devices see.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnUpdate {
+    pub update: CursorUpdate,
+    pub private_cursor: Seq,
+    /// Whether the member has the conversation marked unread.
+    pub unread_mark: bool,
+}
+
+/// One decoded changelog record.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ChangelogEntry {
+    /// A member's public cursor (by-conversation changelog).
     Upsert(CursorUpdate),
+    /// A member's own view (by-user changelog).
+    Own(OwnUpdate),
     /// A tombstone: the member left.
     Left(CursorKey),
+    /// A member-state record.
+    State(MemberStateUpdate),
 }
 
 impl ChangelogEntry {
+    /// Applies the entry to a partition's state, as a restore does.
+    pub fn restore_into(&self, state: &mut PartitionState) {
+        match self {
+            ChangelogEntry::Upsert(u) => state.restore_update(u),
+            ChangelogEntry::Own(own) => state.restore_update(&own.update),
+            ChangelogEntry::Left(key) => state.restore_tombstone(key),
+            ChangelogEntry::State(s) => state.restore_state(s),
+        }
+    }
+
     pub fn key(&self) -> CursorKey {
         match self {
             ChangelogEntry::Upsert(u) => u.key(),
+            ChangelogEntry::Own(own) => own.update.key(),
             ChangelogEntry::Left(k) => k.clone(),
+            ChangelogEntry::State(s) => s.key.clone(),
         }
     }
 }
@@ -110,20 +193,24 @@ pub enum ChangelogError {
     Value(#[source] DecodeError),
     #[error("invalid id in changelog key: {0}")]
     Id(#[from] IdError),
+    #[error("a member-state record without a value (readfold never writes one)")]
+    StateTombstone,
 }
 
-/// Which changelog a record is from: the key schemas differ.
+/// Which topic a record is from: the key and value schemas differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChangelogKind {
     /// `chat.read-cursors`, keyed by `CursorKey`.
     ByConversation,
     /// `chat.user-read-cursors`, keyed by `UserCursorKey`.
     ByUser,
+    /// The internal member-state topic, keyed by `CursorKey`.
+    MemberState,
 }
 
 /// Decodes one changelog record. The key names the member; the value (none
-/// for a tombstone) carries the cursor. Values are clamped into the ranges
-/// the fold produces (cursor >= 0, join_seq >= 1, latest_seq >= 0), so a
+/// for a tombstone) carries the state. Values are clamped into the ranges
+/// the fold produces (cursors >= 0, join_seq >= 1, latest_seq >= 0), so a
 /// reader never holds a value the fold could not have.
 pub fn decode_changelog(
     kind: ChangelogKind,
@@ -133,7 +220,7 @@ pub fn decode_changelog(
 ) -> Result<ChangelogEntry, ChangelogError> {
     let key = key.ok_or(ChangelogError::MissingKey)?;
     let (conversation_id, user_id) = match kind {
-        ChangelogKind::ByConversation => {
+        ChangelogKind::ByConversation | ChangelogKind::MemberState => {
             let k = codec::decode_cursor_key(key).map_err(ChangelogError::Key)?;
             (k.conversation_id, k.user_id)
         }
@@ -146,29 +233,60 @@ pub fn decode_changelog(
         conversation_id: ConversationId::parse(&conversation_id, max_id_bytes)?,
         user_id: UserId::parse(&user_id, max_id_bytes)?,
     };
+    let seq = |n: i64| Seq(n.max(0) as u64);
+    if kind == ChangelogKind::MemberState {
+        let value = value.ok_or(ChangelogError::StateTombstone)?;
+        let v = codec::decode_member_state(value).map_err(ChangelogError::Value)?;
+        return Ok(ChangelogEntry::State(MemberStateUpdate {
+            key,
+            private_cursor: seq(v.private_cursor),
+            mark: v.mark_at.map(|at| UnreadMark {
+                at,
+                seq: v.mark_seq.map(seq),
+            }),
+            left: v.left,
+            membership: v
+                .membership_seq
+                .zip(v.membership_at)
+                .map(|(s, at)| MembershipVersion { seq: seq(s), at }),
+            epoch: v.epoch.max(0) as u64,
+            updated_at: v.updated_at,
+        }));
+    }
     let Some(value) = value else {
         return Ok(ChangelogEntry::Left(key));
     };
     let v = codec::decode_cursor_update(value).map_err(ChangelogError::Value)?;
-    Ok(ChangelogEntry::Upsert(CursorUpdate {
+    let update = CursorUpdate {
         conversation_id: key.conversation_id,
         user_id: key.user_id,
-        cursor: Seq(v.cursor.max(0) as u64),
+        cursor: seq(v.cursor),
         join_seq: Seq(v.join_seq.max(1) as u64),
-        latest_seq: Seq(v.latest_seq.max(0) as u64),
+        latest_seq: seq(v.latest_seq),
         updated_at: v.updated_at,
-    }))
+    };
+    Ok(match kind {
+        ChangelogKind::ByUser => ChangelogEntry::Own(OwnUpdate {
+            update,
+            // v1.0 records carry neither: nothing private then.
+            private_cursor: seq(v.private_cursor.unwrap_or(0)),
+            unread_mark: v.unread_mark.unwrap_or(false),
+        }),
+        _ => ChangelogEntry::Upsert(update),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use readfold_core::fold::{ConversationEvent, EventKind, PartitionState, ReadReport, UnreadMarkReport};
 
     /// The default topic names, 5 by-user and 2 dead-letter partitions.
     pub(crate) fn out() -> OutputTopics {
         OutputTopics {
             read_cursors: "chat.read-cursors".into(),
             user_read_cursors: "chat.user-read-cursors".into(),
+            member_state: "chat.member-state".into(),
             dlq: "chat.read-reports.dlq".into(),
             layout: OutputLayout {
                 user_read_cursors_partitions: 5,
@@ -177,24 +295,65 @@ mod tests {
         }
     }
 
+    fn report(user: &str, seq: u64, private: bool) -> ReadReport {
+        ReadReport {
+            conversation_id: "G".parse().unwrap(),
+            user_id: user.parse().unwrap(),
+            seq: Seq(seq),
+            reported_at: 9,
+            private,
+        }
+    }
+
+    fn event(seq: u64, kind: EventKind) -> ConversationEvent {
+        ConversationEvent {
+            conversation_id: "G".parse().unwrap(),
+            seq: Seq(seq),
+            at: 5,
+            kind,
+        }
+    }
+
+    /// The one change of `user` after folding `steps`.
+    fn change_of(user: &str, steps: impl FnOnce(&mut PartitionState)) -> Change {
+        let mut s = PartitionState::new();
+        steps(&mut s);
+        s.drain()
+            .into_iter()
+            .find(|c| c.key.user_id.as_str() == user)
+            .unwrap()
+    }
+
+    fn topics(records: &[OutRecord]) -> Vec<&str> {
+        records.iter().map(|r| r.topic.as_str()).collect()
+    }
+
     #[test]
     fn an_upsert_goes_to_both_changelogs() {
-        let update = CursorUpdate {
-            conversation_id: "G".parse().unwrap(),
-            user_id: "alice".parse().unwrap(),
-            cursor: Seq(4),
-            join_seq: Seq(1),
-            latest_seq: Seq(6),
-            updated_at: 9,
-        };
-        let [by_conv, by_user] = changelog_records(&Change::Upsert(update), 3, &out());
-        assert_eq!(by_conv.topic, "chat.read-cursors");
+        let change = change_of("alice", |s| {
+            s.apply_event(&event(
+                6,
+                EventKind::MessageSent {
+                    sender_id: "bob".parse().unwrap(),
+                },
+            ));
+            s.apply_report(&report("alice", 4, false));
+        });
+        let records = changelog_records(&change, 3, &out());
+        assert_eq!(topics(&records), ["chat.read-cursors", "chat.user-read-cursors"]);
+        let (by_conv, by_user) = (&records[0], &records[1]);
         assert_eq!(by_conv.partition, 3);
-        assert_eq!(by_user.topic, "chat.user-read-cursors");
         assert_eq!(by_user.partition, partition_for_key(b"alice", 5));
         let value = codec::decode_cursor_update(by_conv.value.as_deref().unwrap()).unwrap();
         assert_eq!((value.cursor, value.latest_seq), (4, 6));
-        assert_eq!(by_conv.value, by_user.value);
+        assert_eq!(
+            (value.private_cursor, value.unread_mark),
+            (None, None),
+            "nothing private"
+        );
+        let own = codec::decode_cursor_update(by_user.value.as_deref().unwrap()).unwrap();
+        assert_eq!((own.cursor, own.latest_seq), (4, 6));
+        assert_eq!((own.private_cursor, own.unread_mark), (Some(0), Some(false)));
         let key = codec::decode_user_cursor_key(by_user.key.as_deref().unwrap()).unwrap();
         assert_eq!(
             (key.user_id.as_str(), key.conversation_id.as_str()),
@@ -203,38 +362,107 @@ mod tests {
     }
 
     #[test]
-    fn a_leave_is_a_tombstone_on_both() {
-        let key = CursorKey {
-            conversation_id: "G".parse().unwrap(),
-            user_id: "bob".parse().unwrap(),
-        };
-        for record in changelog_records(&Change::Left(key), 0, &out()) {
-            assert!(record.value.is_none());
-            assert!(record.key.is_some());
-        }
+    fn a_leave_is_a_tombstone_on_both_changelogs_and_kept_in_the_member_state() {
+        let change = change_of("bob", |s| {
+            s.apply_event(&event(
+                0,
+                EventKind::MemberJoined {
+                    user_id: "bob".parse().unwrap(),
+                },
+            ));
+            s.drain();
+            s.apply_event(&event(
+                1,
+                EventKind::MemberLeft {
+                    user_id: "bob".parse().unwrap(),
+                },
+            ));
+        });
+        let records = changelog_records(&change, 0, &out());
+        assert_eq!(
+            topics(&records),
+            ["chat.read-cursors", "chat.user-read-cursors", "chat.member-state"]
+        );
+        assert!(records[0].value.is_none() && records[1].value.is_none());
+        assert!(records.iter().all(|r| r.key.is_some()));
+        let state = codec::decode_member_state(records[2].value.as_deref().unwrap()).unwrap();
+        assert!(state.left);
+        assert_eq!(state.epoch, 2);
+    }
+
+    #[test]
+    fn a_private_receipt_or_a_mark_stays_off_the_by_conversation_changelog() {
+        let change = change_of("alice", |s| {
+            s.apply_event(&event(
+                0,
+                EventKind::MemberJoined {
+                    user_id: "alice".parse().unwrap(),
+                },
+            ));
+            s.drain();
+            s.apply_report(&report("alice", 7, true));
+            s.apply_mark(&UnreadMarkReport {
+                conversation_id: "G".parse().unwrap(),
+                user_id: "alice".parse().unwrap(),
+                seq: Seq(7),
+                at: 10,
+                marked: true,
+            });
+        });
+        let records = changelog_records(&change, 0, &out());
+        assert_eq!(topics(&records), ["chat.user-read-cursors", "chat.member-state"]);
+        let own = codec::decode_cursor_update(records[0].value.as_deref().unwrap()).unwrap();
+        assert_eq!(
+            (own.cursor, own.private_cursor, own.unread_mark),
+            (0, Some(7), Some(true))
+        );
     }
 
     #[test]
     fn the_decoder_reads_back_what_a_flush_writes() {
-        let update = CursorUpdate {
-            conversation_id: "G".parse().unwrap(),
-            user_id: "alice".parse().unwrap(),
-            cursor: Seq(4),
-            join_seq: Seq(2),
-            latest_seq: Seq(6),
-            updated_at: 9,
-        };
-        let [by_conv, by_user] = changelog_records(&Change::Upsert(update.clone()), 0, &out());
-        for (kind, record) in [
-            (ChangelogKind::ByConversation, by_conv),
-            (ChangelogKind::ByUser, by_user),
-        ] {
+        let change = change_of("alice", |s| {
+            s.apply_event(&event(
+                1,
+                EventKind::MemberJoined {
+                    user_id: "alice".parse().unwrap(),
+                },
+            ));
+            s.apply_report(&report("alice", 4, false));
+            s.apply_report(&report("alice", 5, true));
+        });
+        let records = changelog_records(&change, 0, &out());
+        let kinds = [
+            ChangelogKind::ByConversation,
+            ChangelogKind::ByUser,
+            ChangelogKind::MemberState,
+        ];
+        let public = change.public_update().unwrap();
+        let own = ChangelogEntry::Own(OwnUpdate {
+            update: public.clone(),
+            private_cursor: Seq(5),
+            unread_mark: false,
+        });
+        let expected = [
+            ChangelogEntry::Upsert(public),
+            own,
+            ChangelogEntry::State(change.state_update()),
+        ];
+        for ((kind, record), want) in kinds.into_iter().zip(&records).zip(expected) {
             let entry = decode_changelog(kind, record.key.as_deref(), record.value.as_deref(), 256).unwrap();
-            assert_eq!(entry, ChangelogEntry::Upsert(update.clone()));
+            assert_eq!(entry, want, "{kind:?}");
         }
-        let [tomb, _] = changelog_records(&Change::Left(update.key()), 0, &out());
-        let entry = decode_changelog(ChangelogKind::ByConversation, tomb.key.as_deref(), None, 256).unwrap();
-        assert_eq!(entry, ChangelogEntry::Left(update.key()));
+        let tomb = decode_changelog(
+            ChangelogKind::ByConversation,
+            records[0].key.as_deref(),
+            None,
+            256,
+        )
+        .unwrap();
+        assert_eq!(tomb, ChangelogEntry::Left(change.key()));
+        assert_eq!(
+            decode_changelog(ChangelogKind::MemberState, records[2].key.as_deref(), None, 256),
+            Err(ChangelogError::StateTombstone)
+        );
     }
 
     #[test]
@@ -250,6 +478,8 @@ mod tests {
             join_seq: 0,
             latest_seq: -1,
             updated_at: 0,
+            private_cursor: None,
+            unread_mark: None,
         });
         let ChangelogEntry::Upsert(u) =
             decode_changelog(ChangelogKind::ByConversation, Some(&key), Some(&value), 256).unwrap()

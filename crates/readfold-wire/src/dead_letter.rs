@@ -81,6 +81,7 @@ mod tests {
         OutputTopics {
             read_cursors: "chat.read-cursors".into(),
             user_read_cursors: "chat.user-read-cursors".into(),
+            member_state: "chat.member-state".into(),
             dlq: "dlq".into(),
             layout: OutputLayout {
                 user_read_cursors_partitions: 5,

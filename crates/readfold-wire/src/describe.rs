@@ -89,6 +89,8 @@ mod tests {
             join_seq: 1,
             latest_seq: 4,
             updated_at: 0,
+            private_cursor: None,
+            unread_mark: None,
         });
         let line = describe(
             TopicRole::ReadCursors,

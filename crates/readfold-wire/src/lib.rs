@@ -13,5 +13,5 @@ pub mod dead_letter;
 pub mod describe;
 pub mod validate;
 
-pub use changelog::{ChangelogEntry, ChangelogKind, OutRecord, OutputLayout, OutputTopics};
+pub use changelog::{ChangelogEntry, ChangelogKind, OutRecord, OutputLayout, OutputTopics, OwnUpdate};
 pub use validate::{Limits, RejectReason, Rejection};

@@ -3,11 +3,13 @@
 
 use std::fmt;
 
-use readfold_core::fold::{ConversationEvent, EventKind, Input, InputKind, ReadReport};
+use readfold_core::fold::{ConversationEvent, EventKind, Input, InputKind, ReadReport, UnreadMarkReport};
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, IdError, Seq, UserId};
 
-use crate::codec::{self, ConversationEventRecord, DecodeError, EventRecord, ReadReportRecord, WireFormat};
+use crate::codec::{
+    self, ConversationEventRecord, DecodeError, EventRecord, ReadAction, ReadReportRecord, WireFormat,
+};
 
 /// Input limits: the `[input]` section of the configuration, whose defaults
 /// and documentation are in `config/default.toml`.
@@ -126,10 +128,7 @@ pub fn ingest(
 ) -> Result<Input, Rejection> {
     let value = value.ok_or_else(|| Rejection::new(RejectReason::MissingValue, "record has no value"))?;
     let input = match kind {
-        InputKind::ReadReports => Input::Report(read_report(
-            codec::decode_read_report(value, limits.format)?,
-            limits,
-        )?),
+        InputKind::ReadReports => read_report(codec::decode_read_report(value, limits.format)?, limits)?,
         InputKind::ConversationEvents => Input::Event(conversation_event(
             codec::decode_conversation_event(value, limits.format)?,
             limits,
@@ -196,17 +195,33 @@ fn seq(field: &str, raw: i64, min: u64, limits: &Limits) -> Result<Seq, Rejectio
 }
 
 /// Validates a read report: ids non-empty and bounded, 1 <= seq <= max_seq.
-pub fn read_report(r: ReadReportRecord, limits: &Limits) -> Result<ReadReport, Rejection> {
-    Ok(ReadReport {
-        conversation_id: id(
-            "conversation_id",
-            &r.conversation_id,
-            limits,
-            ConversationId::parse,
-        )?,
-        user_id: id("user_id", &r.user_id, limits, UserId::parse)?,
-        seq: seq("seq", r.seq, 1, limits)?,
-        reported_at: r.reported_at,
+/// Validates a record of the read-reports topic: ids non-empty and
+/// bounded; a read has 1 <= seq <= max_seq, a mark or its clearing
+/// 0 <= seq <= max_seq (the cursor may be 0). `private` only applies to
+/// reads (marks are only ever seen by the member).
+pub fn read_report(r: ReadReportRecord, limits: &Limits) -> Result<Input, Rejection> {
+    let conversation_id = id(
+        "conversation_id",
+        &r.conversation_id,
+        limits,
+        ConversationId::parse,
+    )?;
+    let user_id = id("user_id", &r.user_id, limits, UserId::parse)?;
+    Ok(match r.action {
+        ReadAction::Read => Input::Report(ReadReport {
+            conversation_id,
+            user_id,
+            seq: seq("seq", r.seq, 1, limits)?,
+            reported_at: r.reported_at,
+            private: r.private,
+        }),
+        ReadAction::MarkUnread | ReadAction::ClearUnreadMark => Input::Mark(UnreadMarkReport {
+            conversation_id,
+            user_id,
+            seq: seq("seq", r.seq, 0, limits)?,
+            at: r.reported_at,
+            marked: r.action == ReadAction::MarkUnread,
+        }),
     })
 }
 
@@ -263,6 +278,7 @@ mod tests {
             device_id: None,
             reported_at: 0,
             private: false,
+            action: ReadAction::Read,
         }
     }
 
@@ -375,6 +391,40 @@ mod tests {
             ..default_limits()
         };
         assert!(ingest(InputKind::ReadReports, Some(&bytes), wrong_partition, &limits).is_ok());
+    }
+
+    #[test]
+    fn marks_and_private_reads_validate_into_their_inputs() {
+        let limits = default_limits();
+        let private = ReadReportRecord {
+            private: true,
+            ..record("G", "u", 3)
+        };
+        assert!(matches!(read_report(private, &limits), Ok(Input::Report(r)) if r.private));
+        let mark = ReadReportRecord {
+            action: ReadAction::MarkUnread,
+            ..record("G", "u", 0)
+        };
+        assert!(matches!(read_report(mark, &limits), Ok(Input::Mark(m)) if m.marked && m.seq == Seq(0)));
+        let clear = ReadReportRecord {
+            action: ReadAction::ClearUnreadMark,
+            ..record("G", "u", 2)
+        };
+        assert!(matches!(read_report(clear, &limits), Ok(Input::Mark(m)) if !m.marked));
+        let negative = ReadReportRecord {
+            action: ReadAction::MarkUnread,
+            ..record("G", "u", -1)
+        };
+        assert_eq!(
+            read_report(negative, &limits).unwrap_err().reason,
+            RejectReason::SeqOutOfRange
+        );
+        // A v1.0 record (no action field) is a read.
+        let old = codec::encode_historic_read_report(&record("G", "u", 4));
+        assert!(matches!(
+            ingest(InputKind::ReadReports, Some(&old), placed("G"), &limits),
+            Ok(Input::Report(r)) if r.seq == Seq(4) && !r.private
+        ));
     }
 
     #[test]

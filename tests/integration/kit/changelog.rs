@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use readfold::config::Config;
 use readfold_core::{ConversationView, MemberCursor, Seq, UserId};
 use readfold_kafka::changelog::ChangelogReader;
-use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+use readfold_wire::changelog::{ChangelogEntry, ChangelogKind, OwnUpdate};
+
+use super::reference::Own;
 
 /// (conversation, user).
 pub type Key = (String, String);
@@ -19,6 +21,8 @@ pub type Cursor = Option<(i64, i64)>;
 pub struct Changelog {
     /// (conversation, user) -> successive values; `None` is a tombstone.
     pub history: BTreeMap<Key, Vec<Cursor>>,
+    /// By-user changelog only: the latest own view per key (None: left).
+    pub own: BTreeMap<Key, Option<Own>>,
 }
 
 impl Changelog {
@@ -35,14 +39,32 @@ impl Changelog {
         let mut log = Changelog::default();
         for (_, entry) in reader.entries(None).expect("read the changelog") {
             let key = entry.key();
+            let id = (key.conversation_id.to_string(), key.user_id.to_string());
             let value = match entry {
                 ChangelogEntry::Upsert(u) => Some((u.cursor.get() as i64, u.join_seq.get() as i64)),
-                ChangelogEntry::Left(_) => None,
+                ChangelogEntry::Own(OwnUpdate {
+                    update: u,
+                    private_cursor,
+                    unread_mark,
+                }) => {
+                    log.own.insert(
+                        id.clone(),
+                        Some(Own {
+                            cursor: u.cursor.get() as i64,
+                            join_seq: u.join_seq.get() as i64,
+                            private_cursor: private_cursor.get() as i64,
+                            unread_mark,
+                        }),
+                    );
+                    Some((u.cursor.get() as i64, u.join_seq.get() as i64))
+                }
+                ChangelogEntry::Left(_) => {
+                    log.own.insert(id.clone(), None);
+                    None
+                }
+                ChangelogEntry::State(_) => continue,
             };
-            log.history
-                .entry((key.conversation_id.to_string(), key.user_id.to_string()))
-                .or_default()
-                .push(value);
+            log.history.entry(id).or_default().push(value);
         }
         log
     }

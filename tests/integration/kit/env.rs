@@ -50,6 +50,7 @@ impl TestEnv {
                 "READFOLD__TOPICS__USER_READ_CURSORS",
                 format!("{prefix}.user-read-cursors"),
             ),
+            ("READFOLD__TOPICS__MEMBER_STATE", format!("{prefix}.member-state")),
             ("READFOLD__TOPICS__DLQ", format!("{prefix}.dlq")),
             ("READFOLD__TOPICS__PARTITIONS", partitions.to_string()),
             ("READFOLD__FLUSH__INTERVAL_MS", "100".into()),
@@ -74,7 +75,7 @@ impl TestEnv {
             config,
             partitions,
             vars,
-            logs: logs.join(prefix),
+            logs,
             _services: services,
         }
     }
@@ -103,10 +104,20 @@ impl TestEnv {
 
     /// `spawn` with extra environment variables.
     pub fn spawn_with(&self, instance: &str, extra: &[(&str, &str)]) -> Processor {
-        let log = self.logs.with_extension(format!("{instance}.{}.log", now_ms()));
+        self.spawn_command("run", instance, extra)
+    }
+
+    /// Starts `readfold <command>` (run, serve, ...) as a child process
+    /// with this test's settings and `extra` environment variables.
+    pub fn spawn_command(&self, command: &str, instance: &str, extra: &[(&str, &str)]) -> Processor {
+        let log = self.logs.join(format!(
+            "{}.{command}.{instance}.{}.log",
+            self.config.kafka.group_id,
+            now_ms()
+        ));
         let file = std::fs::File::create(&log).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_readfold"))
-            .arg("run")
+            .arg(command)
             .envs(self.vars.iter().cloned())
             .env("READFOLD__KAFKA__INSTANCE_ID", instance)
             .env("READFOLD_LOG", "info")

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadReportRecord};
 
 use super::env::TestEnv;
-use super::reference::{event, report, Reference};
+use super::reference::{event, private_report, report, unread_mark, Reference};
 use super::services::Rng;
 
 /// What a load run produced.
@@ -19,6 +19,16 @@ pub struct Load {
 /// Produces batches of messages, joins and (often stale) reports to 30
 /// conversations for `duration`, with a garbage record now and then.
 pub async fn produce_load(env: &TestEnv, duration: Duration, seed: u64) -> Load {
+    produce(env, duration, seed, false).await
+}
+
+/// [`produce_load`], with private receipts, unread marks and clears,
+/// departures and rejoins mixed in.
+pub async fn produce_mixed_load(env: &TestEnv, duration: Duration, seed: u64) -> Load {
+    produce(env, duration, seed, true).await
+}
+
+async fn produce(env: &TestEnv, duration: Duration, seed: u64, mixed: bool) -> Load {
     let producer = env.producer();
     let mut reference = Reference::default();
     let mut rng = Rng::new(seed);
@@ -52,6 +62,28 @@ pub async fn produce_load(env: &TestEnv, duration: Duration, seed: u64) -> Load 
                 );
                 reference.event(&e);
                 events.push(e);
+            } else if mixed && rng.below(25) == 0 {
+                // Members j0..j3 and u0..u3 come and go.
+                let who = if rng.below(2) == 0 { "j" } else { "u" };
+                let e = event(
+                    &conv,
+                    latest[c],
+                    EventRecord::MemberLeft {
+                        user_id: format!("{who}{}", rng.below(4)),
+                    },
+                );
+                reference.event(&e);
+                events.push(e);
+            } else if mixed && rng.below(5) == 0 {
+                let user = format!("u{}", rng.below(12));
+                let seq = (latest[c] - rng.below(3) as i64).max(0);
+                let r = match rng.below(4) {
+                    0 => unread_mark(&conv, &user, seq, true),
+                    1 => unread_mark(&conv, &user, seq, false),
+                    _ => private_report(&conv, &user, seq.max(1)),
+                };
+                reference.report(&r);
+                reports.push(r);
             } else {
                 let r = report(
                     &conv,
@@ -63,7 +95,7 @@ pub async fn produce_load(env: &TestEnv, duration: Duration, seed: u64) -> Load 
             }
         }
         producer.send_many(&reports, &events).await.unwrap();
-        if round % 10 == 0 {
+        if round.is_multiple_of(10) {
             producer
                 .send(&env.config.topics.read_reports, "c0", Some(b"\x02not avro"), None)
                 .await

@@ -4,12 +4,15 @@
 //! producers. No test file defines a helper of its own.
 
 pub mod changelog;
+pub mod checks;
 pub mod env;
 pub mod load;
 pub mod reference;
 pub mod services;
 pub mod stores;
 
+pub use changelog::Changelog;
+pub use checks::*;
 pub use env::*;
 pub use load::*;
 pub use reference::*;

@@ -7,11 +7,21 @@ use readfold::config::Config;
 use readfold_core::fold::PartitionState;
 use readfold_core::{ConversationId, Seq, UserId};
 use readfold_kafka::producer::InputProducer;
-use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadReportRecord};
+use readfold_store::redis::PrivateState;
+use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
 use readfold_wire::{validate, Limits};
 
 use super::changelog::{Changelog, Cursor, Key};
 use super::services::now_ms;
+
+/// A by-user changelog value as the tests compare it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Own {
+    pub cursor: i64,
+    pub join_seq: i64,
+    pub private_cursor: i64,
+    pub unread_mark: bool,
+}
 
 /// The reference fold of everything a test produced.
 pub struct Reference {
@@ -31,7 +41,7 @@ impl Default for Reference {
 impl Reference {
     pub fn report(&mut self, r: &ReadReportRecord) {
         self.state
-            .apply_report(&validate::read_report(r.clone(), &self.limits).unwrap());
+            .apply(&validate::read_report(r.clone(), &self.limits).unwrap());
     }
 
     pub fn event(&mut self, e: &ConversationEventRecord) {
@@ -39,13 +49,52 @@ impl Reference {
             .apply_event(&validate::conversation_event(e.clone(), &self.limits).unwrap());
     }
 
-    /// The final changelog value per key: (cursor, join_seq), or None if left.
+    /// The final by-conversation changelog value per key: (cursor,
+    /// join_seq), or None if left. Members seen only privately are not
+    /// listed there.
     pub fn expected(&self) -> BTreeMap<Key, Cursor> {
         let mut out = BTreeMap::new();
         for (c, conv) in self.state.conversations() {
-            for (u, m) in &conv.members {
+            for (u, m) in conv.members.iter().filter(|(_, m)| m.listed) {
                 let v = (!m.left).then_some((m.cursor.get() as i64, m.join_seq.get() as i64));
                 out.insert((c.to_string(), u.to_string()), v);
+            }
+        }
+        out
+    }
+
+    /// The final by-user changelog value per key, for every member (listed
+    /// or not): what their own devices see, or None if they left.
+    pub fn own_expected(&self) -> BTreeMap<Key, Option<Own>> {
+        let mut out = BTreeMap::new();
+        for (c, conv) in self.state.conversations() {
+            for (u, m) in &conv.members {
+                let own = m.own();
+                let v = (!m.left).then_some(Own {
+                    cursor: m.cursor.get() as i64,
+                    join_seq: m.join_seq.get() as i64,
+                    private_cursor: own.private_cursor.get() as i64,
+                    unread_mark: own.marked_unread(),
+                });
+                out.insert((c.to_string(), u.to_string()), v);
+            }
+        }
+        out
+    }
+
+    /// What the per-user stores hold: (user, conversation) -> private state,
+    /// for members with any.
+    pub fn private_states(&self) -> BTreeMap<(String, String), PrivateState> {
+        let mut out = BTreeMap::new();
+        for (c, conv) in self.state.conversations() {
+            for (u, m) in conv.members.iter().filter(|(_, m)| m.has_private_state()) {
+                out.insert(
+                    (u.to_string(), c.to_string()),
+                    PrivateState {
+                        private_cursor: m.private_cursor,
+                        mark: m.mark,
+                    },
+                );
             }
         }
         out
@@ -87,6 +136,7 @@ pub fn report(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
         device_id: None,
         reported_at: now_ms(),
         private: false,
+        action: ReadAction::Read,
     }
 }
 
@@ -115,6 +165,26 @@ pub fn joined(conversation: &str, user: &str, seq: i64) -> ConversationEventReco
         seq,
         EventRecord::MemberJoined { user_id: user.into() },
     )
+}
+
+/// A private receipt.
+pub fn private_report(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
+    ReadReportRecord {
+        private: true,
+        ..report(conversation, user, seq)
+    }
+}
+
+/// A mark-as-unread (`marked`) or its clearing, at the user's cursor `seq`.
+pub fn unread_mark(conversation: &str, user: &str, seq: i64, marked: bool) -> ReadReportRecord {
+    ReadReportRecord {
+        action: if marked {
+            ReadAction::MarkUnread
+        } else {
+            ReadAction::ClearUnreadMark
+        },
+        ..report(conversation, user, seq)
+    }
 }
 
 pub fn left(conversation: &str, user: &str, seq: i64) -> ConversationEventRecord {

@@ -5,10 +5,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use readfold::config::Config;
-use readfold_core::flush::{ConversationBatch, MemberWrite};
+use readfold_core::flush::{ConversationBatch, MemberWrite, PrivateWrite, UserBatch};
+use readfold_core::fold::UnreadMark;
 use readfold_core::Seq;
 use readfold_store::cql::{CqlConfig, CqlStore};
-use readfold_store::redis::{RedisConfig, RedisStore};
+use readfold_store::redis::{PrivateState, RedisConfig, RedisStore};
 use readfold_store::CursorStore;
 
 use super::changelog::Key;
@@ -69,6 +70,28 @@ pub async fn assert_redis_matches(env: &TestEnv, reference: &Reference) {
             .collect();
         assert_eq!(got, want, "redis hash of {conv}");
     }
+}
+
+/// A user's private state in each conversation, through the Redis read half.
+pub async fn redis_private_state(url: &str, prefix: &str, user: &str, convs: &[String]) -> Vec<PrivateState> {
+    let store = RedisStore::connect(&redis_config(url, prefix))
+        .await
+        .expect("connect to Redis");
+    let convs: Vec<&str> = convs.iter().map(String::as_str).collect();
+    store.private_state(user, &convs).await.expect("read Redis")
+}
+
+/// A user's private state in each conversation, through the CQL read half;
+/// defaults while the keyspace does not exist yet.
+pub async fn cql_private_state(keyspace: &str, user: &str, convs: &[String]) -> Vec<PrivateState> {
+    let store = CqlStore::connect(&cql_config(keyspace))
+        .await
+        .expect("connect to the CQL server");
+    let convs: Vec<&str> = convs.iter().map(String::as_str).collect();
+    store
+        .private_state(user, &convs)
+        .await
+        .unwrap_or_else(|_| vec![PrivateState::default(); convs.len()])
 }
 
 /// The default `[cql]` section on the test CQL server, with this keyspace.
@@ -138,6 +161,54 @@ pub async fn race_writers<S: CursorStore>(a: &S, b: &S) {
     tokio::join!(up, down);
 }
 
+/// Private writes for user u, in an order that tests max-merging: C's
+/// private cursor goes 7, then a stale 3; D is marked at 10, cleared at 20,
+/// then a stale mark at 15 arrives; E is marked at 5 with seq 2, then at the
+/// same time with seq 4.
+pub fn private_race() -> Vec<UserBatch> {
+    let write = |conv: &str, cursor: u64, mark: Option<(i64, Option<u64>)>| UserBatch {
+        user_id: "u".parse().unwrap(),
+        conversations: vec![PrivateWrite {
+            conversation_id: conv.parse().unwrap(),
+            private_cursor: Seq(cursor),
+            mark: mark.map(|(at, seq)| UnreadMark {
+                at,
+                seq: seq.map(Seq),
+            }),
+        }],
+    };
+    vec![
+        write("C", 7, None),
+        write("C", 3, None),
+        write("D", 0, Some((10, Some(1)))),
+        write("D", 0, Some((20, None))),
+        write("D", 0, Some((15, Some(1)))),
+        write("E", 1, Some((5, Some(2)))),
+        write("E", 1, Some((5, Some(4)))),
+    ]
+}
+
+/// What a max-merging store holds after [`private_race`], for C, D, E.
+pub fn expected_private_state() -> Vec<PrivateState> {
+    vec![
+        PrivateState {
+            private_cursor: Seq(7),
+            mark: None,
+        },
+        PrivateState {
+            private_cursor: Seq(0),
+            mark: Some(UnreadMark { at: 20, seq: None }),
+        },
+        PrivateState {
+            private_cursor: Seq(1),
+            mark: Some(UnreadMark {
+                at: 5,
+                seq: Some(Seq(4)),
+            }),
+        },
+    ]
+}
+
 /// A store batch for one conversation: members with join_seq 1.
 pub fn sink_batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> ConversationBatch {
     ConversationBatch {
@@ -150,6 +221,7 @@ pub fn sink_batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> Conversat
                 cursor: Seq(*c),
                 join_seq: Seq(1),
                 left: false,
+                epoch: 0,
             })
             .collect(),
     }

@@ -1,7 +1,7 @@
 //! The fold: pure, I/O-free state of one input partition.
 //!
 //! Read reports and conversation events are folded with max-merge into
-//! per-conversation cursors. Changed cursors are collected in a dirty set so
+//! per-conversation cursors. Changed members are collected in a dirty set so
 //! that many reports for one (conversation, user) inside a flush window leave
 //! as one update. Nothing here knows about Kafka, time or threads.
 //!
@@ -9,11 +9,20 @@
 //! clamps a cursor to a `latest_seq` that may lag and never drops a report
 //! because the member is not yet known: readers clamp (`unread`) and apply
 //! membership (`read_count`).
+//!
+//! Each member has two cursors. The public one is what other members see
+//! (read counts, who-read). The private one moves on private receipts (as
+//! Matrix's `m.read.private`) and is seen only by the member's own devices,
+//! whose unread count uses the higher of the two. A member may also mark a
+//! conversation unread; the mark holds until their cursor passes the point
+//! where they set it, or until they clear it. Every rule is a max or a
+//! last-writer-wins by a version, so the result does not depend on how the
+//! two inputs interleave or on duplicates.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
-use crate::read_model::{ConversationView, MemberCursor};
+use crate::read_model::{ConversationView, MemberCursor, OwnCursor};
 
 #[cfg(test)]
 mod tests;
@@ -25,6 +34,20 @@ pub struct ReadReport {
     pub user_id: UserId,
     pub seq: Seq,
     pub reported_at: i64,
+    /// A private receipt: moves only the private cursor.
+    pub private: bool,
+}
+
+/// A validated mark-as-unread action, or the clearing of one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnreadMarkReport {
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    /// The user's cursor as the client knew it when they acted.
+    pub seq: Seq,
+    pub at: i64,
+    /// Marked unread (true) or cleared (false).
+    pub marked: bool,
 }
 
 /// A validated conversation event.
@@ -48,6 +71,7 @@ pub enum InputKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
     Report(ReadReport),
+    Mark(UnreadMarkReport),
     Event(ConversationEvent),
 }
 
@@ -55,6 +79,7 @@ impl Input {
     pub fn conversation_id(&self) -> &ConversationId {
         match self {
             Input::Report(r) => &r.conversation_id,
+            Input::Mark(m) => &m.conversation_id,
             Input::Event(e) => &e.conversation_id,
         }
     }
@@ -75,17 +100,40 @@ pub struct MembershipVersion {
     pub at: i64,
 }
 
+/// The latest mark-as-unread action of a member. Ordered by time, then by
+/// value (cleared below marked, lower seq below higher): the greatest wins,
+/// which the CQL store reproduces with write timestamps and its
+/// larger-value-wins rule on ties.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UnreadMark {
+    pub at: i64,
+    /// `Some(cursor when marked)`, or `None` when the latest action cleared it.
+    pub seq: Option<Seq>,
+}
+
 /// One member's read state in one conversation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {
-    /// Has read every message with seq <= cursor.
+    /// Has read every message with seq <= cursor, as other members see it.
     pub cursor: Seq,
+    /// Highest private receipt; only the member's own devices see it.
+    pub private_cursor: Seq,
     /// First seq the member can see: 1 unless they joined later.
     pub join_seq: Seq,
     /// Left members keep their cursor but count in no read count.
     pub left: bool,
+    /// Whether other members know of the member: set by anything public (a
+    /// public read, a message, a membership event). A member seen only
+    /// through private receipts or marks is not listed, so nothing public
+    /// reveals them.
+    pub listed: bool,
     /// Version of the membership event that set `join_seq`/`left`.
     pub membership: Option<MembershipVersion>,
+    /// Membership events applied so far. It only grows, and grows at every
+    /// join or leave, so the stores order membership by it (see topology.md).
+    pub epoch: u64,
+    /// The latest mark-as-unread action.
+    pub mark: Option<UnreadMark>,
     /// Latest event time of any input that touched this member.
     pub updated_at: i64,
 }
@@ -94,19 +142,38 @@ impl Member {
     fn new(updated_at: i64) -> Self {
         Member {
             cursor: Seq::ZERO,
+            private_cursor: Seq::ZERO,
             join_seq: Seq(1),
             left: false,
+            listed: false,
             membership: None,
+            epoch: 0,
+            mark: None,
             updated_at,
         }
     }
 
-    /// The member as readers see them; `None` once they left.
+    /// The member as other members see them; `None` once they left, or if
+    /// they are not listed.
     pub fn present(&self) -> Option<MemberCursor> {
-        (!self.left).then_some(MemberCursor {
+        (self.listed && !self.left).then_some(MemberCursor {
             cursor: self.cursor,
             join_seq: self.join_seq,
         })
+    }
+
+    /// The member as their own devices see themselves.
+    pub fn own(&self) -> OwnCursor {
+        OwnCursor {
+            cursor: self.cursor,
+            private_cursor: self.private_cursor,
+            mark_seq: self.mark.and_then(|m| m.seq),
+        }
+    }
+
+    /// Whether the member has state that only their own devices see.
+    pub fn has_private_state(&self) -> bool {
+        self.private_cursor > Seq::ZERO || self.mark.is_some()
     }
 }
 
@@ -119,7 +186,7 @@ pub struct Conversation {
 }
 
 impl Conversation {
-    /// This conversation as readers see it: unread, read counts and
+    /// This conversation as other members see it: unread, read counts and
     /// who-read are answered by the [read model](crate::read_model).
     pub fn view(&self) -> ConversationView {
         ConversationView {
@@ -133,25 +200,90 @@ impl Conversation {
     }
 }
 
-/// What a flush publishes for one changed key.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
-    /// The member's current cursor.
-    Upsert(CursorUpdate),
-    /// The member left: a tombstone on the changelog.
-    Left(CursorKey),
+/// Which outputs a change concerns. Every change goes to the member's own
+/// devices (the by-user changelog).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outputs {
+    /// What other members see changed: the public cursor, join_seq or
+    /// presence (the by-conversation changelog, the Redis conversation hash,
+    /// the CQL `cursors` table).
+    pub public: bool,
+    /// What only readfold and the member see changed: the private cursor,
+    /// the unread mark or the membership version (the member-state topic,
+    /// the per-user stores).
+    pub state: bool,
 }
 
-impl Change {
-    pub fn key(&self) -> CursorKey {
-        match self {
-            Change::Upsert(u) => u.key(),
-            Change::Left(k) => k.clone(),
+impl Outputs {
+    const PUBLIC: Outputs = Outputs {
+        public: true,
+        state: false,
+    };
+    const STATE: Outputs = Outputs {
+        public: false,
+        state: true,
+    };
+    const BOTH: Outputs = Outputs {
+        public: true,
+        state: true,
+    };
+
+    fn any(self) -> bool {
+        self.public || self.state
+    }
+
+    fn union(self, other: Outputs) -> Outputs {
+        Outputs {
+            public: self.public || other.public,
+            state: self.state || other.state,
         }
     }
 }
 
-/// The changelog value: one member's cursor.
+/// What a flush publishes for one changed member: their whole current
+/// state, and which outputs it concerns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub key: CursorKey,
+    pub member: Member,
+    /// The conversation's latest seq when the change was taken.
+    pub latest_seq: Seq,
+    pub outputs: Outputs,
+}
+
+impl Change {
+    pub fn key(&self) -> CursorKey {
+        self.key.clone()
+    }
+
+    /// The changelog value (public fields); `None` when the member left (a
+    /// tombstone).
+    pub fn public_update(&self) -> Option<CursorUpdate> {
+        (!self.member.left).then(|| CursorUpdate {
+            conversation_id: self.key.conversation_id.clone(),
+            user_id: self.key.user_id.clone(),
+            cursor: self.member.cursor,
+            join_seq: self.member.join_seq,
+            latest_seq: self.latest_seq,
+            updated_at: self.member.updated_at,
+        })
+    }
+
+    /// What only readfold keeps of the member: the member-state record.
+    pub fn state_update(&self) -> MemberStateUpdate {
+        MemberStateUpdate {
+            key: self.key.clone(),
+            private_cursor: self.member.private_cursor,
+            mark: self.member.mark,
+            left: self.member.left,
+            membership: self.member.membership,
+            epoch: self.member.epoch,
+            updated_at: self.member.updated_at,
+        }
+    }
+}
+
+/// The public changelog value: one member's cursor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CursorUpdate {
     pub conversation_id: ConversationId,
@@ -171,12 +303,24 @@ impl CursorUpdate {
     }
 }
 
-/// All read state of one input partition, plus the keys changed since the
-/// last successful flush.
+/// The member-state value: what the public changelog does not carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberStateUpdate {
+    pub key: CursorKey,
+    pub private_cursor: Seq,
+    pub mark: Option<UnreadMark>,
+    pub left: bool,
+    pub membership: Option<MembershipVersion>,
+    pub epoch: u64,
+    pub updated_at: i64,
+}
+
+/// All read state of one input partition, plus the members changed since
+/// the last successful flush.
 #[derive(Clone, Debug, Default)]
 pub struct PartitionState {
     conversations: HashMap<ConversationId, Conversation>,
-    dirty: HashSet<CursorKey>,
+    dirty: HashMap<CursorKey, Outputs>,
 }
 
 impl PartitionState {
@@ -197,6 +341,7 @@ impl PartitionState {
     pub fn apply(&mut self, input: &Input) -> bool {
         match input {
             Input::Report(r) => self.apply_report(r),
+            Input::Mark(m) => self.apply_mark(m),
             Input::Event(e) => self.apply_event(e),
         }
     }
@@ -206,23 +351,51 @@ impl PartitionState {
         self.conversations.values().map(|c| c.members.len()).sum()
     }
 
-    /// Number of keys changed since the last [`PartitionState::mark_flushed`].
+    /// Number of members changed since the last [`PartitionState::mark_flushed`].
     pub fn dirty_len(&self) -> usize {
         self.dirty.len()
     }
 
-    /// Folds one read report. Returns whether any cursor moved.
+    /// Folds one read report: a public one moves the cursor others see, a
+    /// private one only the member's own. Returns whether a cursor moved.
     pub fn apply_report(&mut self, report: &ReadReport) -> bool {
         let conv = self
             .conversations
             .entry(report.conversation_id.clone())
             .or_default();
         let (member, created) = member_entry(conv, &report.user_id, report.reported_at);
-        let moved = advance(member, report.seq);
+        let (moved, outputs) = if report.private {
+            (advance(&mut member.private_cursor, report.seq), Outputs::STATE)
+        } else {
+            let listed = list(member);
+            (advance(&mut member.cursor, report.seq) || listed, Outputs::PUBLIC)
+        };
         if moved || created {
-            self.mark_dirty(&report.conversation_id, &report.user_id);
+            self.mark_dirty(&report.conversation_id, &report.user_id, outputs);
         }
         moved
+    }
+
+    /// Folds a mark-as-unread action or its clearing; the latest action, by
+    /// [`UnreadMark`] order, wins. Returns whether the mark changed.
+    pub fn apply_mark(&mut self, mark: &UnreadMarkReport) -> bool {
+        let conv = self
+            .conversations
+            .entry(mark.conversation_id.clone())
+            .or_default();
+        let (member, created) = member_entry(conv, &mark.user_id, mark.at);
+        let version = UnreadMark {
+            at: mark.at,
+            seq: mark.marked.then_some(mark.seq),
+        };
+        let changed = member.mark.is_none_or(|m| version > m);
+        if changed {
+            member.mark = Some(version);
+        }
+        if changed || created {
+            self.mark_dirty(&mark.conversation_id, &mark.user_id, Outputs::STATE);
+        }
+        changed
     }
 
     /// Folds one conversation event. Returns whether any member changed.
@@ -236,46 +409,75 @@ impl PartitionState {
             seq: event.seq,
             at: event.at,
         };
-        let (user, changed) = match &event.kind {
+        let (user, outputs) = match &event.kind {
             EventKind::MessageSent { sender_id } => {
                 // The sender has read what they wrote.
                 let (member, created) = member_entry(conv, sender_id, event.at);
-                (sender_id, advance(member, event.seq) || created)
+                let listed = list(member);
+                let moved = advance(&mut member.cursor, event.seq);
+                (
+                    sender_id,
+                    if moved || created || listed {
+                        Outputs::PUBLIC
+                    } else {
+                        Outputs::default()
+                    },
+                )
             }
             EventKind::MemberJoined { user_id } => {
                 let (member, created) = member_entry(conv, user_id, event.at);
-                let mut changed = created;
+                let listed = list(member);
+                let mut outputs = if created || listed {
+                    Outputs::PUBLIC
+                } else {
+                    Outputs::default()
+                };
                 if member.membership.is_none_or(|v| version > v) {
                     // Unread 0 for history, but no credit as a reader of it.
                     let join_seq = Seq(event.seq.get() + 1);
-                    changed |= member.left || member.join_seq != join_seq;
+                    if member.left || member.join_seq != join_seq {
+                        outputs = Outputs::BOTH;
+                    }
+                    outputs = outputs.union(Outputs::STATE);
                     member.membership = Some(version);
+                    member.epoch += 1;
                     member.left = false;
                     member.join_seq = join_seq;
                 }
-                changed |= advance(member, event.seq);
-                (user_id, changed)
+                if advance(&mut member.cursor, event.seq) {
+                    outputs = outputs.union(Outputs::PUBLIC);
+                }
+                (user_id, outputs)
             }
             EventKind::MemberLeft { user_id } => {
                 let (member, created) = member_entry(conv, user_id, event.at);
-                let mut changed = created;
+                let listed = list(member);
+                let mut outputs = if created || listed {
+                    Outputs::PUBLIC
+                } else {
+                    Outputs::default()
+                };
                 if member.membership.is_none_or(|v| version > v) {
-                    changed |= !member.left;
+                    if !member.left {
+                        outputs = Outputs::BOTH;
+                    }
+                    outputs = outputs.union(Outputs::STATE);
                     member.membership = Some(version);
+                    member.epoch += 1;
                     member.left = true;
                 }
-                (user_id, changed)
+                (user_id, outputs)
             }
         };
-        if changed {
+        if outputs.any() {
             let user = user.clone();
-            self.mark_dirty(&event.conversation_id, &user);
+            self.mark_dirty(&event.conversation_id, &user, outputs);
         }
-        changed
+        outputs.any()
     }
 
-    /// Rebuilds state from a changelog record (restore). Marks nothing dirty:
-    /// the changelog already holds it.
+    /// Rebuilds state from a public changelog record (restore). Marks
+    /// nothing dirty: the changelog already holds it.
     pub fn restore_update(&mut self, update: &CursorUpdate) {
         let conv = self
             .conversations
@@ -286,7 +488,9 @@ impl PartitionState {
         member.cursor = member.cursor.max(update.cursor);
         member.join_seq = update.join_seq;
         member.left = false;
+        member.listed = true;
         // A replayed join older than this record must not change anything.
+        // (The member-state record, restored after, gives the exact version.)
         member.membership = (update.join_seq > Seq(1)).then_some(MembershipVersion {
             seq: Seq(update.join_seq.get() - 1),
             at: i64::MIN,
@@ -294,21 +498,42 @@ impl PartitionState {
         member.updated_at = member.updated_at.max(update.updated_at);
     }
 
-    /// Applies a changelog tombstone (restore): the member has left.
+    /// Applies a public changelog tombstone (restore): the member has left.
     pub fn restore_tombstone(&mut self, key: &CursorKey) {
         let conv = self.conversations.entry(key.conversation_id.clone()).or_default();
         let (member, _) = member_entry(conv, &key.user_id, i64::MIN);
         member.left = true;
+        member.listed = true;
         member.membership = member.membership.or(Some(MembershipVersion {
             seq: Seq::ZERO,
             at: i64::MIN,
         }));
     }
 
-    /// The current value of every dirty key, without clearing the dirty set,
-    /// so that a failed flush can be retried with values at least as new.
+    /// Applies a member-state record (restore, after the public changelog):
+    /// the private cursor, the mark and the exact membership.
+    pub fn restore_state(&mut self, state: &MemberStateUpdate) {
+        let conv = self
+            .conversations
+            .entry(state.key.conversation_id.clone())
+            .or_default();
+        let (member, _) = member_entry(conv, &state.key.user_id, state.updated_at);
+        member.private_cursor = member.private_cursor.max(state.private_cursor);
+        member.mark = member.mark.max(state.mark);
+        if state.epoch >= member.epoch {
+            member.epoch = state.epoch;
+            member.left = state.left;
+            member.membership = state.membership.or(member.membership);
+        }
+    }
+
+    /// The current value of every dirty member, without clearing the dirty
+    /// set, so that a failed flush can be retried with values at least as new.
     pub fn pending_changes(&self) -> Vec<Change> {
-        self.dirty.iter().map(|key| self.change_for(key)).collect()
+        self.dirty
+            .iter()
+            .map(|(key, &outputs)| self.change_for(key, outputs))
+            .collect()
     }
 
     /// Forgets the dirty set after every sink has acknowledged.
@@ -325,12 +550,12 @@ impl PartitionState {
 
     /// Whether a key changed since the last flush.
     pub fn is_dirty(&self, key: &CursorKey) -> bool {
-        self.dirty.contains(key)
+        self.dirty.contains_key(key)
     }
 
     /// The keys changed since the last flush.
     pub fn dirty_keys(&self) -> impl Iterator<Item = &CursorKey> {
-        self.dirty.iter()
+        self.dirty.keys()
     }
 
     /// Every (conversation, user) held.
@@ -343,35 +568,35 @@ impl PartitionState {
         })
     }
 
-    /// The current value of a key, as a flush would publish it.
+    /// A member's whole current state, as a snapshot writes it: public, and
+    /// state when they have any private state.
     pub fn current(&self, key: &CursorKey) -> Option<Change> {
         let conv = self.conversations.get(&key.conversation_id)?;
-        conv.members
-            .contains_key(&key.user_id)
-            .then(|| self.change_for(key))
+        let member = conv.members.get(&key.user_id)?;
+        let outputs = Outputs {
+            public: member.listed,
+            state: member.has_private_state(),
+        };
+        Some(self.change_for(key, outputs))
     }
 
-    fn change_for(&self, key: &CursorKey) -> Change {
+    fn change_for(&self, key: &CursorKey, outputs: Outputs) -> Change {
         let conv = &self.conversations[&key.conversation_id];
-        let member = &conv.members[&key.user_id];
-        if member.left {
-            return Change::Left(key.clone());
-        }
-        Change::Upsert(CursorUpdate {
-            conversation_id: key.conversation_id.clone(),
-            user_id: key.user_id.clone(),
-            cursor: member.cursor,
-            join_seq: member.join_seq,
+        Change {
+            key: key.clone(),
+            member: conv.members[&key.user_id].clone(),
             latest_seq: conv.latest_seq,
-            updated_at: member.updated_at,
-        })
+            outputs,
+        }
     }
 
-    fn mark_dirty(&mut self, conversation_id: &ConversationId, user_id: &UserId) {
-        self.dirty.insert(CursorKey {
+    fn mark_dirty(&mut self, conversation_id: &ConversationId, user_id: &UserId, outputs: Outputs) {
+        let key = CursorKey {
             conversation_id: conversation_id.clone(),
             user_id: user_id.clone(),
-        });
+        };
+        let entry = self.dirty.entry(key).or_default();
+        *entry = entry.union(outputs);
     }
 }
 
@@ -387,10 +612,16 @@ fn member_entry<'a>(conv: &'a mut Conversation, user: &UserId, at: i64) -> (&'a 
     (member, created)
 }
 
+/// Lists the member (see [`Member::listed`]); returns whether they were not
+/// listed before.
+fn list(member: &mut Member) -> bool {
+    !std::mem::replace(&mut member.listed, true)
+}
+
 /// Max-merge: returns whether the cursor moved forward.
-fn advance(member: &mut Member, seq: Seq) -> bool {
-    if seq > member.cursor {
-        member.cursor = seq;
+fn advance(cursor: &mut Seq, seq: Seq) -> bool {
+    if seq > *cursor {
+        *cursor = seq;
         true
     } else {
         false

@@ -16,7 +16,39 @@ fn report(c: &str, u: &str, seq: u64) -> ReadReport {
         user_id: user(u),
         seq: Seq(seq),
         reported_at: seq as i64,
+        private: false,
     }
+}
+fn private_report(c: &str, u: &str, seq: u64) -> ReadReport {
+    ReadReport {
+        private: true,
+        ..report(c, u, seq)
+    }
+}
+fn mark(c: &str, u: &str, seq: u64, at: i64, marked: bool) -> UnreadMarkReport {
+    UnreadMarkReport {
+        conversation_id: conv(c),
+        user_id: user(u),
+        seq: Seq(seq),
+        at,
+        marked,
+    }
+}
+
+/// Restores as the processor does: the public changelog (what changes
+/// with public outputs published), then the member-state topic.
+fn restore_from(changes: &[Change]) -> PartitionState {
+    let mut restored = PartitionState::new();
+    for change in changes.iter().filter(|c| c.outputs.public) {
+        match change.public_update() {
+            Some(u) => restored.restore_update(&u),
+            None => restored.restore_tombstone(&change.key),
+        }
+    }
+    for change in changes.iter().filter(|c| c.outputs.state) {
+        restored.restore_state(&change.state_update());
+    }
+    restored
 }
 fn sent(c: &str, sender: &str, seq: u64) -> ConversationEvent {
     event(
@@ -164,7 +196,13 @@ fn a_member_who_left_keeps_the_cursor_but_stops_counting() {
         conversation_id: conv("G"),
         user_id: user("B"),
     };
-    assert_eq!(s.drain(), vec![Change::Left(key)]);
+    let changes = s.drain();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].key, key);
+    assert!(
+        changes[0].member.left && changes[0].public_update().is_none(),
+        "a tombstone"
+    );
 }
 
 #[test]
@@ -186,10 +224,7 @@ fn coalesces_many_reports_into_one_change() {
     }
     let changes = s.drain();
     assert_eq!(changes.len(), 1);
-    match &changes[0] {
-        Change::Upsert(u) => assert_eq!(u.cursor, Seq(100)),
-        other => panic!("unexpected {other:?}"),
-    }
+    assert_eq!(changes[0].public_update().unwrap().cursor, Seq(100));
     assert!(s.drain().is_empty());
 }
 
@@ -211,13 +246,7 @@ fn restore_rebuilds_state_without_dirtying() {
     a.apply_event(&left("G", "E", 3, 3));
     let changes = a.drain();
 
-    let mut b = PartitionState::new();
-    for change in &changes {
-        match change {
-            Change::Upsert(u) => b.restore_update(u),
-            Change::Left(k) => b.restore_tombstone(k),
-        }
-    }
+    let mut b = restore_from(&changes);
     assert_eq!(b.dirty_len(), 0);
     let (ca, cb) = (
         a.conversation(&conv("G")).unwrap(),
@@ -234,23 +263,171 @@ fn restore_rebuilds_state_without_dirtying() {
     assert!(!b.apply_report(&report("G", "B", 2)));
 }
 
+/// A private receipt moves the member's own view, never what others see.
+#[test]
+fn a_private_receipt_moves_only_the_own_cursor() {
+    let mut s = PartitionState::new();
+    for u in ["A", "B", "C"] {
+        s.apply_event(&joined("G", u, 0, 0));
+    }
+    s.apply_event(&sent("G", "A", 1));
+    s.apply_event(&sent("G", "A", 2));
+    s.drain();
+    assert!(s.apply_report(&private_report("G", "B", 2)));
+    let c = s.conversation(&conv("G")).unwrap();
+    assert_eq!(c.view().read_count(Seq(2), &user("A")), 0, "others see nothing");
+    assert_eq!(c.view().members[&user("B")].cursor, Seq::ZERO);
+    let own = c.members[&user("B")].own();
+    assert_eq!(own.unread(c.latest_seq), 0, "B's own unread drops");
+    let changes = s.drain();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(
+        changes[0].outputs,
+        Outputs {
+            public: false,
+            state: true
+        },
+        "nothing public is published"
+    );
+    // A later public report at or below the private cursor catches up.
+    assert!(s.apply_report(&report("G", "B", 1)));
+    let changes = s.drain();
+    assert!(changes[0].outputs.public && !changes[0].outputs.state);
+    assert_eq!(changes[0].public_update().unwrap().cursor, Seq(1));
+    assert_eq!(cursor_of(&s, "G", "B"), 1);
+}
+
+#[test]
+fn a_member_seen_only_privately_stays_unlisted_until_something_public() {
+    let mut s = PartitionState::new();
+    s.apply_event(&sent("G", "A", 3));
+    s.drain();
+    s.apply_report(&private_report("G", "X", 3));
+    s.apply_mark(&mark("G", "Y", 0, 1, true));
+    let changes = s.drain();
+    assert!(changes.iter().all(|c| !c.outputs.public));
+    let view = s.conversation(&conv("G")).unwrap().view();
+    assert_eq!(view.members.len(), 1, "only A is listed");
+    let key = |u| CursorKey {
+        conversation_id: conv("G"),
+        user_id: user(u),
+    };
+    assert!(
+        !s.current(&key("X")).unwrap().outputs.public,
+        "a snapshot leaves X out too"
+    );
+    // A public report lists X.
+    s.apply_report(&report("G", "X", 1));
+    assert!(s.drain()[0].outputs.public);
+    assert!(s
+        .conversation(&conv("G"))
+        .unwrap()
+        .view()
+        .members
+        .contains_key(&user("X")));
+}
+
+#[test]
+fn an_unread_mark_holds_until_the_cursor_passes_it_or_it_is_cleared() {
+    let mut s = PartitionState::new();
+    s.apply_event(&joined("G", "B", 0, 0));
+    s.apply_event(&sent("G", "A", 1));
+    s.apply_event(&sent("G", "A", 2));
+    s.apply_report(&report("G", "B", 2));
+    let own = |s: &PartitionState| {
+        let c = s.conversation(&conv("G")).unwrap();
+        (c.members[&user("B")].own(), c.latest_seq)
+    };
+    assert!(s.apply_mark(&mark("G", "B", 2, 100, true)));
+    let (o, latest) = own(&s);
+    assert!(o.marked_unread());
+    assert_eq!(o.unread(latest), 1, "marked: at least 1 unread");
+    // A stale or duplicate report does not clear it.
+    s.apply_report(&report("G", "B", 2));
+    assert!(own(&s).0.marked_unread());
+    // An older clear does not undo a newer mark.
+    assert!(!s.apply_mark(&mark("G", "B", 2, 50, false)));
+    assert!(own(&s).0.marked_unread());
+    // Reading on clears it.
+    s.apply_event(&sent("G", "A", 3));
+    s.apply_report(&report("G", "B", 3));
+    let (o, latest) = own(&s);
+    assert!(!o.marked_unread());
+    assert_eq!(o.unread(latest), 0);
+    // Marked again, then cleared explicitly.
+    s.apply_mark(&mark("G", "B", 3, 200, true));
+    assert!(own(&s).0.marked_unread());
+    assert!(s.apply_mark(&mark("G", "B", 3, 300, false)));
+    assert!(!own(&s).0.marked_unread());
+    let changes = s.drain();
+    let b = changes.iter().find(|c| c.key.user_id == user("B")).unwrap();
+    assert!(b.outputs.state, "marks go to the member-state topic");
+}
+
+#[test]
+fn the_membership_epoch_grows_with_every_join_and_leave_and_only_then() {
+    let mut s = PartitionState::new();
+    let epoch = |s: &PartitionState| s.conversation(&conv("G")).unwrap().members[&user("B")].epoch;
+    s.apply_event(&joined("G", "B", 0, 1));
+    assert_eq!(epoch(&s), 1);
+    s.apply_event(&joined("G", "B", 0, 1));
+    assert_eq!(epoch(&s), 1, "a duplicate join changes nothing");
+    s.apply_report(&report("G", "B", 4));
+    assert_eq!(epoch(&s), 1);
+    s.apply_event(&left("G", "B", 4, 2));
+    s.apply_event(&joined("G", "B", 4, 3));
+    assert_eq!(epoch(&s), 3, "leave, then rejoin at the same seq");
+    s.apply_event(&left("G", "B", 4, 2));
+    assert_eq!(epoch(&s), 3, "a replayed older leave changes nothing");
+    assert!(!s.conversation(&conv("G")).unwrap().members[&user("B")].left);
+}
+
+#[test]
+fn restore_brings_back_private_cursors_marks_and_membership() {
+    let mut a = PartitionState::new();
+    a.apply_event(&joined("G", "B", 0, 1));
+    a.apply_report(&private_report("G", "B", 7));
+    a.apply_mark(&mark("G", "B", 7, 10, true));
+    a.apply_event(&left("G", "B", 2, 2));
+    a.apply_event(&joined("G", "B", 2, 3));
+    let b = restore_from(&a.drain());
+    let (ma, mb) = (
+        &a.conversation(&conv("G")).unwrap().members[&user("B")],
+        &b.conversation(&conv("G")).unwrap().members[&user("B")],
+    );
+    assert_eq!(mb.private_cursor, Seq(7));
+    assert_eq!(mb.mark, ma.mark);
+    assert_eq!(mb.epoch, 3);
+    assert_eq!(mb.membership, ma.membership);
+}
+
 // ---- properties -------------------------------------------------------
 
 #[derive(Clone, Debug)]
 enum Record {
-    Report(ReadReport),
+    /// A record of the read-reports topic: a read (public or private) or a mark.
+    Report(Input),
     Event(ConversationEvent),
 }
 
 const CONVS: [&str; 2] = ["c1", "c2"];
 const USERS: [&str; 4] = ["a", "b", "c", "d"];
 
-fn arb_report() -> impl Strategy<Value = ReadReport> {
-    (0..CONVS.len(), 0..USERS.len(), 1u64..30, 0i64..1000).prop_map(|(c, u, seq, at)| ReadReport {
-        conversation_id: conv(CONVS[c]),
-        user_id: user(USERS[u]),
-        seq: Seq(seq),
-        reported_at: at,
+fn arb_report() -> impl Strategy<Value = Input> {
+    (0..CONVS.len(), 0..USERS.len(), 1u64..30, 0i64..1000, 0u8..10).prop_map(|(c, u, seq, at, kind)| {
+        let (c, u) = (CONVS[c], USERS[u]);
+        match kind {
+            0 => Input::Mark(mark(c, u, seq, at, true)),
+            1 => Input::Mark(mark(c, u, seq, at, false)),
+            2 | 3 => Input::Report(ReadReport {
+                reported_at: at,
+                ..private_report(c, u, seq)
+            }),
+            _ => Input::Report(ReadReport {
+                reported_at: at,
+                ..report(c, u, seq)
+            }),
+        }
     })
 }
 
@@ -339,7 +516,7 @@ fn arb_delivery() -> impl Strategy<Value = (Vec<Record>, Vec<Record>)> {
 
 fn apply(state: &mut PartitionState, record: &Record) {
     match record {
-        Record::Report(r) => state.apply_report(r),
+        Record::Report(r) => state.apply(r),
         Record::Event(e) => state.apply_event(e),
     };
 }
@@ -369,14 +546,20 @@ proptest! {
     ) {
         let mut s = PartitionState::new();
         let mut seen: HashMap<CursorKey, Seq> = HashMap::new();
+        let mut seen_private: HashMap<CursorKey, Seq> = HashMap::new();
+        let mut seen_epoch: HashMap<CursorKey, u64> = HashMap::new();
         let mut emitted: HashMap<CursorKey, Seq> = HashMap::new();
         for (i, record) in delivered.iter().enumerate() {
             apply(&mut s, record);
             for (c, conv) in s.conversations() {
                 for (u, m) in &conv.members {
                     let key = CursorKey { conversation_id: c.clone(), user_id: u.clone() };
-                    let before = seen.insert(key, m.cursor).unwrap_or(Seq::ZERO);
+                    let before = seen.insert(key.clone(), m.cursor).unwrap_or(Seq::ZERO);
                     prop_assert!(m.cursor >= before, "cursor moved back");
+                    let before = seen_private.insert(key.clone(), m.private_cursor).unwrap_or(Seq::ZERO);
+                    prop_assert!(m.private_cursor >= before, "private cursor moved back");
+                    let before = seen_epoch.insert(key, m.epoch).unwrap_or(0);
+                    prop_assert!(m.epoch >= before, "membership epoch moved back");
                 }
             }
             if i % flush_every == 0 {
@@ -387,7 +570,7 @@ proptest! {
                 keys.dedup();
                 prop_assert_eq!(n, keys.len(), "a key emitted twice in one drain");
                 for change in changes {
-                    if let Change::Upsert(u) = change {
+                    if let Some(u) = change.public_update() {
                         let before = emitted.insert(u.key(), u.cursor).unwrap_or(Seq::ZERO);
                         prop_assert!(u.cursor >= before, "emitted a lower cursor");
                     }
@@ -404,18 +587,17 @@ proptest! {
             apply(&mut live, record);
             changelog.extend(live.drain());
         }
-        let mut restored = PartitionState::new();
-        for change in &changelog {
-            match change {
-                Change::Upsert(u) => restored.restore_update(u),
-                Change::Left(k) => restored.restore_tombstone(k),
-            }
-        }
+        let restored = restore_from(&changelog);
         for (c, conv) in live.conversations() {
             let other = restored.conversation(c).unwrap();
             for (u, m) in &conv.members {
                 let r = &other.members[u];
                 prop_assert_eq!(m.left, r.left);
+                prop_assert_eq!(m.listed, r.listed);
+                prop_assert_eq!(m.private_cursor, r.private_cursor);
+                prop_assert_eq!(m.mark, r.mark);
+                prop_assert_eq!(m.epoch, r.epoch);
+                prop_assert_eq!(m.membership, r.membership);
                 if !m.left {
                     prop_assert_eq!(m.cursor, r.cursor);
                     prop_assert_eq!(m.join_seq, r.join_seq);

@@ -26,7 +26,7 @@ pub mod write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use readfold_core::flush::ConversationBatch;
+use readfold_core::flush::{ConversationBatch, UserBatch};
 use readfold_core::{ConversationId, ConversationView};
 use scylla::client::execution_profile::ExecutionProfile;
 use scylla::client::session::Session;
@@ -42,7 +42,10 @@ use crate::CursorStore;
 /// The prepared writes.
 struct Statements {
     cursor: PreparedStatement,
+    departure: PreparedStatement,
     conversation: PreparedStatement,
+    private_cursor: PreparedStatement,
+    mark: PreparedStatement,
 }
 
 /// A session on the CQL cluster that holds the cursor snapshots.
@@ -92,22 +95,39 @@ impl CqlStore {
         }
         session.await_schema_agreement().await?;
         let ks = &config.keyspace;
-        let mut cursor = session
-            .prepare(format!(
+        let prepare = |cql: String| async move {
+            let mut statement = session.prepare(cql).await?;
+            // Explicit write timestamps make retries harmless.
+            statement.set_is_idempotent(true);
+            Ok::<_, Error>(statement)
+        };
+        let statements = Statements {
+            cursor: prepare(format!(
                 "INSERT INTO {ks}.cursors (conversation_id, user_id, cursor, join_seq, updated_at) \
                  VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
             ))
-            .await?;
-        let mut conversation = session
-            .prepare(format!(
+            .await?,
+            departure: prepare(format!(
+                "DELETE FROM {ks}.cursors USING TIMESTAMP ? WHERE conversation_id = ? AND user_id = ?"
+            ))
+            .await?,
+            conversation: prepare(format!(
                 "INSERT INTO {ks}.conversations (conversation_id, latest_seq) \
                  VALUES (?, ?) USING TIMESTAMP ?"
             ))
-            .await?;
-        // Explicit write timestamps make retries harmless.
-        cursor.set_is_idempotent(true);
-        conversation.set_is_idempotent(true);
-        store.statements = Some(Arc::new(Statements { cursor, conversation }));
+            .await?,
+            private_cursor: prepare(format!(
+                "UPDATE {ks}.user_cursors USING TIMESTAMP ? SET private_cursor = ? \
+                 WHERE user_id = ? AND conversation_id = ?"
+            ))
+            .await?,
+            mark: prepare(format!(
+                "UPDATE {ks}.user_cursors USING TIMESTAMP ? SET unread_mark = ? \
+                 WHERE user_id = ? AND conversation_id = ?"
+            ))
+            .await?,
+        };
+        store.statements = Some(Arc::new(statements));
         Ok(store)
     }
 
@@ -126,6 +146,10 @@ impl CursorStore for CqlStore {
 
     async fn write(&self, batches: &[ConversationBatch]) -> Result<u64> {
         self.merge(batches).await
+    }
+
+    async fn write_private(&self, batches: &[UserBatch]) -> Result<u64> {
+        self.merge_private(batches).await
     }
 
     async fn read(&self, conversation: &ConversationId) -> Result<Option<ConversationView>> {

@@ -2,10 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use readfold_core::fold::UnreadMark;
 use readfold_core::{ConversationId, ConversationView, CursorKey, MemberCursor, Seq, UserId};
 
 use super::CqlStore;
 use crate::error::{Error, Result};
+use crate::redis::PrivateState;
 
 /// A stored bigint as a seq; negative values are never written.
 fn seq(n: i64) -> Seq {
@@ -93,6 +95,46 @@ impl CqlStore {
             );
         }
         Ok(out)
+    }
+
+    /// A user's private state in each of `conversations`, in that order
+    /// (defaults where CQL holds none). The mark's time is not stored: it
+    /// is the cell's write time, and only orders writes.
+    pub async fn private_state(&self, user_id: &str, conversations: &[&str]) -> Result<Vec<PrivateState>> {
+        let rows = self
+            .session
+            .query_unpaged(
+                format!(
+                    "SELECT conversation_id, private_cursor, unread_mark, WRITETIME(unread_mark) \
+                     FROM {}.user_cursors WHERE user_id = ?",
+                    self.keyspace
+                ),
+                (user_id,),
+            )
+            .await?
+            .into_rows_result()
+            .map_err(Error::cql_result)?;
+        let mut found = BTreeMap::new();
+        for row in rows
+            .rows::<(String, Option<i64>, Option<i64>, Option<i64>)>()
+            .map_err(Error::cql_result)?
+        {
+            let (conversation, cursor, mark, mark_at) = row.map_err(Error::cql_result)?;
+            found.insert(
+                conversation,
+                PrivateState {
+                    private_cursor: seq(cursor.unwrap_or(0)),
+                    mark: mark.zip(mark_at).map(|(value, at)| UnreadMark {
+                        at,
+                        seq: (value >= 0).then(|| seq(value)),
+                    }),
+                },
+            );
+        }
+        Ok(conversations
+            .iter()
+            .map(|c| found.get(*c).copied().unwrap_or_default())
+            .collect())
     }
 
     /// The latest seq CQL holds for a conversation.

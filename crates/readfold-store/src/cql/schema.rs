@@ -1,7 +1,7 @@
 //! The tables, created idempotently by writers at connect.
 
 /// The schema, in creation order.
-pub fn schema(keyspace: &str, replication: &str) -> [String; 3] {
+pub fn schema(keyspace: &str, replication: &str) -> [String; 4] {
     [
         format!("CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}"),
         format!(
@@ -13,6 +13,12 @@ pub fn schema(keyspace: &str, replication: &str) -> [String; 3] {
             "CREATE TABLE IF NOT EXISTS {keyspace}.conversations \
              (conversation_id text PRIMARY KEY, latest_seq bigint)"
         ),
+        // What only the user's own devices see, one partition per user.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {keyspace}.user_cursors (user_id text, conversation_id text, \
+             private_cursor bigint, unread_mark bigint, \
+             PRIMARY KEY ((user_id), conversation_id))"
+        ),
     ]
 }
 
@@ -22,12 +28,16 @@ mod tests {
 
     #[test]
     fn schema_names_the_keyspace() {
-        let [ks, cursors, conversations] =
+        let [ks, cursors, conversations, user_cursors] =
             schema("k", "{'class': 'SimpleStrategy', 'replication_factor': 1}");
         assert!(ks.starts_with("CREATE KEYSPACE IF NOT EXISTS k WITH replication = {"));
         assert!(
             cursors.contains("k.cursors") && cursors.contains("PRIMARY KEY ((conversation_id), user_id)")
         );
         assert!(conversations.contains("k.conversations"));
+        assert!(
+            user_cursors.contains("k.user_cursors")
+                && user_cursors.contains("PRIMARY KEY ((user_id), conversation_id)")
+        );
     }
 }

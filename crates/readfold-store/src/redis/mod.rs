@@ -4,9 +4,16 @@
 //! conversation's keys in one round trip.
 //!
 //! For conversation C, with prefix P:
-//! - `P:{C}:cursors` hash user -> cursor, for every present member;
+//! - `P:{C}:cursors` hash user -> public cursor, for every present member;
 //! - `P:{C}:latest`  the latest seq;
-//! - `P:{C}:joined`  hash user -> join_seq, only where it is above 1.
+//! - `P:{C}:joined`  hash user -> join_seq, only where it is above 1;
+//! - `P:{C}:epoch`   hash user -> membership epoch, which orders joins and
+//!   departures (only where it is above 0).
+//!
+//! For user U, what only U's own devices see (`merge_private.lua`):
+//! - `P:user:{U}:private` hash conversation -> private cursor;
+//! - `P:user:{U}:marks`   hash conversation -> `<at>:<seq>` of the latest
+//!   mark-as-unread action (seq -1: cleared).
 
 mod config;
 mod read;
@@ -14,24 +21,35 @@ mod write;
 
 use std::time::Duration;
 
-use readfold_core::flush::ConversationBatch;
+use readfold_core::flush::{ConversationBatch, UserBatch};
 use readfold_core::{ConversationId, ConversationView};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub use config::RedisConfig;
-pub use write::MERGE_SCRIPT;
+pub use read::{MemberView, PrivateState, UserViews};
+pub use write::{MERGE_PRIVATE_SCRIPT, MERGE_SCRIPT};
 
 use crate::error::{Error, Result};
 use crate::CursorStore;
 
-/// The Redis keys of one conversation: cursors, latest, joined. The braces
-/// are a Redis Cluster hash tag: all keys of a conversation live in one
-/// slot, as the script needs.
-pub fn keys(prefix: &str, conversation_id: &str) -> [String; 3] {
+/// The Redis keys of one conversation: cursors, latest, joined, epoch. The
+/// braces are a Redis Cluster hash tag: all keys of a conversation live in
+/// one slot, as the script needs.
+pub fn keys(prefix: &str, conversation_id: &str) -> [String; 4] {
     [
         format!("{prefix}:{{{conversation_id}}}:cursors"),
         format!("{prefix}:{{{conversation_id}}}:latest"),
         format!("{prefix}:{{{conversation_id}}}:joined"),
+        format!("{prefix}:{{{conversation_id}}}:epoch"),
+    ]
+}
+
+/// The Redis keys of one user's private state: private cursors, marks; one
+/// slot per user.
+pub fn user_keys(prefix: &str, user_id: &str) -> [String; 2] {
+    [
+        format!("{prefix}:user:{{{user_id}}}:private"),
+        format!("{prefix}:user:{{{user_id}}}:marks"),
     ]
 }
 
@@ -39,6 +57,7 @@ pub fn keys(prefix: &str, conversation_id: &str) -> [String; 3] {
 pub struct RedisStore {
     conn: ConnectionManager,
     script: redis::Script,
+    private_script: redis::Script,
     prefix: String,
 }
 
@@ -59,11 +78,12 @@ impl RedisStore {
         Ok(RedisStore {
             conn,
             script: redis::Script::new(MERGE_SCRIPT),
+            private_script: redis::Script::new(MERGE_PRIVATE_SCRIPT),
             prefix: config.key_prefix.clone(),
         })
     }
 
-    /// Connects and loads the max-merge script.
+    /// Connects and loads the max-merge scripts.
     pub async fn connect_writer(config: &RedisConfig) -> Result<Self> {
         let store = Self::connect(config).await?;
         store.load_script().await?;
@@ -80,6 +100,10 @@ impl CursorStore for RedisStore {
 
     async fn write(&self, batches: &[ConversationBatch]) -> Result<u64> {
         self.merge(batches).await
+    }
+
+    async fn write_private(&self, batches: &[UserBatch]) -> Result<u64> {
+        self.merge_private(batches).await
     }
 
     async fn read(&self, conversation: &ConversationId) -> Result<Option<ConversationView>> {

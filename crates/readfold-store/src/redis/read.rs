@@ -3,9 +3,10 @@
 
 use std::collections::HashMap;
 
+use readfold_core::fold::UnreadMark;
 use readfold_core::{ConversationView, MemberCursor, Seq, UserId};
 
-use super::{keys, RedisStore};
+use super::{keys, user_keys, RedisStore};
 use crate::error::Result;
 
 impl RedisStore {
@@ -13,7 +14,7 @@ impl RedisStore {
     /// holds nothing of it (never written, evicted or flushed). Ids that are
     /// not valid user ids (written by hand) are skipped.
     pub async fn conversation(&self, conversation_id: &str) -> Result<Option<ConversationView>> {
-        let [cursors, latest, joined] = keys(&self.prefix, conversation_id);
+        let [cursors, latest, joined, _] = keys(&self.prefix, conversation_id);
         let mut conn = self.conn.clone();
         let (cursors, latest, joined): (HashMap<String, u64>, Option<u64>, HashMap<String, u64>) =
             redis::pipe()
@@ -47,5 +48,159 @@ impl RedisStore {
             latest_seq: Seq(latest.unwrap_or(0)),
             members,
         }))
+    }
+}
+
+/// What only a user's own devices see of one conversation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrivateState {
+    pub private_cursor: Seq,
+    pub mark: Option<UnreadMark>,
+}
+
+impl RedisStore {
+    /// A user's private state in each of `conversations`, in that order
+    /// (defaults where Redis holds none).
+    pub async fn private_state(&self, user_id: &str, conversations: &[&str]) -> Result<Vec<PrivateState>> {
+        if conversations.is_empty() {
+            return Ok(Vec::new());
+        }
+        let [private, marks] = user_keys(&self.prefix, user_id);
+        let mut conn = self.conn.clone();
+        let (cursors, marks): (Vec<Option<u64>>, Vec<Option<String>>) = redis::pipe()
+            .cmd("HMGET")
+            .arg(&private)
+            .arg(conversations)
+            .cmd("HMGET")
+            .arg(&marks)
+            .arg(conversations)
+            .query_async(&mut conn)
+            .await?;
+        Ok(cursors
+            .into_iter()
+            .zip(marks)
+            .map(|(cursor, mark)| PrivateState {
+                private_cursor: Seq(cursor.unwrap_or(0)),
+                mark: mark.as_deref().and_then(parse_mark),
+            })
+            .collect())
+    }
+}
+
+/// One conversation as one user sees it: its latest seq and the user's
+/// public cursor when they are a present member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemberView {
+    pub latest_seq: Seq,
+    pub member: Option<MemberCursor>,
+}
+
+/// What [`RedisStore::member_views`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UserViews {
+    /// Per conversation, in the order asked; `None` when Redis holds nothing
+    /// of it.
+    pub conversations: Vec<Option<MemberView>>,
+    /// The user's private state per conversation; `None` when Redis holds no
+    /// private state of the user at all (never any, or lost).
+    pub private: Option<Vec<PrivateState>>,
+}
+
+impl RedisStore {
+    /// A user's view of many conversations in one round trip: for a badge
+    /// list.
+    pub async fn member_views(&self, user_id: &str, conversations: &[&str]) -> Result<UserViews> {
+        if conversations.is_empty() {
+            return Ok(UserViews {
+                conversations: Vec::new(),
+                private: Some(Vec::new()),
+            });
+        }
+        let mut pipe = redis::pipe();
+        for conversation in conversations {
+            let [cursors, latest, joined, _] = keys(&self.prefix, conversation);
+            pipe.cmd("EXISTS")
+                .arg(&cursors)
+                .cmd("GET")
+                .arg(&latest)
+                .cmd("HGET")
+                .arg(&cursors)
+                .arg(user_id)
+                .cmd("HGET")
+                .arg(&joined)
+                .arg(user_id);
+        }
+        let [private, marks] = user_keys(&self.prefix, user_id);
+        pipe.cmd("EXISTS")
+            .arg(&private)
+            .arg(&marks)
+            .cmd("HMGET")
+            .arg(&private)
+            .arg(conversations)
+            .cmd("HMGET")
+            .arg(&marks)
+            .arg(conversations);
+        let mut conn = self.conn.clone();
+        let values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
+        let n = conversations.len();
+        let mut views = Vec::with_capacity(n);
+        for chunk in values[..4 * n].chunks(4) {
+            let exists: u64 = redis::from_redis_value_ref(&chunk[0])?;
+            let latest: Option<u64> = redis::from_redis_value_ref(&chunk[1])?;
+            let cursor: Option<u64> = redis::from_redis_value_ref(&chunk[2])?;
+            let joined: Option<u64> = redis::from_redis_value_ref(&chunk[3])?;
+            views.push((exists > 0 || latest.is_some()).then(|| MemberView {
+                latest_seq: Seq(latest.unwrap_or(0)),
+                member: cursor.map(|c| MemberCursor {
+                    cursor: Seq(c),
+                    join_seq: Seq(joined.unwrap_or(1).max(1)),
+                }),
+            }));
+        }
+        let has_private: u64 = redis::from_redis_value_ref(&values[4 * n])?;
+        let cursors: Vec<Option<u64>> = redis::from_redis_value_ref(&values[4 * n + 1])?;
+        let marks: Vec<Option<String>> = redis::from_redis_value_ref(&values[4 * n + 2])?;
+        let private = (has_private > 0).then(|| {
+            cursors
+                .into_iter()
+                .zip(marks)
+                .map(|(cursor, mark)| PrivateState {
+                    private_cursor: Seq(cursor.unwrap_or(0)),
+                    mark: mark.as_deref().and_then(parse_mark),
+                })
+                .collect()
+        });
+        Ok(UserViews {
+            conversations: views,
+            private,
+        })
+    }
+}
+
+/// `<at>:<seq>`, seq -1 for a cleared mark.
+fn parse_mark(text: &str) -> Option<UnreadMark> {
+    let (at, seq) = text.rsplit_once(':')?;
+    let seq: i64 = seq.parse().ok()?;
+    Some(UnreadMark {
+        at: at.parse().ok()?,
+        seq: (seq >= 0).then_some(Seq(seq as u64)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_parse_as_the_script_writes_them() {
+        assert_eq!(
+            parse_mark("1700000000000:5"),
+            Some(UnreadMark {
+                at: 1_700_000_000_000,
+                seq: Some(Seq(5))
+            })
+        );
+        assert_eq!(parse_mark("-3:-1"), Some(UnreadMark { at: -3, seq: None }));
+        assert_eq!(parse_mark("garbage"), None);
     }
 }

@@ -19,8 +19,8 @@ use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
 
 pub use records::{
-    ConversationEventRecord, CursorKeyRecord, CursorUpdateRecord, EventRecord, ReadReportRecord,
-    UserCursorKeyRecord,
+    ConversationEventRecord, CursorKeyRecord, CursorUpdateRecord, EventRecord, MemberStateRecord, ReadAction,
+    ReadReportRecord, UserCursorKeyRecord,
 };
 
 /// Largest single allocation the Avro decoder may make for one field, so a
@@ -34,6 +34,11 @@ pub struct Schemas {
     pub cursor_key: Schema,
     pub user_cursor_key: Schema,
     pub cursor_update: Schema,
+    pub member_state: Schema,
+    /// Earlier versions of evolved schemas, newest first: records written
+    /// with them still decode, with the added fields at their defaults.
+    pub read_report_history: Vec<Schema>,
+    pub cursor_update_history: Vec<Schema>,
 }
 
 pub const READ_REPORT_AVSC: &str = include_str!("../../../../schemas/ReadReport.avsc");
@@ -41,6 +46,10 @@ pub const CONVERSATION_EVENT_AVSC: &str = include_str!("../../../../schemas/Conv
 pub const CURSOR_KEY_AVSC: &str = include_str!("../../../../schemas/CursorKey.avsc");
 pub const USER_CURSOR_KEY_AVSC: &str = include_str!("../../../../schemas/UserCursorKey.avsc");
 pub const CURSOR_UPDATE_AVSC: &str = include_str!("../../../../schemas/CursorUpdate.avsc");
+pub const MEMBER_STATE_AVSC: &str = include_str!("../../../../schemas/MemberState.avsc");
+/// v1.0 of the evolved schemas, kept to read what v1.0 producers wrote.
+pub const READ_REPORT_V1_0_AVSC: &str = include_str!("../../../../schemas/history/ReadReport.v1.avsc");
+pub const CURSOR_UPDATE_V1_0_AVSC: &str = include_str!("../../../../schemas/history/CursorUpdate.v1.avsc");
 
 /// The schemas, parsed once. The files are compiled in and covered by tests,
 /// so a parse failure is a build defect, not a runtime condition.
@@ -57,6 +66,9 @@ pub fn schemas() -> &'static Schemas {
             cursor_key: parse("CursorKey", CURSOR_KEY_AVSC),
             user_cursor_key: parse("UserCursorKey", USER_CURSOR_KEY_AVSC),
             cursor_update: parse("CursorUpdate", CURSOR_UPDATE_AVSC),
+            member_state: parse("MemberState", MEMBER_STATE_AVSC),
+            read_report_history: vec![parse("history/ReadReport.v1", READ_REPORT_V1_0_AVSC)],
+            cursor_update_history: vec![parse("history/CursorUpdate.v1", CURSOR_UPDATE_V1_0_AVSC)],
         }
     })
 }
@@ -135,6 +147,9 @@ struct SchemaCodec {
     name: &'static str,
     reader: GenericDatumReader<'static>,
     writer: GenericDatumWriter<'static>,
+    /// Readers of earlier versions, resolved to the current schema; tried in
+    /// order when the current one does not fit the bytes.
+    history: Vec<GenericDatumReader<'static>>,
 }
 
 struct Codecs {
@@ -143,6 +158,7 @@ struct Codecs {
     cursor_key: SchemaCodec,
     user_cursor_key: SchemaCodec,
     cursor_update: SchemaCodec,
+    member_state: SchemaCodec,
 }
 
 fn codecs() -> &'static Codecs {
@@ -150,7 +166,7 @@ fn codecs() -> &'static Codecs {
     CODECS.get_or_init(|| {
         let s = schemas();
         // The schemas are compiled in and covered by tests, as in `schemas()`.
-        let codec = |name: &'static str, schema: &'static Schema| SchemaCodec {
+        let codec = |name: &'static str, schema: &'static Schema, history: &'static [Schema]| SchemaCodec {
             name,
             reader: GenericDatumReader::builder(schema)
                 .build()
@@ -158,25 +174,52 @@ fn codecs() -> &'static Codecs {
             writer: GenericDatumWriter::builder(schema)
                 .build()
                 .unwrap_or_else(|e| panic!("schemas/{name}.avsc: {e}")),
+            history: history
+                .iter()
+                .map(|old| {
+                    GenericDatumReader::builder(old)
+                        .reader_schema(schema)
+                        .build()
+                        .unwrap_or_else(|e| panic!("schemas/history of {name}: {e}"))
+                })
+                .collect(),
         };
         Codecs {
-            read_report: codec("ReadReport", &s.read_report),
-            conversation_event: codec("ConversationEvent", &s.conversation_event),
-            cursor_key: codec("CursorKey", &s.cursor_key),
-            user_cursor_key: codec("UserCursorKey", &s.user_cursor_key),
-            cursor_update: codec("CursorUpdate", &s.cursor_update),
+            read_report: codec("ReadReport", &s.read_report, &s.read_report_history),
+            conversation_event: codec("ConversationEvent", &s.conversation_event, &[]),
+            cursor_key: codec("CursorKey", &s.cursor_key, &[]),
+            user_cursor_key: codec("UserCursorKey", &s.user_cursor_key, &[]),
+            cursor_update: codec("CursorUpdate", &s.cursor_update, &s.cursor_update_history),
+            member_state: codec("MemberState", &s.member_state, &[]),
         }
     })
 }
 
-fn decode_value(codec: &SchemaCodec, mut bytes: &[u8]) -> Result<Value, DecodeError> {
-    let value = codec
-        .reader
-        .read_value(&mut bytes)
-        .map_err(|e| DecodeError::Avro {
-            schema: codec.name,
-            reason: e.to_string(),
-        })?;
+/// Decodes with the current schema and, when the bytes do not fit it, with
+/// each earlier version (appended fields make a v1.0 record end too soon
+/// for v1.1, and a v1.1 record too long for v1.0, so at most one fits).
+/// The error is the current schema's.
+fn decode_value(codec: &SchemaCodec, bytes: &[u8]) -> Result<Value, DecodeError> {
+    let current = read_whole(&codec.reader, codec.name, bytes);
+    if current.is_ok() {
+        return current;
+    }
+    codec
+        .history
+        .iter()
+        .find_map(|old| read_whole(old, codec.name, bytes).ok())
+        .map_or(current, Ok)
+}
+
+fn read_whole(
+    reader: &GenericDatumReader<'_>,
+    name: &'static str,
+    mut bytes: &[u8],
+) -> Result<Value, DecodeError> {
+    let value = reader.read_value(&mut bytes).map_err(|e| DecodeError::Avro {
+        schema: name,
+        reason: e.to_string(),
+    })?;
     let mut rest = [0u8; 1];
     if bytes.read(&mut rest).unwrap_or(0) > 0 {
         return Err(DecodeError::TrailingBytes(bytes.len() + 1));
@@ -253,4 +296,41 @@ pub fn decode_cursor_update(bytes: &[u8]) -> Result<CursorUpdateRecord, DecodeEr
 
 pub fn encode_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
     encode_value(&codecs().cursor_update, record.to_value())
+}
+
+pub fn decode_member_state(bytes: &[u8]) -> Result<MemberStateRecord, DecodeError> {
+    MemberStateRecord::from_value(decode_value(&codecs().member_state, bytes)?)
+}
+
+pub fn encode_member_state(record: &MemberStateRecord) -> Vec<u8> {
+    encode_value(&codecs().member_state, record.to_value())
+}
+
+/// Encodes a read report as v1.0 did: for tests that old records still decode.
+#[doc(hidden)]
+pub fn encode_historic_read_report(record: &ReadReportRecord) -> Vec<u8> {
+    let schema = &schemas().read_report_history[0];
+    let mut value = record.to_value();
+    if let Value::Record(fields) = &mut value {
+        fields.retain(|(name, _)| name != "action");
+    }
+    GenericDatumWriter::builder(schema)
+        .build()
+        .and_then(|w| w.write_value_to_vec(value))
+        .expect("v1.0 record")
+}
+
+/// Encodes a changelog value as v1.0 did: for tests that old records still
+/// decode.
+#[doc(hidden)]
+pub fn encode_historic_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
+    let schema = &schemas().cursor_update_history[0];
+    let mut value = record.to_value();
+    if let Value::Record(fields) = &mut value {
+        fields.retain(|(name, _)| name != "private_cursor" && name != "unread_mark");
+    }
+    GenericDatumWriter::builder(schema)
+        .build()
+        .and_then(|w| w.write_value_to_vec(value))
+        .expect("v1.0 record")
 }

@@ -15,6 +15,39 @@ pub struct ReadReportRecord {
     pub device_id: Option<String>,
     pub reported_at: i64,
     pub private: bool,
+    /// Added in v1.1; v1.0 records decode as `Read`.
+    pub action: ReadAction,
+}
+
+/// `readfold.v1.ReadAction`, symbols in schema order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ReadAction {
+    #[default]
+    Read,
+    MarkUnread,
+    ClearUnreadMark,
+}
+
+impl ReadAction {
+    const SYMBOLS: [&'static str; 3] = ["READ", "MARK_UNREAD", "CLEAR_UNREAD_MARK"];
+
+    fn index(self) -> u32 {
+        match self {
+            ReadAction::Read => 0,
+            ReadAction::MarkUnread => 1,
+            ReadAction::ClearUnreadMark => 2,
+        }
+    }
+
+    fn from_index(i: u32) -> Option<Self> {
+        match i {
+            0 => Some(ReadAction::Read),
+            1 => Some(ReadAction::MarkUnread),
+            2 => Some(ReadAction::ClearUnreadMark),
+            _ => None,
+        }
+    }
 }
 
 /// `readfold.v1.ConversationEvent` as it is on the wire.
@@ -57,6 +90,25 @@ pub struct CursorUpdateRecord {
     pub cursor: i64,
     pub join_seq: i64,
     pub latest_seq: i64,
+    pub updated_at: i64,
+    /// Added in v1.1: by-user changelog only.
+    pub private_cursor: Option<i64>,
+    /// Added in v1.1: by-user changelog only.
+    pub unread_mark: Option<bool>,
+}
+
+/// `readfold.v1.MemberState`: value of the internal member-state topic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MemberStateRecord {
+    pub conversation_id: String,
+    pub user_id: String,
+    pub private_cursor: i64,
+    pub mark_at: Option<i64>,
+    pub mark_seq: Option<i64>,
+    pub left: bool,
+    pub membership_seq: Option<i64>,
+    pub membership_at: Option<i64>,
+    pub epoch: i64,
     pub updated_at: i64,
 }
 
@@ -106,6 +158,35 @@ impl Fields {
         }
     }
 
+    fn optional_long(&mut self) -> Result<Option<i64>, DecodeError> {
+        match self.next()? {
+            Value::Union(_, inner) => match *inner {
+                Value::Null => Ok(None),
+                Value::Long(n) => Ok(Some(n)),
+                _ => Err(DecodeError::Shape(self.schema)),
+            },
+            _ => Err(DecodeError::Shape(self.schema)),
+        }
+    }
+
+    fn optional_boolean(&mut self) -> Result<Option<bool>, DecodeError> {
+        match self.next()? {
+            Value::Union(_, inner) => match *inner {
+                Value::Null => Ok(None),
+                Value::Boolean(b) => Ok(Some(b)),
+                _ => Err(DecodeError::Shape(self.schema)),
+            },
+            _ => Err(DecodeError::Shape(self.schema)),
+        }
+    }
+
+    fn action(&mut self) -> Result<ReadAction, DecodeError> {
+        match self.next()? {
+            Value::Enum(i, _) => ReadAction::from_index(i).ok_or(DecodeError::Shape(self.schema)),
+            _ => Err(DecodeError::Shape(self.schema)),
+        }
+    }
+
     fn optional_string(&mut self) -> Result<Option<String>, DecodeError> {
         match self.next()? {
             Value::Union(_, inner) => match *inner {
@@ -115,6 +196,13 @@ impl Fields {
             },
             _ => Err(DecodeError::Shape(self.schema)),
         }
+    }
+}
+
+fn optional(value: Option<Value>) -> Value {
+    match value {
+        None => Value::Union(0, Box::new(Value::Null)),
+        Some(v) => Value::Union(1, Box::new(v)),
     }
 }
 
@@ -132,6 +220,7 @@ impl ReadReportRecord {
             device_id: f.optional_string()?,
             reported_at: f.long()?,
             private: f.boolean()?,
+            action: f.action()?,
         })
     }
 
@@ -147,6 +236,13 @@ impl ReadReportRecord {
             ("device_id", device),
             ("reported_at", Value::TimestampMillis(self.reported_at)),
             ("private", Value::Boolean(self.private)),
+            (
+                "action",
+                Value::Enum(
+                    self.action.index(),
+                    ReadAction::SYMBOLS[self.action.index() as usize].to_owned(),
+                ),
+            ),
         ])
     }
 }
@@ -242,6 +338,8 @@ impl CursorUpdateRecord {
             join_seq: f.long()?,
             latest_seq: f.long()?,
             updated_at: f.long()?,
+            private_cursor: f.optional_long()?,
+            unread_mark: f.optional_boolean()?,
         })
     }
 
@@ -252,6 +350,41 @@ impl CursorUpdateRecord {
             ("cursor", Value::Long(self.cursor)),
             ("join_seq", Value::Long(self.join_seq)),
             ("latest_seq", Value::Long(self.latest_seq)),
+            ("updated_at", Value::TimestampMillis(self.updated_at)),
+            ("private_cursor", optional(self.private_cursor.map(Value::Long))),
+            ("unread_mark", optional(self.unread_mark.map(Value::Boolean))),
+        ])
+    }
+}
+
+impl MemberStateRecord {
+    pub(super) fn from_value(value: Value) -> Result<Self, DecodeError> {
+        let mut f = Fields::of(value, "MemberState")?;
+        Ok(MemberStateRecord {
+            conversation_id: f.string()?,
+            user_id: f.string()?,
+            private_cursor: f.long()?,
+            mark_at: f.optional_long()?,
+            mark_seq: f.optional_long()?,
+            left: f.boolean()?,
+            membership_seq: f.optional_long()?,
+            membership_at: f.optional_long()?,
+            epoch: f.long()?,
+            updated_at: f.long()?,
+        })
+    }
+
+    pub(super) fn to_value(&self) -> Value {
+        record(vec![
+            ("conversation_id", Value::String(self.conversation_id.clone())),
+            ("user_id", Value::String(self.user_id.clone())),
+            ("private_cursor", Value::Long(self.private_cursor)),
+            ("mark_at", optional(self.mark_at.map(Value::Long))),
+            ("mark_seq", optional(self.mark_seq.map(Value::Long))),
+            ("left", Value::Boolean(self.left)),
+            ("membership_seq", optional(self.membership_seq.map(Value::Long))),
+            ("membership_at", optional(self.membership_at.map(Value::Long))),
+            ("epoch", Value::Long(self.epoch)),
             ("updated_at", Value::TimestampMillis(self.updated_at)),
         ])
     }

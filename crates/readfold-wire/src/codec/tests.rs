@@ -8,6 +8,7 @@ fn report() -> ReadReportRecord {
         device_id: Some("phone".into()),
         reported_at: 1_700_000_000_000,
         private: false,
+        action: ReadAction::Read,
     }
 }
 
@@ -26,7 +27,8 @@ fn every_schema_parses_with_the_documented_field_order() {
             "seq",
             "device_id",
             "reported_at",
-            "private"
+            "private",
+            "action"
         ]
     );
     assert_eq!(
@@ -43,7 +45,9 @@ fn every_schema_parses_with_the_documented_field_order() {
             "cursor",
             "join_seq",
             "latest_seq",
-            "updated_at"
+            "updated_at",
+            "private_cursor",
+            "unread_mark"
         ]
     );
 }
@@ -62,6 +66,7 @@ fn read_report_round_trips_plain_and_confluent() {
     let no_device = ReadReportRecord {
         device_id: None,
         private: true,
+        action: ReadAction::Read,
         ..report()
     };
     let bytes = encode_read_report(&no_device);
@@ -118,6 +123,8 @@ fn changelog_records_round_trip() {
         join_seq: 1,
         latest_seq: 6,
         updated_at: 123,
+        private_cursor: None,
+        unread_mark: None,
     };
     assert_eq!(
         decode_cursor_update(&encode_cursor_update(&update)).unwrap(),
@@ -175,4 +182,65 @@ fn trailing_bytes_are_rejected() {
         decode_read_report(&bytes, WireFormat::Plain),
         Err(DecodeError::TrailingBytes(1))
     ));
+}
+
+#[test]
+fn v1_0_records_still_decode_with_the_added_fields_at_their_defaults() {
+    let old = encode_historic_read_report(&report());
+    assert!(old.len() < encode_read_report(&report()).len());
+    assert_eq!(decode_read_report(&old, WireFormat::Auto).unwrap(), report());
+    let framed = frame_confluent(1, &old);
+    assert_eq!(
+        decode_read_report(&framed, WireFormat::Confluent).unwrap(),
+        report()
+    );
+    let update = CursorUpdateRecord {
+        conversation_id: "G".into(),
+        user_id: "u".into(),
+        cursor: 5,
+        join_seq: 1,
+        latest_seq: 6,
+        updated_at: 123,
+        private_cursor: None,
+        unread_mark: None,
+    };
+    let old = encode_historic_cursor_update(&update);
+    assert_eq!(decode_cursor_update(&old).unwrap(), update);
+}
+
+#[test]
+fn v1_1_fields_round_trip() {
+    let mark = ReadReportRecord {
+        action: ReadAction::ClearUnreadMark,
+        private: true,
+        ..report()
+    };
+    assert_eq!(
+        decode_read_report(&encode_read_report(&mark), WireFormat::Auto).unwrap(),
+        mark
+    );
+    let own = CursorUpdateRecord {
+        conversation_id: "G".into(),
+        user_id: "u".into(),
+        cursor: 5,
+        join_seq: 1,
+        latest_seq: 6,
+        updated_at: 123,
+        private_cursor: Some(6),
+        unread_mark: Some(true),
+    };
+    assert_eq!(decode_cursor_update(&encode_cursor_update(&own)).unwrap(), own);
+    let state = MemberStateRecord {
+        conversation_id: "G".into(),
+        user_id: "u".into(),
+        private_cursor: 9,
+        mark_at: Some(100),
+        mark_seq: None,
+        left: true,
+        membership_seq: Some(4),
+        membership_at: Some(50),
+        epoch: 3,
+        updated_at: 7,
+    };
+    assert_eq!(decode_member_state(&encode_member_state(&state)).unwrap(), state);
 }

@@ -1,0 +1,571 @@
+//! The endpoints. Every answer goes through the core's read model, so it is
+//! join_seq- and departure-aware exactly as the fold is.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{FromRef, State};
+use axum::Json;
+use readfold_core::{ConversationId, ConversationView, MessageRef, Seq, UserId};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::auth::{Authenticator, Caller};
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{ApiJson, ApiPath, ApiQuery};
+use crate::source::{ReadSource, Source};
+use crate::telemetry;
+
+/// Bounds on what one request may ask.
+#[derive(Clone, Copy, Debug)]
+pub struct ApiLimits {
+    pub max_items: usize,
+    pub default_page: usize,
+    pub max_page: usize,
+    pub max_id_bytes: usize,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub source: Arc<ReadSource>,
+    pub auth: Arc<Authenticator>,
+    pub limits: ApiLimits,
+}
+
+impl FromRef<AppState> for Arc<Authenticator> {
+    fn from_ref(state: &AppState) -> Self {
+        state.auth.clone()
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "readfold query API",
+        description = "Read cursors, unread counts, read counts and who-read, answered from Redis with CQL as the fallback. With `auth.mode = \"jwt\"` every request needs `Authorization: Bearer <JWT>` whose `sub` is the caller's user id; a caller sees only conversations they are a present member of, and only their own private cursor and unread mark."
+    ),
+    modifiers(&BearerAuth),
+    components(schemas(ErrorBody))
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        openapi
+            .components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(
+                "bearer",
+                SecurityScheme::Http(
+                    HttpBuilder::new()
+                        .scheme(HttpAuthScheme::Bearer)
+                        .bearer_format("JWT")
+                        .build(),
+                ),
+            );
+    }
+}
+
+/// The routes and their OpenAPI document, built from the same handlers.
+pub fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(get_conversation))
+        .routes(routes!(read_counts))
+        .routes(routes!(readers))
+        .routes(routes!(member_cursor))
+        .routes(routes!(unread))
+}
+
+/// Records the endpoint's latency and status.
+async fn timed<T>(
+    endpoint: &'static str,
+    work: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    let started = Instant::now();
+    let result = work.await;
+    let status = result.as_ref().map_or_else(|e| e.status.as_u16(), |_| 200);
+    telemetry::request(endpoint, status, started.elapsed());
+    result
+}
+
+fn conversation_id(raw: &str, limits: &ApiLimits) -> Result<ConversationId, ApiError> {
+    ConversationId::parse(raw, limits.max_id_bytes)
+        .map_err(|e| ApiError::bad_request("invalid_path", format!("conversation_id: {e}")))
+}
+
+fn user_id(raw: &str, what: &str, code: &'static str, limits: &ApiLimits) -> Result<UserId, ApiError> {
+    UserId::parse(raw, limits.max_id_bytes).map_err(|e| ApiError::bad_request(code, format!("{what}: {e}")))
+}
+
+/// A conversation the caller may see: with access control on, one they are
+/// a present member of (a conversation that does not exist is answered the
+/// same way, so that existence does not leak).
+async fn visible_conversation(
+    state: &AppState,
+    caller: &Caller,
+    id: &ConversationId,
+) -> Result<(ConversationView, Source), ApiError> {
+    let (view, source) = state
+        .source
+        .conversation(id.as_str())
+        .await
+        .map_err(|e| ApiError::unavailable(e.to_string()))?;
+    match (caller, view) {
+        (Caller::User(user), Some(view)) if view.members.contains_key(user) => Ok((view, source)),
+        (Caller::User(_), _) => Err(ApiError::forbidden(format!(
+            "you are not a present member of conversation {:?}",
+            id.as_str()
+        ))),
+        (Caller::Trusted, Some(view)) => Ok((view, source)),
+        (Caller::Trusted, None) => Err(ApiError::not_found(format!(
+            "no store holds conversation {:?}",
+            id.as_str()
+        ))),
+    }
+}
+
+/// A present member's public read state.
+#[derive(Serialize, ToSchema)]
+pub struct MemberDto {
+    pub user_id: String,
+    /// Has read every message with seq <= cursor.
+    pub cursor: u64,
+    /// First seq the member can see.
+    pub join_seq: u64,
+}
+
+/// A conversation's cursors.
+#[derive(Serialize, ToSchema)]
+pub struct ConversationCursors {
+    pub conversation_id: String,
+    pub latest_seq: u64,
+    /// Present members, by user id.
+    pub members: Vec<MemberDto>,
+    /// The store that answered.
+    pub source: Source,
+}
+
+/// The cursors of a conversation: its present members, their public cursors
+/// and join seqs, and the latest seq.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{conversation_id}",
+    tag = "conversations",
+    params(("conversation_id" = String, Path, description = "Conversation id")),
+    responses(
+        (status = 200, body = ConversationCursors, description = "The conversation's cursors"),
+        (status = 400, body = ErrorBody, description = "An invalid parameter"),
+        (status = 401, body = ErrorBody, description = "No valid token"),
+        (status = 403, body = ErrorBody, description = "The caller is not a present member"),
+        (status = 404, body = ErrorBody, description = "No store holds the conversation"),
+        (status = 503, body = ErrorBody, description = "Neither Redis nor CQL could answer")
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_conversation(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(conversation): ApiPath<String>,
+) -> Result<Json<ConversationCursors>, ApiError> {
+    timed("conversation", async {
+        let id = conversation_id(&conversation, &state.limits)?;
+        let (view, source) = visible_conversation(&state, &caller, &id).await?;
+        Ok(Json(ConversationCursors {
+            conversation_id: conversation,
+            latest_seq: view.latest_seq.get(),
+            members: view
+                .members
+                .iter()
+                .map(|(u, m)| MemberDto {
+                    user_id: u.to_string(),
+                    cursor: m.cursor.get(),
+                    join_seq: m.join_seq.get(),
+                })
+                .collect(),
+            source,
+        }))
+    })
+    .await
+}
+
+/// A message: its seq and its sender.
+#[derive(Deserialize, Serialize, ToSchema)]
+pub struct MessageDto {
+    pub seq: u64,
+    /// The sender never counts as a reader of their own message.
+    pub sender: String,
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct ReadCountsRequest {
+    /// The messages on screen, at most `serve.max_items`.
+    pub messages: Vec<MessageDto>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ReadCount {
+    pub seq: u64,
+    pub sender: String,
+    /// Present members other than the sender with join_seq <= seq <= cursor.
+    pub read_count: usize,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ReadCountsResponse {
+    pub conversation_id: String,
+    /// One count per message, in the order asked.
+    pub counts: Vec<ReadCount>,
+    pub source: Source,
+}
+
+/// "N read" for many messages of one conversation in one call.
+#[utoipa::path(
+    post,
+    path = "/v1/conversations/{conversation_id}/read-counts",
+    tag = "conversations",
+    params(("conversation_id" = String, Path, description = "Conversation id")),
+    request_body = ReadCountsRequest,
+    responses(
+        (status = 200, body = ReadCountsResponse, description = "One read count per message"),
+        (status = 400, body = ErrorBody, description = "An invalid parameter or too many messages"),
+        (status = 401, body = ErrorBody, description = "No valid token"),
+        (status = 403, body = ErrorBody, description = "The caller is not a present member"),
+        (status = 404, body = ErrorBody, description = "No store holds the conversation"),
+        (status = 415, body = ErrorBody, description = "The body is not JSON"),
+        (status = 503, body = ErrorBody, description = "Neither Redis nor CQL could answer")
+    ),
+    security(("bearer" = []))
+)]
+pub async fn read_counts(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(conversation): ApiPath<String>,
+    ApiJson(request): ApiJson<ReadCountsRequest>,
+) -> Result<Json<ReadCountsResponse>, ApiError> {
+    timed("read_counts", async {
+        let id = conversation_id(&conversation, &state.limits)?;
+        if request.messages.len() > state.limits.max_items {
+            return Err(ApiError::bad_request(
+                "too_many_items",
+                format!(
+                    "messages: {} given, at most {} (serve.max_items)",
+                    request.messages.len(),
+                    state.limits.max_items
+                ),
+            ));
+        }
+        let mut messages = Vec::with_capacity(request.messages.len());
+        for (i, m) in request.messages.iter().enumerate() {
+            messages.push(MessageRef {
+                seq: Seq(m.seq),
+                sender: user_id(
+                    &m.sender,
+                    &format!("messages[{i}].sender"),
+                    "invalid_field",
+                    &state.limits,
+                )?,
+            });
+        }
+        let (view, source) = visible_conversation(&state, &caller, &id).await?;
+        let counts = view.read_counts(&messages);
+        Ok(Json(ReadCountsResponse {
+            conversation_id: conversation,
+            counts: request
+                .messages
+                .into_iter()
+                .zip(counts)
+                .map(|(m, read_count)| ReadCount {
+                    seq: m.seq,
+                    sender: m.sender,
+                    read_count,
+                })
+                .collect(),
+            source,
+        }))
+    })
+    .await
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ReadersQuery {
+    /// The message's sender, who never counts as a reader.
+    pub sender: String,
+    /// Return readers whose id sorts after this one (the previous page's `next_after`).
+    pub after: Option<String>,
+    /// Page size; `serve.default_page` when absent, at most `serve.max_page`.
+    pub limit: Option<usize>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ReadersPage {
+    pub conversation_id: String,
+    pub seq: u64,
+    /// All readers, not only this page's.
+    pub read_count: usize,
+    /// This page of readers, by user id.
+    pub readers: Vec<String>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<String>,
+    pub source: Source,
+}
+
+/// Who read one message, a page at a time, in a group of any size: the
+/// answer comes from cursors, not per-message rows, so there is no cap.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{conversation_id}/messages/{seq}/readers",
+    tag = "conversations",
+    params(
+        ("conversation_id" = String, Path, description = "Conversation id"),
+        ("seq" = u64, Path, description = "The message's seq"),
+        ReadersQuery
+    ),
+    responses(
+        (status = 200, body = ReadersPage, description = "One page of readers"),
+        (status = 400, body = ErrorBody, description = "An invalid parameter"),
+        (status = 401, body = ErrorBody, description = "No valid token"),
+        (status = 403, body = ErrorBody, description = "The caller is not a present member"),
+        (status = 404, body = ErrorBody, description = "No store holds the conversation"),
+        (status = 503, body = ErrorBody, description = "Neither Redis nor CQL could answer")
+    ),
+    security(("bearer" = []))
+)]
+pub async fn readers(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((conversation, seq)): ApiPath<(String, u64)>,
+    ApiQuery(query): ApiQuery<ReadersQuery>,
+) -> Result<Json<ReadersPage>, ApiError> {
+    timed("readers", async {
+        let id = conversation_id(&conversation, &state.limits)?;
+        let sender = user_id(
+            &query.sender,
+            "query parameter `sender`",
+            "invalid_query",
+            &state.limits,
+        )?;
+        let after = query
+            .after
+            .as_deref()
+            .map(|a| user_id(a, "query parameter `after`", "invalid_query", &state.limits))
+            .transpose()?;
+        let limit = query.limit.unwrap_or(state.limits.default_page);
+        if limit == 0 || limit > state.limits.max_page {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                format!(
+                    "query parameter `limit`: {limit} is outside 1..={} (serve.max_page)",
+                    state.limits.max_page
+                ),
+            ));
+        }
+        let (view, source) = visible_conversation(&state, &caller, &id).await?;
+        let (page, next) = view.readers_page(Seq(seq), &sender, after.as_ref(), limit);
+        Ok(Json(ReadersPage {
+            conversation_id: conversation,
+            seq,
+            read_count: view.read_count(Seq(seq), &sender),
+            readers: page.iter().map(UserId::to_string).collect(),
+            next_after: next.map(|u| u.to_string()),
+            source,
+        }))
+    })
+    .await
+}
+
+/// One member's cursor in one conversation.
+#[derive(Serialize, ToSchema)]
+pub struct MemberCursorResponse {
+    pub conversation_id: String,
+    pub user_id: String,
+    pub cursor: u64,
+    pub join_seq: u64,
+    pub latest_seq: u64,
+    /// The member's unread count: with their private cursor and unread mark
+    /// when the caller may see those (their own, or access control off),
+    /// by the public cursor otherwise.
+    pub unread: u64,
+    /// Only for the member themselves (or with access control off).
+    pub private_cursor: Option<u64>,
+    /// Only for the member themselves (or with access control off).
+    pub marked_unread: Option<bool>,
+    pub source: Source,
+}
+
+/// One user's cursor in one conversation.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{conversation_id}/members/{user_id}",
+    tag = "conversations",
+    params(
+        ("conversation_id" = String, Path, description = "Conversation id"),
+        ("user_id" = String, Path, description = "The member")
+    ),
+    responses(
+        (status = 200, body = MemberCursorResponse, description = "The member's cursor"),
+        (status = 400, body = ErrorBody, description = "An invalid parameter"),
+        (status = 401, body = ErrorBody, description = "No valid token"),
+        (status = 403, body = ErrorBody, description = "The caller is not a present member"),
+        (status = 404, body = ErrorBody, description = "The user is not a present member"),
+        (status = 503, body = ErrorBody, description = "Neither Redis nor CQL could answer")
+    ),
+    security(("bearer" = []))
+)]
+pub async fn member_cursor(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath((conversation, user)): ApiPath<(String, String)>,
+) -> Result<Json<MemberCursorResponse>, ApiError> {
+    timed("member", async {
+        let id = conversation_id(&conversation, &state.limits)?;
+        let user = user_id(&user, "user_id", "invalid_path", &state.limits)?;
+        let (view, source) = visible_conversation(&state, &caller, &id).await?;
+        let Some(member) = view.members.get(&user).copied() else {
+            return Err(ApiError::not_found(format!(
+                "{:?} is not a present member of {:?}",
+                user.as_str(),
+                id.as_str()
+            )));
+        };
+        let mut answer = MemberCursorResponse {
+            conversation_id: conversation,
+            user_id: user.to_string(),
+            cursor: member.cursor.get(),
+            join_seq: member.join_seq.get(),
+            latest_seq: view.latest_seq.get(),
+            unread: view.unread(&user),
+            private_cursor: None,
+            marked_unread: None,
+            source,
+        };
+        if caller.is(&user) {
+            let views = state
+                .source
+                .own_views(&user, &[id.as_str()])
+                .await
+                .map_err(|e| ApiError::unavailable(e.to_string()))?;
+            if let Some(own) = views.first().and_then(|(v, _)| v.own()) {
+                answer.unread = own.unread(view.latest_seq);
+                answer.private_cursor = Some(own.private_cursor.get());
+                answer.marked_unread = Some(own.marked_unread());
+            }
+        }
+        Ok(Json(answer))
+    })
+    .await
+}
+
+#[derive(Deserialize, ToSchema)]
+pub struct UnreadRequest {
+    /// Conversation ids, at most `serve.max_items`.
+    pub conversations: Vec<String>,
+}
+
+/// One conversation of a badge list.
+#[derive(Serialize, ToSchema)]
+pub struct UnreadEntry {
+    pub conversation_id: String,
+    /// Whether the user is a present member; the other fields are only
+    /// given when they are.
+    pub member: bool,
+    /// max(0, latest_seq - max(cursor, private_cursor)), and at least 1
+    /// while the conversation is marked unread.
+    pub unread: Option<u64>,
+    pub marked_unread: Option<bool>,
+    pub latest_seq: Option<u64>,
+    pub cursor: Option<u64>,
+    pub private_cursor: Option<u64>,
+    pub source: Source,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct UnreadResponse {
+    pub user_id: String,
+    /// One entry per conversation, in the order asked.
+    pub conversations: Vec<UnreadEntry>,
+}
+
+/// Unread counts of one user across many conversations (a badge list),
+/// with their private cursor and unread marks.
+#[utoipa::path(
+    post,
+    path = "/v1/users/{user_id}/unread",
+    tag = "users",
+    params(("user_id" = String, Path, description = "The user; with access control on, the caller")),
+    request_body = UnreadRequest,
+    responses(
+        (status = 200, body = UnreadResponse, description = "One entry per conversation"),
+        (status = 400, body = ErrorBody, description = "An invalid parameter or too many conversations"),
+        (status = 401, body = ErrorBody, description = "No valid token"),
+        (status = 403, body = ErrorBody, description = "Another user's unread counts"),
+        (status = 415, body = ErrorBody, description = "The body is not JSON"),
+        (status = 503, body = ErrorBody, description = "Neither Redis nor CQL could answer")
+    ),
+    security(("bearer" = []))
+)]
+pub async fn unread(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(user): ApiPath<String>,
+    ApiJson(request): ApiJson<UnreadRequest>,
+) -> Result<Json<UnreadResponse>, ApiError> {
+    timed("unread", async {
+        let user = user_id(&user, "user_id", "invalid_path", &state.limits)?;
+        if !caller.is(&user) {
+            return Err(ApiError::forbidden(
+                "a user may only ask for their own unread counts",
+            ));
+        }
+        if request.conversations.len() > state.limits.max_items {
+            return Err(ApiError::bad_request(
+                "too_many_items",
+                format!(
+                    "conversations: {} given, at most {} (serve.max_items)",
+                    request.conversations.len(),
+                    state.limits.max_items
+                ),
+            ));
+        }
+        for (i, c) in request.conversations.iter().enumerate() {
+            ConversationId::parse(c, state.limits.max_id_bytes)
+                .map_err(|e| ApiError::bad_request("invalid_field", format!("conversations[{i}]: {e}")))?;
+        }
+        let ids: Vec<&str> = request.conversations.iter().map(String::as_str).collect();
+        let views = state
+            .source
+            .own_views(&user, &ids)
+            .await
+            .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        let conversations = request
+            .conversations
+            .iter()
+            .zip(views)
+            .map(|(c, (view, source))| {
+                let own = view.own();
+                UnreadEntry {
+                    conversation_id: c.clone(),
+                    member: own.is_some(),
+                    unread: own.map(|o| o.unread(view.latest_seq)),
+                    marked_unread: own.map(|o| o.marked_unread()),
+                    latest_seq: own.map(|_| view.latest_seq.get()),
+                    cursor: own.map(|o| o.cursor.get()),
+                    private_cursor: own.map(|o| o.private_cursor.get()),
+                    source,
+                }
+            })
+            .collect();
+        Ok(Json(UnreadResponse {
+            user_id: user.to_string(),
+            conversations,
+        }))
+    })
+    .await
+}

@@ -1,0 +1,194 @@
+//! Where answers come from: Redis first (the hot store), and CQL for what
+//! Redis does not hold (evicted, flushed, cold) or when Redis fails. The
+//! changelog topics are never read on a request path.
+
+use readfold_core::{ConversationView, MemberCursor, OwnCursor, Seq, UserId};
+use readfold_store::cql::CqlStore;
+use readfold_store::redis::{MemberView, PrivateState, RedisStore};
+use serde::Serialize;
+
+use crate::telemetry;
+
+/// Which store answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Redis,
+    Cql,
+    /// Neither store holds anything of the conversation.
+    None,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Redis => "redis",
+            Source::Cql => "cql",
+            Source::None => "none",
+        }
+    }
+}
+
+/// Both stores failed.
+#[derive(Debug, thiserror::Error)]
+#[error("no store could answer: {0}")]
+pub struct Unavailable(pub String);
+
+/// A user's own view of one conversation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OwnView {
+    pub latest_seq: Seq,
+    /// The user's public cursor and join seq; `None` when not a present member.
+    pub member: Option<MemberCursor>,
+    pub private: PrivateState,
+}
+
+impl OwnView {
+    /// The user's own read state, for their unread count.
+    pub fn own(&self) -> Option<OwnCursor> {
+        let m = self.member?;
+        Some(OwnCursor {
+            cursor: m.cursor,
+            private_cursor: self.private.private_cursor,
+            mark_seq: self.private.mark.and_then(|m| m.seq),
+        })
+    }
+}
+
+/// The stores the query API reads.
+pub struct ReadSource {
+    redis: Option<RedisStore>,
+    cql: Option<CqlStore>,
+}
+
+impl ReadSource {
+    pub fn new(redis: Option<RedisStore>, cql: Option<CqlStore>) -> Self {
+        ReadSource { redis, cql }
+    }
+
+    /// A conversation as other members see it.
+    pub async fn conversation(
+        &self,
+        conversation: &str,
+    ) -> Result<(Option<ConversationView>, Source), Unavailable> {
+        let mut failure = String::new();
+        if let Some(redis) = &self.redis {
+            match redis.conversation(conversation).await {
+                Ok(Some(view)) => return Ok(counted(Some(view), Source::Redis)),
+                Ok(None) => {}
+                Err(e) => {
+                    telemetry::store_failed("redis");
+                    tracing::warn!(error = %e, "redis read failed; asking CQL");
+                    failure = e.to_string();
+                }
+            }
+        }
+        if let Some(cql) = &self.cql {
+            match cql.conversation(conversation).await {
+                Ok(Some(view)) => return Ok(counted(Some(view), Source::Cql)),
+                Ok(None) => {}
+                Err(e) => {
+                    telemetry::store_failed("cql");
+                    if !failure.is_empty() {
+                        return Err(Unavailable(format!("redis: {failure}; cql: {e}")));
+                    }
+                    return Err(Unavailable(format!("cql: {e}")));
+                }
+            }
+        }
+        if !failure.is_empty() && self.cql.is_none() {
+            return Err(Unavailable(format!("redis: {failure}")));
+        }
+        Ok(counted(None, Source::None))
+    }
+
+    /// A user's own view of many conversations: Redis in one round trip,
+    /// CQL for the conversations (and the private state) Redis lacks.
+    pub async fn own_views(
+        &self,
+        user: &UserId,
+        conversations: &[&str],
+    ) -> Result<Vec<(OwnView, Source)>, Unavailable> {
+        let mut found: Vec<Option<(MemberView, Source)>> = vec![None; conversations.len()];
+        let mut private = None;
+        let mut failure = String::new();
+        if let Some(redis) = &self.redis {
+            match redis.member_views(user.as_str(), conversations).await {
+                Ok(views) => {
+                    for (slot, view) in found.iter_mut().zip(views.conversations) {
+                        *slot = view.map(|v| (v, Source::Redis));
+                    }
+                    private = views.private;
+                }
+                Err(e) => {
+                    telemetry::store_failed("redis");
+                    tracing::warn!(error = %e, "redis read failed; asking CQL");
+                    failure = e.to_string();
+                }
+            }
+        }
+        let missing = found.iter().any(Option::is_none) || private.is_none();
+        if let (true, Some(cql)) = (missing, &self.cql) {
+            let unavailable = |e: readfold_store::Error| {
+                telemetry::store_failed("cql");
+                Unavailable(if failure.is_empty() {
+                    format!("cql: {e}")
+                } else {
+                    format!("redis: {failure}; cql: {e}")
+                })
+            };
+            for (slot, conversation) in found.iter_mut().zip(conversations) {
+                if slot.is_some() {
+                    continue;
+                }
+                let view = cql.conversation(conversation).await.map_err(unavailable)?;
+                *slot = view.map(|v| {
+                    (
+                        MemberView {
+                            latest_seq: v.latest_seq,
+                            member: v.members.get(user).copied(),
+                        },
+                        Source::Cql,
+                    )
+                });
+            }
+            if private.is_none() {
+                private = Some(
+                    cql.private_state(user.as_str(), conversations)
+                        .await
+                        .map_err(unavailable)?,
+                );
+            }
+        } else if missing && !failure.is_empty() {
+            return Err(Unavailable(format!("redis: {failure}")));
+        }
+        let private = private.unwrap_or_else(|| vec![PrivateState::default(); conversations.len()]);
+        Ok(found
+            .into_iter()
+            .zip(private)
+            .map(|(view, private)| {
+                let (view, source) = view.unwrap_or((
+                    MemberView {
+                        latest_seq: Seq::ZERO,
+                        member: None,
+                    },
+                    Source::None,
+                ));
+                telemetry::answered_from(source.as_str());
+                (
+                    OwnView {
+                        latest_seq: view.latest_seq,
+                        member: view.member,
+                        private,
+                    },
+                    source,
+                )
+            })
+            .collect())
+    }
+}
+
+fn counted<T>(value: T, source: Source) -> (T, Source) {
+    telemetry::answered_from(source.as_str());
+    (value, source)
+}

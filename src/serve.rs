@@ -1,0 +1,77 @@
+//! `readfold serve`: the query API over the configured Redis and CQL.
+
+use std::net::SocketAddr;
+
+use readfold_processor::connect_with_retry;
+use readfold_serve::{ApiLimits, Authenticator, ReadSource};
+use readfold_store::cql::CqlStore;
+use readfold_store::redis::RedisStore;
+
+use crate::config::{Config, ConfigError};
+use crate::error::{Error, Result};
+
+/// Connects the enabled stores (waiting for unreachable ones) and builds
+/// the API's state.
+pub async fn state(config: &Config) -> Result<readfold_serve::AppState> {
+    let auth = Authenticator::from_config(&config.auth)?;
+    if auth.is_on() {
+        tracing::info!(algorithm = %config.auth.algorithm, "access control is on: JWT bearer tokens");
+    } else {
+        tracing::warn!(
+            "access control is off (auth.mode = \"none\"): every caller sees every conversation and private \
+             cursor; run behind a backend that checks users, or set auth.mode = \"jwt\""
+        );
+    }
+    if !config.redis.enabled && !config.cql.enabled {
+        return Err(
+            ConfigError::Invalid("`readfold serve` needs redis.enabled or cql.enabled".into()).into(),
+        );
+    }
+    let redis = if config.redis.enabled {
+        Some(connect_with_retry("redis", || RedisStore::connect(&config.redis)).await?)
+    } else {
+        None
+    };
+    let cql = if config.cql.enabled {
+        Some(connect_with_retry("cql", || CqlStore::connect(&config.cql)).await?)
+    } else {
+        None
+    };
+    Ok(readfold_serve::state(
+        ReadSource::new(redis, cql),
+        auth,
+        ApiLimits {
+            max_items: config.serve.max_items,
+            default_page: config.serve.default_page,
+            max_page: config.serve.max_page,
+            max_id_bytes: config.input.max_id_bytes,
+        },
+    ))
+}
+
+/// Serves until SIGTERM or SIGINT.
+pub async fn serve(config: Config) -> Result<()> {
+    crate::run::serve_metrics(&config)?;
+    let state = state(&config).await?;
+    readfold_serve::serve(&config.serve.listen, state, |_| {}, crate::run::wait_for_signal())
+        .await
+        .map_err(|e| Error::Run(format!("serve.listen {:?}: {e}", config.serve.listen)))
+}
+
+/// Serves in the background on `listen` (port 0: any free port); for the
+/// demo and the benches. Returns the bound address.
+pub async fn spawn(config: &Config, listen: &str) -> Result<SocketAddr> {
+    let state = state(config).await?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let listen = listen.to_owned();
+    tokio::spawn(async move {
+        let bound = |addr| {
+            let _ = tx.send(addr);
+        };
+        if let Err(e) = readfold_serve::serve(&listen, state, bound, std::future::pending()).await {
+            tracing::error!(error = %e, "the query API stopped");
+        }
+    });
+    rx.await
+        .map_err(|_| Error::Run("the query API could not bind its address".into()))
+}
