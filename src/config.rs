@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use readfold_gateway::GatewayConfig;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_processor::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig};
 use readfold_serve::{AuthConfig, ServeConfig};
@@ -62,6 +63,7 @@ pub struct Config {
     pub snapshot: SnapshotConfig,
     pub serve: ServeConfig,
     pub auth: AuthConfig,
+    pub gateway: GatewayConfig,
     pub metrics: MetricsConfig,
     pub shutdown: ShutdownConfig,
 }

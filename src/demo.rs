@@ -276,8 +276,38 @@ pub async fn demo(mut config: Config) -> Result<()> {
         "Try: readfold tail {}   and   readfold tail {}",
         config.topics.read_cursors, config.topics.dlq
     );
+    if config.redis.enabled {
+        serve_page(&config, &convs[1]).await?;
+    }
     let _ = stop.send(true);
     handle.await??;
+    Ok(())
+}
+
+/// Starts the push gateway with its demo page next to the processor and
+/// prints its URL. On a terminal it stays up until Ctrl-C, so that the page
+/// can be played with; otherwise the demo ends here.
+async fn serve_page(config: &Config, group: &str) -> Result<()> {
+    use std::io::IsTerminal;
+    let mut config = config.clone();
+    config.auth.mode = readfold_serve::AuthMode::None;
+    config.gateway.demo = true;
+    let listen = config.gateway.listen.clone();
+    let (gateway, addr) = match crate::gateway::spawn(&config, &listen).await {
+        Ok(started) => started,
+        // Taken (a gateway already runs there): any free port will do.
+        Err(_) => crate::gateway::spawn(&config, "127.0.0.1:0").await?,
+    };
+    println!(
+        "\nThe push gateway's demo page: http://{addr}/demo/?conversation={group}-live&members=alice,bob,carol\n  \
+         (a group chat whose members each hold a WebSocket: send, read, read privately, and watch \"N read\" and the \
+         unread badges move)"
+    );
+    if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
+        println!("The processor and the gateway keep running; press Ctrl-C to stop.");
+        crate::run::wait_for_signal().await;
+    }
+    gateway.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     Ok(())
 }
 

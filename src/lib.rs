@@ -8,6 +8,7 @@ pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod gateway;
 pub mod run;
 pub mod serve;
 pub mod tail;

@@ -31,6 +31,8 @@ enum Command {
     Run,
     /// Serve the query API (unread, read counts, who-read) until SIGTERM or SIGINT.
     Serve,
+    /// Run the push gateway (WebSocket) until SIGTERM or SIGINT.
+    Gateway,
     /// Print the query API's OpenAPI document.
     Openapi,
     /// Play a small chat scenario through a live processor and print the cursors.
@@ -73,6 +75,17 @@ enum Command {
         /// Keep-alive connections the query API bench uses.
         #[arg(long, default_value_t = 8)]
         serve_connections: usize,
+        /// Also measure the push gateway with this many WebSocket clients,
+        /// with `readfold run` and `readfold gateway` as child processes on
+        /// fresh topics (0: skip).
+        #[arg(long, default_value_t = 0)]
+        gateway_connections: usize,
+        /// Read receipts per second during the gateway bench.
+        #[arg(long, default_value_t = 200)]
+        gateway_rate: u64,
+        /// Seconds of receipts during the gateway bench.
+        #[arg(long, default_value_t = 10)]
+        gateway_seconds: u64,
     },
 }
 
@@ -106,6 +119,7 @@ fn real_main(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Run => runtime.block_on(readfold::run::run(config)),
         Command::Serve => runtime.block_on(readfold::serve::serve(config)),
+        Command::Gateway => runtime.block_on(readfold::gateway::gateway(config)),
         Command::Openapi => {
             let doc = readfold_serve::openapi()
                 .to_pretty_json()
@@ -127,6 +141,9 @@ fn real_main(cli: Cli) -> Result<()> {
             pipeline_reports,
             serve_seconds,
             serve_connections,
+            gateway_connections,
+            gateway_rate,
+            gateway_seconds,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -147,6 +164,15 @@ fn real_main(cli: Cli) -> Result<()> {
                 let connections = serve_connections.max(1);
                 let rows = runtime.block_on(readfold::bench::serve(&config, serve_seconds, connections))?;
                 readfold::bench::print_serve(&rows, connections);
+            }
+            if gateway_connections > 0 {
+                let figures = runtime.block_on(readfold::bench::gateway(
+                    &config,
+                    gateway_connections,
+                    gateway_rate,
+                    gateway_seconds,
+                ))?;
+                readfold::bench::print_gateway(&figures);
             }
             Ok(())
         }

@@ -1,8 +1,10 @@
 //! `readfold serve`: the query API over the configured Redis and CQL.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use readfold_processor::connect_with_retry;
+use readfold_serve::cache::ViewCache;
 use readfold_serve::{ApiLimits, Authenticator, ReadSource};
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::RedisStore;
@@ -46,6 +48,10 @@ pub async fn state(config: &Config) -> Result<readfold_serve::AppState> {
             max_page: config.serve.max_page,
             max_id_bytes: config.input.max_id_bytes,
         },
+        ViewCache::new(
+            Duration::from_millis(config.serve.cache_ms),
+            config.serve.cache_entries,
+        ),
     ))
 }
 

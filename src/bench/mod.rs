@@ -3,6 +3,7 @@
 //! what each flush would send to Redis and CQL. [`restore`] and
 //! [`pipeline`] measure against the configured services.
 
+mod gateway;
 mod pipeline;
 mod restore;
 mod serve;
@@ -13,9 +14,36 @@ use std::time::Instant;
 use readfold_core::fold::{ConversationEvent, CursorUpdate, EventKind, PartitionState, ReadReport};
 use readfold_core::{ConversationId, Seq, UserId};
 
+pub use gateway::{gateway, print_gateway, GatewayFigures};
 pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
 pub use restore::{print_restore, restore, RestoreFigures};
 pub use serve::{print_serve, serve, ServeRow};
+
+/// `config` on topics, a group, a Redis key prefix and a CQL keyspace of
+/// their own, named `readfold.bench-<tag>-<ms>`, so that a bench run
+/// disturbs nothing else.
+pub fn on_fresh_topics(config: &crate::config::Config, tag: &str) -> crate::config::Config {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let name = format!("readfold-bench-{tag}-{stamp}");
+    let mut config = config.clone();
+    let t = &mut config.topics;
+    for (topic, role) in [
+        (&mut t.read_reports, "read-reports"),
+        (&mut t.conversation_events, "conversation-events"),
+        (&mut t.read_cursors, "read-cursors"),
+        (&mut t.user_read_cursors, "user-read-cursors"),
+        (&mut t.member_state, "member-state"),
+        (&mut t.dlq, "dlq"),
+    ] {
+        *topic = format!("{name}.{role}");
+    }
+    config.kafka.group_id = name.clone();
+    config.redis.key_prefix = name;
+    config.cql.keyspace = "readfold_bench".into();
+    config
+}
 
 /// The value at fraction `p` of sorted `values` (0 when empty).
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {

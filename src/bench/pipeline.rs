@@ -44,21 +44,7 @@ fn now_ms() -> i64 {
 /// (read_committed) until every cursor has arrived. Latency is from a
 /// report's `reported_at` to the moment its cursor is read back.
 pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> {
-    let stamp = now_ms();
-    let mut config = config.clone();
-    for (topic, role) in [
-        (&mut config.topics.read_reports, "read-reports"),
-        (&mut config.topics.conversation_events, "conversation-events"),
-        (&mut config.topics.read_cursors, "read-cursors"),
-        (&mut config.topics.user_read_cursors, "user-read-cursors"),
-        (&mut config.topics.member_state, "member-state"),
-        (&mut config.topics.dlq, "dlq"),
-    ] {
-        *topic = format!("readfold.bench-{stamp}.{role}");
-    }
-    config.kafka.group_id = format!("readfold-bench-{stamp}");
-    config.redis.key_prefix = format!("readfold-bench-{stamp}");
-    config.cql.keyspace = "readfold_bench".into();
+    let config = super::on_fresh_topics(config, "pipeline");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let processor = Processor::new(config.processor_settings(), layout).await?;

@@ -12,22 +12,12 @@ use crate::kit::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_random_moments_loses_nothing() {
     let env = TestEnv::new("sigkill", 3).await;
-    let killer = async {
-        let mut seed = 0x9e37_79b9u64;
-        for i in 0..10 {
-            let mut p = env.spawn("a");
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            tokio::time::sleep(Duration::from_millis(700 + (seed >> 33) % 2300)).await;
-            assert!(
-                p.is_running(),
-                "kill {i}: the processor died by itself:\n{}",
-                p.log_text()
-            );
-            p.kill();
-        }
-    };
+    let killer = env.kill_repeatedly(
+        10,
+        Duration::from_millis(700),
+        Duration::from_millis(2300),
+        0x9e37_79b9,
+    );
     let (load, ()) = tokio::join!(produce_load(&env, Duration::from_secs(25), 7), killer);
     let mut last = env.spawn("a");
     check_everything(&env, &load).await;

@@ -10,6 +10,7 @@ mod cli;
 mod cql_sink;
 mod dead_letters;
 mod faults;
+mod gateway;
 mod pipeline;
 mod private_receipts;
 mod redis_outage;

@@ -122,22 +122,12 @@ async fn unread_marks_reach_the_members_own_devices_only() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_store_agrees_after_a_mixed_workload_with_sigkills() {
     let env = TestEnv::new("mixed", 3).await;
-    let killer = async {
-        let mut seed = 0x5151_2f2fu64;
-        for i in 0..5 {
-            let mut p = env.spawn("a");
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            tokio::time::sleep(Duration::from_millis(1000 + (seed >> 33) % 2000)).await;
-            assert!(
-                p.is_running(),
-                "kill {i}: the processor died by itself:\n{}",
-                p.log_text()
-            );
-            p.kill();
-        }
-    };
+    let killer = env.kill_repeatedly(
+        5,
+        Duration::from_millis(1000),
+        Duration::from_millis(2000),
+        0x5151_2f2f,
+    );
     let (load, ()) = tokio::join!(produce_mixed_load(&env, Duration::from_secs(15), 23), killer);
     let mut last = env.spawn("a");
     check_everything(&env, &load).await;

@@ -139,6 +139,13 @@ impl ChangelogReader {
         Ok(())
     }
 
+    /// Starts following the given partitions (all when `None`) from their
+    /// end: only what is committed from now on.
+    pub fn follow_from_end(&self, partitions: Option<&[i32]>) -> Result<()> {
+        self.reader.assign_from_end(&self.topic, partitions)?;
+        Ok(())
+    }
+
     /// The entries that arrived since the last call, waiting up to `wait`
     /// for each next one.
     pub fn poll_entries(&self, wait: Duration) -> Result<Vec<ChangelogEntry>> {

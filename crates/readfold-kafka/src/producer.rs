@@ -27,6 +27,9 @@ impl InputProducer {
         let producer = kafka
             .client_config()
             .set("enable.idempotence", "true")
+            // Idempotence implies it; said here because the gateway acks
+            // clients only once every in-sync replica has a receipt.
+            .set("acks", "all")
             .set("linger.ms", "5")
             .set("partitioner", "murmur2_random")
             .set("message.max.bytes", "2000000")

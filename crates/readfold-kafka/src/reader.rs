@@ -75,13 +75,23 @@ impl TopicReader {
     /// Starts reading `partitions` of `topic` (all when `None`) from the
     /// beginning; returns the partitions assigned.
     pub fn assign_from_beginning(&self, topic: &str, partitions: Option<&[i32]>) -> Result<Vec<i32>> {
+        self.assign(topic, partitions, Offset::Beginning)
+    }
+
+    /// Starts reading `partitions` of `topic` (all when `None`) at their
+    /// end: only what is committed from now on.
+    pub fn assign_from_end(&self, topic: &str, partitions: Option<&[i32]>) -> Result<Vec<i32>> {
+        self.assign(topic, partitions, Offset::End)
+    }
+
+    fn assign(&self, topic: &str, partitions: Option<&[i32]>, from: Offset) -> Result<Vec<i32>> {
         let partitions = match partitions {
             Some(p) => p.to_vec(),
             None => self.partitions(topic)?,
         };
         let mut tpl = TopicPartitionList::new();
         for &p in &partitions {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+            tpl.add_partition_offset(topic, p, from)?;
         }
         self.consumer.assign(&tpl)?;
         Ok(partitions)

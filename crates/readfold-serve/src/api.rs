@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::{FromRef, State};
+use axum::http::header::CACHE_CONTROL;
+use axum::http::HeaderMap;
 use axum::Json;
 use readfold_core::{ConversationId, ConversationView, MessageRef, Seq, UserId};
 use serde::{Deserialize, Serialize};
@@ -14,6 +16,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::auth::{Authenticator, Caller};
+use crate::cache::{Cached, ViewCache};
 use crate::error::{ApiError, ErrorBody};
 use crate::extract::{ApiJson, ApiPath, ApiQuery};
 use crate::source::{ReadSource, Source};
@@ -34,6 +37,7 @@ pub struct AppState {
     pub source: Arc<ReadSource>,
     pub auth: Arc<Authenticator>,
     pub limits: ApiLimits,
+    pub cache: Arc<ViewCache>,
 }
 
 impl FromRef<AppState> for Arc<Authenticator> {
@@ -111,23 +115,44 @@ async fn visible_conversation(
     state: &AppState,
     caller: &Caller,
     id: &ConversationId,
-) -> Result<(ConversationView, Source), ApiError> {
-    let (view, source) = state
-        .source
-        .conversation(id.as_str())
+    headers: &HeaderMap,
+) -> Result<Visible, ApiError> {
+    let cached = state
+        .cache
+        .conversation(&state.source, id.as_str(), wants_fresh(headers))
         .await
         .map_err(|e| ApiError::unavailable(e.to_string()))?;
-    match (caller, view) {
-        (Caller::User(user), Some(view)) if view.members.contains_key(user) => Ok((view, source)),
+    let source = cached.1;
+    match (caller, &cached.0) {
+        (Caller::User(user), Some(view)) if view.members.contains_key(user) => Ok(Visible(cached, source)),
         (Caller::User(_), _) => Err(ApiError::forbidden(format!(
             "you are not a present member of conversation {:?}",
             id.as_str()
         ))),
-        (Caller::Trusted, Some(view)) => Ok((view, source)),
+        (Caller::Trusted, Some(_)) => Ok(Visible(cached, source)),
         (Caller::Trusted, None) => Err(ApiError::not_found(format!(
             "no store holds conversation {:?}",
             id.as_str()
         ))),
+    }
+}
+
+/// Whether the request says `Cache-Control: no-cache` (or `max-age=0`): a
+/// client that was just pushed a change wants an answer that has it.
+fn wants_fresh(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(CACHE_CONTROL)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("no-cache") || v.contains("max-age=0"))
+}
+
+/// A conversation the caller may see, and the store it came from.
+struct Visible(Cached, Source);
+
+impl Visible {
+    fn view(&self) -> &ConversationView {
+        self.0 .0.as_ref().expect("visible conversations exist")
     }
 }
 
@@ -172,11 +197,13 @@ pub struct ConversationCursors {
 pub async fn get_conversation(
     State(state): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     ApiPath(conversation): ApiPath<String>,
 ) -> Result<Json<ConversationCursors>, ApiError> {
     timed("conversation", async {
         let id = conversation_id(&conversation, &state.limits)?;
-        let (view, source) = visible_conversation(&state, &caller, &id).await?;
+        let visible = visible_conversation(&state, &caller, &id, &headers).await?;
+        let (view, source) = (visible.view(), visible.1);
         Ok(Json(ConversationCursors {
             conversation_id: conversation,
             latest_seq: view.latest_seq.get(),
@@ -246,6 +273,7 @@ pub struct ReadCountsResponse {
 pub async fn read_counts(
     State(state): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     ApiPath(conversation): ApiPath<String>,
     ApiJson(request): ApiJson<ReadCountsRequest>,
 ) -> Result<Json<ReadCountsResponse>, ApiError> {
@@ -273,7 +301,8 @@ pub async fn read_counts(
                 )?,
             });
         }
-        let (view, source) = visible_conversation(&state, &caller, &id).await?;
+        let visible = visible_conversation(&state, &caller, &id, &headers).await?;
+        let (view, source) = (visible.view(), visible.1);
         let counts = view.read_counts(&messages);
         Ok(Json(ReadCountsResponse {
             conversation_id: conversation,
@@ -341,6 +370,7 @@ pub struct ReadersPage {
 pub async fn readers(
     State(state): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     ApiPath((conversation, seq)): ApiPath<(String, u64)>,
     ApiQuery(query): ApiQuery<ReadersQuery>,
 ) -> Result<Json<ReadersPage>, ApiError> {
@@ -367,7 +397,8 @@ pub async fn readers(
                 ),
             ));
         }
-        let (view, source) = visible_conversation(&state, &caller, &id).await?;
+        let visible = visible_conversation(&state, &caller, &id, &headers).await?;
+        let (view, source) = (visible.view(), visible.1);
         let (page, next) = view.readers_page(Seq(seq), &sender, after.as_ref(), limit);
         Ok(Json(ReadersPage {
             conversation_id: conversation,
@@ -422,12 +453,14 @@ pub struct MemberCursorResponse {
 pub async fn member_cursor(
     State(state): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     ApiPath((conversation, user)): ApiPath<(String, String)>,
 ) -> Result<Json<MemberCursorResponse>, ApiError> {
     timed("member", async {
         let id = conversation_id(&conversation, &state.limits)?;
         let user = user_id(&user, "user_id", "invalid_path", &state.limits)?;
-        let (view, source) = visible_conversation(&state, &caller, &id).await?;
+        let visible = visible_conversation(&state, &caller, &id, &headers).await?;
+        let (view, source) = (visible.view(), visible.1);
         let Some(member) = view.members.get(&user).copied() else {
             return Err(ApiError::not_found(format!(
                 "{:?} is not a present member of {:?}",

@@ -14,6 +14,11 @@ pub struct ServeConfig {
     /// Who-read page size when the caller gives none, and the largest one.
     pub default_page: usize,
     pub max_page: usize,
+    /// How long a conversation's view may be answered from this instance's
+    /// cache; 0: always from the stores.
+    pub cache_ms: u64,
+    /// Conversations the cache holds at most.
+    pub cache_entries: usize,
 }
 
 impl ServeConfig {

@@ -11,6 +11,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod cache;
 pub mod client;
 pub mod config;
 pub mod error;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 use axum::http::header::CONTENT_TYPE;
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use axum::Router;
 
 pub use api::{ApiLimits, AppState};
@@ -64,17 +66,31 @@ pub async fn serve(
     let addr = listener.local_addr()?;
     bound(addr);
     tracing::info!(%addr, "query API listening");
-    axum::serve(listener, router(state))
+    axum::serve(listener.tap_io(no_delay), router(state))
         .with_graceful_shutdown(shutdown)
         .await
 }
 
-/// Builds the shared state.
-pub fn state(source: ReadSource, auth: Authenticator, limits: ApiLimits) -> AppState {
+/// Sends small responses at once: with Nagle's algorithm on, a response
+/// written in two parts waits for the client's delayed ACK (40 ms on Linux).
+pub fn no_delay(stream: &mut tokio::net::TcpStream) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+    }
+}
+
+/// Builds the shared state; `cache` answers repeated conversation reads.
+pub fn state(
+    source: ReadSource,
+    auth: Authenticator,
+    limits: ApiLimits,
+    cache: cache::ViewCache,
+) -> AppState {
     AppState {
         source: Arc::new(source),
         auth: Arc::new(auth),
         limits,
+        cache: Arc::new(cache),
     }
 }
 
@@ -125,7 +141,12 @@ mod tests {
 
     /// A server with no stores behind it, on a free port.
     async fn server(mode: AuthMode) -> String {
-        let state = state(ReadSource::new(None, None), auth(mode), limits());
+        let state = state(
+            ReadSource::new(None, None),
+            auth(mode),
+            limits(),
+            cache::ViewCache::new(std::time::Duration::ZERO, 1),
+        );
         let (tx, rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             serve(

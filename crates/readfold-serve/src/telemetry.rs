@@ -20,3 +20,8 @@ pub fn answered_from(source: &'static str) {
 pub fn store_failed(store: &'static str) {
     counter!("readfold_serve_store_failures_total", "store" => store).increment(1);
 }
+
+/// A conversation view came from the cache (hit) or the stores (miss).
+pub fn cache(hit: bool) {
+    counter!("readfold_serve_cache_total", "result" => if hit { "hit" } else { "miss" }).increment(1);
+}

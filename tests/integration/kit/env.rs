@@ -133,6 +133,26 @@ impl TestEnv {
         }
     }
 
+    /// Starts `readfold run` and SIGKILLs it `times` times, each after a
+    /// pseudo-random `min..min+spread` wait (from `seed`), checking each time
+    /// that it had not died by itself.
+    pub async fn kill_repeatedly(&self, times: usize, min: Duration, spread: Duration, mut seed: u64) {
+        for i in 0..times {
+            let mut p = self.spawn("a");
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let wait = min + Duration::from_millis((seed >> 33) % (spread.as_millis() as u64).max(1));
+            tokio::time::sleep(wait).await;
+            assert!(
+                p.is_running(),
+                "kill {i}: the processor died by itself:\n{}",
+                p.log_text()
+            );
+            p.kill();
+        }
+    }
+
     /// Every committed record of a topic, in partition order, as JSON (as
     /// `readfold tail` prints it).
     pub fn read_topic(&self, topic: &str) -> Vec<Value> {

@@ -3,6 +3,7 @@
 //! changelog and store readers (the crates' own read halves), and load
 //! producers. No test file defines a helper of its own.
 
+pub mod browser;
 pub mod changelog;
 pub mod checks;
 pub mod env;
@@ -10,6 +11,7 @@ pub mod load;
 pub mod reference;
 pub mod services;
 pub mod stores;
+pub mod ws;
 
 pub use changelog::Changelog;
 pub use checks::*;
@@ -18,3 +20,4 @@ pub use load::*;
 pub use reference::*;
 pub use services::*;
 pub use stores::*;
+pub use ws::*;

@@ -123,6 +123,15 @@ pub fn send_signal(pid: u32, signal: &str) {
         .status();
 }
 
+/// Sends a signal to every process of a process group.
+pub fn send_signal_to_group(pgid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .arg(format!("-{pgid}"))
+        .status();
+}
+
 /// A port on loopback nobody listens on.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

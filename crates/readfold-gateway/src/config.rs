@@ -1,0 +1,19 @@
+//! The `[gateway]` section; defaults and documentation are in
+//! `config/default.toml`.
+
+use serde::Deserialize;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    pub listen: String,
+    /// A read receipt more than this far past the conversation's latest
+    /// known seq is refused as insane (`invalid_seq`).
+    pub max_seq_ahead: u64,
+    /// Serve the demo page at /demo/ and its endpoints that send messages.
+    pub demo: bool,
+    /// SO_SNDBUF of client connections (0: the kernel's autotuning). A
+    /// small buffer bounds the kernel memory a connection can hold, and
+    /// makes a slow client's updates coalesce in its outbox sooner.
+    pub send_buffer_bytes: u32,
+}

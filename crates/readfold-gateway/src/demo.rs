@@ -1,0 +1,148 @@
+//! The demo page (`gateway.demo = true`): a group chat whose members each
+//! hold a connection of their own. The endpoints here send the messages and
+//! joins a chat backend would, so that the page can show "N read", who-read,
+//! unread badges and private receipts live. Not for production.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Query, State};
+use axum::response::Html;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use readfold_core::UserId;
+use readfold_serve::error::ApiError;
+use readfold_serve::extract::ApiJson;
+use readfold_wire::codec::{ConversationEventRecord, EventRecord};
+use serde::{Deserialize, Serialize};
+
+use crate::Gateway;
+
+const PAGE: &str = include_str!("demo.html");
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DemoMessage {
+    seq: u64,
+    sender: String,
+    text: String,
+}
+
+/// The messages sent through the demo, per conversation: readfold never
+/// sees message bodies, so the demo keeps them.
+#[derive(Default)]
+pub struct DemoState {
+    messages: Mutex<HashMap<String, Vec<DemoMessage>>>,
+}
+
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/demo/", get(|| async { Html(PAGE) }))
+        .route("/demo/api/setup", post(setup))
+        .route("/demo/api/send", post(send))
+        .route("/demo/api/messages", get(messages))
+        .with_state(gateway)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn unavailable(e: impl std::fmt::Display) -> ApiError {
+    ApiError::unavailable(e.to_string())
+}
+
+#[derive(Deserialize)]
+struct Setup {
+    conversation: String,
+    members: Vec<String>,
+}
+
+/// Joins the members that are not present yet.
+async fn setup(
+    State(g): State<Arc<Gateway>>,
+    ApiJson(s): ApiJson<Setup>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let (view, _) = g
+        .source
+        .conversation(&s.conversation)
+        .await
+        .map_err(unavailable)?;
+    let latest = view.as_ref().map_or(0, |v| v.latest_seq.get());
+    let mut joined = Vec::new();
+    for member in &s.members {
+        let id = UserId::parse(member, g.max_id_bytes)
+            .map_err(|e| ApiError::bad_request("invalid_field", e.to_string()))?;
+        if view.as_ref().is_some_and(|v| v.members.contains_key(&id)) {
+            continue;
+        }
+        g.producer
+            .event(&ConversationEventRecord {
+                conversation_id: s.conversation.clone(),
+                seq: latest as i64,
+                at: now_ms(),
+                event: EventRecord::MemberJoined {
+                    user_id: member.clone(),
+                },
+            })
+            .await
+            .map_err(unavailable)?;
+        joined.push(member.clone());
+    }
+    Ok(Json(serde_json::json!({ "joined": joined })))
+}
+
+#[derive(Deserialize)]
+struct Send {
+    conversation: String,
+    sender: String,
+    text: String,
+}
+
+/// Sends a message: the next seq of the conversation.
+async fn send(
+    State(g): State<Arc<Gateway>>,
+    ApiJson(m): ApiJson<Send>,
+) -> Result<Json<DemoMessage>, ApiError> {
+    UserId::parse(&m.sender, g.max_id_bytes)
+        .map_err(|e| ApiError::bad_request("invalid_field", e.to_string()))?;
+    let (view, _) = g
+        .source
+        .conversation(&m.conversation)
+        .await
+        .map_err(unavailable)?;
+    let stored = view.map_or(0, |v| v.latest_seq.get());
+    let message = {
+        let mut all = g.demo.messages.lock().expect("demo lock");
+        let list = all.entry(m.conversation.clone()).or_default();
+        let seq = list.last().map_or(0, |l| l.seq).max(stored) + 1;
+        let message = DemoMessage {
+            seq,
+            sender: m.sender.clone(),
+            text: m.text.chars().take(200).collect(),
+        };
+        list.push(message.clone());
+        message
+    };
+    g.producer
+        .event(&ConversationEventRecord {
+            conversation_id: m.conversation,
+            seq: message.seq as i64,
+            at: now_ms(),
+            event: EventRecord::MessageSent { sender_id: m.sender },
+        })
+        .await
+        .map_err(unavailable)?;
+    Ok(Json(message))
+}
+
+#[derive(Deserialize)]
+struct Which {
+    conversation: String,
+}
+
+async fn messages(State(g): State<Arc<Gateway>>, Query(w): Query<Which>) -> Json<Vec<DemoMessage>> {
+    let all = g.demo.messages.lock().expect("demo lock");
+    Json(all.get(&w.conversation).cloned().unwrap_or_default())
+}

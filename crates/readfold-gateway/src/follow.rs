@@ -1,0 +1,96 @@
+//! Follows both changelogs (read_committed, from their end) and routes every
+//! record to the connections that want it. Every gateway instance reads
+//! every partition and keeps only its own subscribers' keys (a broker
+//! fan-out, as Centrifugo does); see the README for where that stops
+//! scaling.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use readfold_kafka::changelog::ChangelogReader;
+use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+
+use crate::hub::Hub;
+use crate::protocol::ServerFrame;
+use crate::telemetry;
+
+/// Turns a changelog entry into the frame it means and routes it.
+pub fn route(hub: &Hub, entry: ChangelogEntry) {
+    match entry {
+        ChangelogEntry::Upsert(u) => {
+            telemetry::routed("by_conversation");
+            let conversation = u.conversation_id.to_string();
+            hub.to_conversation(
+                &conversation.clone(),
+                ServerFrame::Cursor {
+                    conversation,
+                    user: u.user_id.to_string(),
+                    cursor: u.cursor.get(),
+                    join_seq: u.join_seq.get(),
+                    latest_seq: u.latest_seq.get(),
+                },
+            );
+        }
+        ChangelogEntry::Own(own) => {
+            telemetry::routed("by_user");
+            let u = &own.update;
+            hub.to_user(
+                u.user_id.as_str(),
+                ServerFrame::Own {
+                    conversation: u.conversation_id.to_string(),
+                    cursor: u.cursor.get(),
+                    private_cursor: own.private_cursor.get(),
+                    unread_mark: own.unread_mark,
+                    latest_seq: u.latest_seq.get(),
+                },
+            );
+        }
+        // A tombstone: on the by-conversation changelog for the other
+        // members, on the by-user one for the member's own devices.
+        ChangelogEntry::Left(key) => {
+            let frame = ServerFrame::Left {
+                conversation: key.conversation_id.to_string(),
+                user: key.user_id.to_string(),
+            };
+            hub.to_conversation(key.conversation_id.as_str(), frame.clone());
+            hub.to_user(key.user_id.as_str(), frame);
+        }
+        ChangelogEntry::State(_) => {}
+    }
+}
+
+/// Starts one blocking thread per changelog; they stop when `stop` is set.
+pub fn start(
+    kafka: &KafkaConfig,
+    topics: &TopicsConfig,
+    max_id_bytes: usize,
+    hub: Arc<Hub>,
+    stop: Arc<AtomicBool>,
+) -> readfold_kafka::Result<()> {
+    let group = format!("{}-gateway", kafka.group_id);
+    for (topic, kind) in [
+        (&topics.read_cursors, ChangelogKind::ByConversation),
+        (&topics.user_read_cursors, ChangelogKind::ByUser),
+    ] {
+        let reader = ChangelogReader::new(kafka, &group, topic, kind, max_id_bytes)?;
+        reader.follow_from_end(None)?;
+        let (hub, stop) = (hub.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name(format!("follow-{topic}"))
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    match reader.poll_entries(Duration::from_millis(100)) {
+                        Ok(entries) => entries.into_iter().for_each(|e| route(&hub, e)),
+                        Err(e) => {
+                            tracing::warn!(topic = %reader.topic(), error = %e, "changelog read failed; retrying");
+                            std::thread::sleep(Duration::from_secs(1));
+                        }
+                    }
+                }
+            })
+            .expect("spawn a changelog follower");
+    }
+    Ok(())
+}

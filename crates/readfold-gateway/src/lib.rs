@@ -1,0 +1,177 @@
+//! `readfold gateway`: the reference push gateway. Clients hold a WebSocket
+//! (subprotocol `readfold.v1.json`): they send read receipts, which the
+//! gateway checks and produces to the read-reports topic, and receive the
+//! cursor advances of the conversations they subscribe to and their own
+//! state on all their devices, from the changelogs, coalesced per
+//! connection. It also serves the query API (`/v1/...`), and a demo page.
+//!
+//! - [`protocol`]: the frames.
+//! - [`hub`]: subscriptions and coalescing outboxes.
+//! - [`follow`]: the changelog followers.
+//! - `session`: one connection.
+//! - `demo`: the demo page and its endpoints.
+
+pub mod config;
+mod demo;
+pub mod follow;
+pub mod hub;
+pub mod protocol;
+mod session;
+pub mod telemetry;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use axum::extract::ws::WebSocketUpgrade;
+use axum::extract::{Query, State};
+use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::serve::ListenerExt;
+use axum::Router;
+use readfold_core::UserId;
+use readfold_kafka::producer::InputProducer;
+use readfold_serve::error::ApiError;
+use readfold_serve::{AppState, ReadSource};
+
+pub use config::GatewayConfig;
+pub use hub::Hub;
+pub use protocol::PROTOCOL;
+
+/// What every connection shares.
+pub struct Gateway {
+    pub hub: Arc<Hub>,
+    pub source: Arc<ReadSource>,
+    pub producer: InputProducer,
+    pub config: GatewayConfig,
+    pub api: AppState,
+    pub max_id_bytes: usize,
+    pub max_seq: u64,
+    /// Set to stop the changelog followers.
+    pub stop: Arc<AtomicBool>,
+    demo: demo::DemoState,
+}
+
+impl Gateway {
+    /// `api` is the query API's state (stores, access control, limits), shared.
+    pub fn new(config: GatewayConfig, api: AppState, producer: InputProducer, max_seq: u64) -> Self {
+        Gateway {
+            hub: Arc::new(Hub::new()),
+            source: api.source.clone(),
+            max_id_bytes: api.limits.max_id_bytes,
+            producer,
+            config,
+            api,
+            max_seq,
+            stop: Arc::new(AtomicBool::new(false)),
+            demo: demo::DemoState::default(),
+        }
+    }
+
+    /// The WebSocket endpoint `/ws`, the query API `/v1/...`, and with
+    /// `gateway.demo` the demo page at `/demo/`.
+    pub fn router(self: &Arc<Self>) -> Router {
+        let mut router = Router::new()
+            .route("/ws", any(upgrade))
+            .with_state(self.clone())
+            .merge(readfold_serve::router(self.api.clone()));
+        if self.config.demo {
+            router = router.merge(demo::router(self.clone()));
+        }
+        router
+    }
+}
+
+/// Who a connection is: the `sub` of its token (`access_token` query
+/// parameter, since browsers cannot set headers on a WebSocket, or an
+/// `Authorization` header), or with access control off the `user` it names.
+fn caller(
+    gateway: &Gateway,
+    params: &HashMap<String, String>,
+    headers: &HeaderMap,
+) -> Result<UserId, ApiError> {
+    if gateway.api.auth.is_on() {
+        let header = headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        let token = params
+            .get("access_token")
+            .map(String::as_str)
+            .or(header)
+            .ok_or_else(|| {
+                ApiError::unauthorized("a token is needed: ?access_token=<JWT> or Authorization: Bearer")
+            })?;
+        return gateway.api.auth.verify(token.trim());
+    }
+    let user = params.get("user").ok_or_else(|| {
+        ApiError::bad_request(
+            "invalid_query",
+            "query parameter `user`: missing (access control is off, so the client names its user)",
+        )
+    })?;
+    UserId::parse(user, gateway.max_id_bytes)
+        .map_err(|e| ApiError::bad_request("invalid_query", format!("query parameter `user`: {e}")))
+}
+
+async fn upgrade(
+    State(gateway): State<Arc<Gateway>>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let user = match caller(&gateway, &params, &headers) {
+        Ok(user) => user,
+        Err(e) => return e.into_response(),
+    };
+    let ws = ws.protocols([PROTOCOL]);
+    if ws.selected_protocol().is_none() {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unsupported_protocol",
+            format!("ask for the WebSocket subprotocol {PROTOCOL}"),
+        )
+        .into_response();
+    }
+    // Small buffers: client messages are tiny, frames are written one at a
+    // time, and a gateway holds tens of thousands of connections (the
+    // defaults are 128 KiB each way per connection).
+    ws.max_message_size(64 * 1024)
+        .read_buffer_size(4 * 1024)
+        .write_buffer_size(0)
+        .on_upgrade(move |socket| session::run(socket, gateway, user))
+}
+
+/// Binds `listen` and serves until `shutdown` completes.
+pub async fn serve(
+    gateway: Arc<Gateway>,
+    listen: &str,
+    bound: impl FnOnce(SocketAddr),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr: SocketAddr = tokio::net::lookup_host(listen)
+        .await?
+        .next()
+        .ok_or_else(|| std::io::Error::other(format!("{listen:?} resolves to no address")))?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    // Accepted connections inherit the listener's buffer sizes.
+    if gateway.config.send_buffer_bytes > 0 {
+        socket.set_send_buffer_size(gateway.config.send_buffer_bytes)?;
+    }
+    socket.bind(addr)?;
+    let listener = socket.listen(4096)?;
+    let addr = listener.local_addr()?;
+    bound(addr);
+    tracing::info!(%addr, protocol = PROTOCOL, "gateway listening (WebSocket at /ws)");
+    axum::serve(listener.tap_io(readfold_serve::no_delay), gateway.router())
+        .with_graceful_shutdown(shutdown)
+        .await
+}

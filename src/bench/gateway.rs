@@ -1,0 +1,362 @@
+//! `readfold bench --gateway-connections N`: the push gateway with N
+//! WebSocket clients held open, on fresh topics, with `readfold run` and
+//! `readfold gateway` as child processes of their own (so that the
+//! gateway's memory is its own and each process has its own file limit).
+//! Measures the gateway's memory per connection, and, at a fixed rate of
+//! read receipts sent on the clients' own connections, the time from a
+//! receipt's send to the other members' receipt of the cursor it moves
+//! (through the gateway, Kafka, the processor, the changelog and the
+//! gateway again), and the frames delivered per second.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::stream::SplitSink;
+use futures_util::{SinkExt, StreamExt};
+use readfold_kafka::admin::{delete_topics, ensure_topics};
+use readfold_kafka::producer::InputProducer;
+use readfold_store::redis::RedisStore;
+use readfold_wire::codec::{ConversationEventRecord, EventRecord};
+use serde_json::{json, Value};
+use tokio::net::TcpStream;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::http::HeaderValue;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+
+use super::percentile;
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// Members per conversation.
+const GROUP: usize = 10;
+
+/// What a gateway run measured.
+#[derive(Clone, Debug)]
+pub struct GatewayFigures {
+    pub connections: usize,
+    pub rss_before: u64,
+    pub rss_after: u64,
+    pub rate: u64,
+    pub seconds: u64,
+    pub receipts: u64,
+    pub latencies_ms: Vec<f64>,
+    pub frames: u64,
+}
+
+type Sink = SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Message>;
+
+/// (conversation, seq) -> when the receipt was sent, and by which user.
+type Sent = HashMap<(usize, u64), (Instant, String)>;
+
+/// A child process, killed when dropped.
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn free_addr() -> Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Run(e.to_string()))?;
+    Ok(listener
+        .local_addr()
+        .map_err(|e| Error::Run(e.to_string()))?
+        .to_string())
+}
+
+fn spawn(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
+    let exe = std::env::current_exe().map_err(|e| Error::Run(e.to_string()))?;
+    let child = Command::new(exe)
+        .arg(command)
+        .envs(vars.iter().cloned())
+        .env("READFOLD_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| Error::Run(format!("cannot start readfold {command}: {e}")))?;
+    Ok(ChildGuard(child))
+}
+
+async fn open(addr: &str, user: &str) -> Result<WebSocketStream<MaybeTlsStream<TcpStream>>> {
+    let mut request = format!("ws://{addr}/ws?user={user}")
+        .into_client_request()
+        .map_err(|e| Error::Run(e.to_string()))?;
+    request.headers_mut().insert(
+        "Sec-WebSocket-Protocol",
+        HeaderValue::from_static(readfold_gateway::PROTOCOL),
+    );
+    let (stream, _) = tokio_tungstenite::connect_async(request)
+        .await
+        .map_err(|e| Error::Run(format!("websocket {user}: {e}")))?;
+    Ok(stream)
+}
+
+pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u64) -> Result<GatewayFigures> {
+    let config = super::on_fresh_topics(config, "gateway");
+    let layout = ensure_topics(&config.kafka, &config.topics).await?;
+    let addr = free_addr()?;
+    let t = &config.topics;
+    let vars: Vec<(String, String)> = [
+        (
+            "READFOLD__KAFKA__BOOTSTRAP_SERVERS",
+            config.kafka.bootstrap_servers.clone(),
+        ),
+        ("READFOLD__KAFKA__GROUP_ID", config.kafka.group_id.clone()),
+        ("READFOLD__KAFKA__INSTANCE_ID", "bench".into()),
+        ("READFOLD__TOPICS__READ_REPORTS", t.read_reports.clone()),
+        (
+            "READFOLD__TOPICS__CONVERSATION_EVENTS",
+            t.conversation_events.clone(),
+        ),
+        ("READFOLD__TOPICS__READ_CURSORS", t.read_cursors.clone()),
+        ("READFOLD__TOPICS__USER_READ_CURSORS", t.user_read_cursors.clone()),
+        ("READFOLD__TOPICS__MEMBER_STATE", t.member_state.clone()),
+        ("READFOLD__TOPICS__DLQ", t.dlq.clone()),
+        ("READFOLD__REDIS__URL", config.redis.url.clone()),
+        ("READFOLD__REDIS__KEY_PREFIX", config.redis.key_prefix.clone()),
+        ("READFOLD__CQL__ENABLED", "false".into()),
+        ("READFOLD__METRICS__LISTEN", String::new()),
+        ("READFOLD__AUTH__MODE", "none".into()),
+        ("READFOLD__GATEWAY__LISTEN", addr.clone()),
+        (
+            "READFOLD__FLUSH__INTERVAL_MS",
+            config.flush.interval_ms.to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let _processor = spawn("run", &vars)?;
+    let gateway = spawn("gateway", &vars)?;
+
+    // Members: GROUP per conversation, joined through the pipeline.
+    let conversations = connections.div_ceil(GROUP);
+    let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
+    let mut events = Vec::new();
+    for i in 0..connections {
+        events.push(ConversationEventRecord {
+            conversation_id: format!("c{}", i / GROUP),
+            seq: 0,
+            at: now_ms(),
+            event: EventRecord::MemberJoined {
+                user_id: format!("u{i}"),
+            },
+        });
+    }
+    for c in 0..conversations {
+        events.push(ConversationEventRecord {
+            conversation_id: format!("c{c}"),
+            seq: 1,
+            at: now_ms(),
+            event: EventRecord::MessageSent {
+                sender_id: format!("u{}", c * GROUP),
+            },
+        });
+    }
+    producer.send_many(&[], &events).await?;
+    let redis = RedisStore::connect(&config.redis).await?;
+    let last = format!("c{}", conversations - 1);
+    let started = Instant::now();
+    while redis
+        .conversation(&last)
+        .await?
+        .is_none_or(|v| v.members.len() < GROUP.min(connections))
+    {
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err(Error::Run("the members never reached Redis".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    while tokio::net::TcpStream::connect(&addr).await.is_err() {
+        if started.elapsed() > Duration::from_secs(120) {
+            return Err(Error::Run("the gateway never listened".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_before = rss_of(gateway.0.id());
+
+    // Connect and subscribe every client; each reader task measures.
+    let sent: Arc<Mutex<Sent>> = Arc::default();
+    let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let frames = Arc::new(AtomicU64::new(0));
+    let measuring = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut sinks: Vec<Arc<tokio::sync::Mutex<Sink>>> = Vec::with_capacity(connections);
+    let mut subscribed = tokio::task::JoinSet::new();
+    for i in 0..connections {
+        let stream = open(&addr, &format!("u{i}")).await?;
+        let (mut sink, mut source) = stream.split();
+        let conversation = i / GROUP;
+        sink.send(Message::Text(
+            json!({ "type": "subscribe", "conversation": format!("c{conversation}") })
+                .to_string()
+                .into(),
+        ))
+        .await
+        .map_err(|e| Error::Run(e.to_string()))?;
+        sinks.push(Arc::new(tokio::sync::Mutex::new(sink)));
+        let (sent, latencies, frames, measuring) =
+            (sent.clone(), latencies.clone(), frames.clone(), measuring.clone());
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let mut ready = Some(ready_tx);
+            while let Some(Ok(Message::Text(text))) = source.next().await {
+                let Ok(frame) = serde_json::from_str::<Value>(&text) else {
+                    continue;
+                };
+                if frame["type"] == "snapshot" {
+                    if let Some(tx) = ready.take() {
+                        let _ = tx.send(());
+                    }
+                    continue;
+                }
+                if !measuring.load(Ordering::Relaxed) {
+                    continue;
+                }
+                frames.fetch_add(1, Ordering::Relaxed);
+                if frame["type"] == "cursor" {
+                    if let Some(seq) = frame["cursor"].as_u64() {
+                        if let Some((at, sender)) = sent.lock().expect("bench lock").get(&(conversation, seq))
+                        {
+                            if frame["user"].as_str() == Some(sender.as_str()) {
+                                latencies
+                                    .lock()
+                                    .expect("bench lock")
+                                    .push(at.elapsed().as_secs_f64() * 1000.0);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        subscribed.spawn(async move { tokio::time::timeout(Duration::from_secs(60), ready_rx).await });
+    }
+    while let Some(done) = subscribed.join_next().await {
+        if !matches!(done, Ok(Ok(Ok(())))) {
+            return Err(Error::Run("a client never got its snapshot".into()));
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let rss_after = rss_of(gateway.0.id());
+
+    // Receipts at a fixed rate, each from a member on its own connection.
+    measuring.store(true, Ordering::Relaxed);
+    let mut next_seq = vec![1u64; conversations];
+    let interval = Duration::from_secs_f64(1.0 / rate.max(1) as f64);
+    let load_started = Instant::now();
+    let mut due = load_started;
+    let mut receipts = 0u64;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    while load_started.elapsed() < Duration::from_secs(seconds) {
+        tokio::time::sleep_until(due.into()).await;
+        due += interval;
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let client = (rng % connections as u64) as usize;
+        let conversation = client / GROUP;
+        next_seq[conversation] += 1;
+        let seq = next_seq[conversation];
+        sent.lock()
+            .expect("bench lock")
+            .insert((conversation, seq), (Instant::now(), format!("u{client}")));
+        let message = json!({ "type": "read", "conversation": format!("c{conversation}"), "seq": seq });
+        // A message for the conversation too, so that the seq stays sane.
+        producer
+            .event(&ConversationEventRecord {
+                conversation_id: format!("c{conversation}"),
+                seq: seq as i64,
+                at: now_ms(),
+                event: EventRecord::MessageSent {
+                    sender_id: format!(
+                        "u{}",
+                        conversation * GROUP + (client + 1) % GROUP.min(connections)
+                    ),
+                },
+            })
+            .await?;
+        let sink = sinks[client].clone();
+        tokio::spawn(async move {
+            let _ = sink
+                .lock()
+                .await
+                .send(Message::Text(message.to_string().into()))
+                .await;
+        });
+        receipts += 1;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    measuring.store(false, Ordering::Relaxed);
+    let mut latencies = latencies.lock().expect("bench lock").clone();
+    latencies.sort_by(f64::total_cmp);
+    drop(sinks);
+    drop(gateway);
+    delete_topics(
+        &config.kafka,
+        &config
+            .topics
+            .names()
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .await?;
+    Ok(GatewayFigures {
+        connections,
+        rss_before,
+        rss_after,
+        rate,
+        seconds,
+        receipts,
+        latencies_ms: latencies,
+        frames: frames.load(Ordering::Relaxed),
+    })
+}
+
+pub fn print_gateway(f: &GatewayFigures) {
+    let per = f.rss_after.saturating_sub(f.rss_before) as f64 / f.connections.max(1) as f64;
+    println!(
+        "gateway: {} WebSocket connections held ({} members per conversation, each subscribed); gateway RSS {:.0} MB -> {:.0} MB = {:.1} KB per connection",
+        f.connections,
+        GROUP,
+        f.rss_before as f64 / 1e6,
+        f.rss_after as f64 / 1e6,
+        per / 1024.0
+    );
+    let l = &f.latencies_ms;
+    println!(
+        "  {} read receipts at {}/s for {} s on the clients' own connections: receipt-to-push latency (send -> other members' cursor frame) p50 {:.0} ms, p99 {:.0} ms, p99.9 {:.0} ms, max {:.0} ms over {} frames; {:.0} frames/s delivered",
+        f.receipts,
+        f.rate,
+        f.seconds,
+        percentile(l, 0.50),
+        percentile(l, 0.99),
+        percentile(l, 0.999),
+        l.last().copied().unwrap_or(0.0),
+        l.len(),
+        f.frames as f64 / f.seconds.max(1) as f64
+    );
+}

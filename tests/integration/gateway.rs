@@ -1,0 +1,398 @@
+//! `readfold gateway` against the real broker, processor and stores: receipts
+//! acknowledged only once the broker has them, members only, snapshots then
+//! deltas with no gap across a processor restart, coalescing for a slow
+//! client, every device of a user kept in step, and the demo page in a real
+//! browser.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::kit::browser::Driver;
+use crate::kit::*;
+
+/// Starts `readfold gateway` on a free port and waits until it answers.
+async fn spawn_gateway(env: &TestEnv, extra: &[(&str, &str)]) -> (Processor, String) {
+    let addr = free_local_addr();
+    let mut vars = vec![("READFOLD__GATEWAY__LISTEN", addr.as_str())];
+    vars.extend_from_slice(extra);
+    let mut gateway = env.spawn_command("gateway", "gw", &vars);
+    let started = std::time::Instant::now();
+    while readfold_serve::client::HttpClient::new(addr.clone())
+        .get("/healthz")
+        .await
+        .is_err()
+    {
+        assert!(
+            gateway.is_running(),
+            "readfold gateway exited:\n{}",
+            gateway.log_text()
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "readfold gateway never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    (gateway, addr)
+}
+
+/// Joins `members` to `conversation` with `messages` messages from the first,
+/// and waits until the stores have it.
+async fn chat(env: &TestEnv, reference: &mut Reference, conversation: &str, members: &[&str], messages: i64) {
+    let mut feed = env.feed(reference);
+    for m in members {
+        feed.event(joined(conversation, m, 0)).await;
+    }
+    for seq in 1..=messages {
+        feed.event(sent(conversation, members[0], seq)).await;
+    }
+    env.wait_for_reference(reference, Duration::from_secs(60)).await;
+}
+
+async fn connect(addr: &str, user: &str) -> WsClient {
+    let mut ws = WsClient::connect(addr, &format!("/ws?user={user}"))
+        .await
+        .unwrap();
+    let welcome = ws.next(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(welcome["type"], "welcome");
+    assert_eq!(welcome["user"], user);
+    ws
+}
+
+async fn subscribe(ws: &mut WsClient, conversation: &str) -> Value {
+    ws.send(json!({ "type": "subscribe", "conversation": conversation }))
+        .await;
+    ws.until(Duration::from_secs(20), |f| {
+        f["type"] == "snapshot" || f["type"] == "error"
+    })
+    .await
+    .pop()
+    .unwrap()
+}
+
+fn is_cursor_of(frame: &Value, user: &str) -> bool {
+    frame["type"] == "cursor" && frame["user"] == user
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_is_acknowledged_once_the_broker_has_it_and_members_only() {
+    let env = TestEnv::new("gw-ack", 2).await;
+    let mut reference = Reference::default();
+    let mut processor = env.spawn("a");
+    chat(&env, &mut reference, "G", &["A", "B"], 3).await;
+    let (mut gateway, addr) = spawn_gateway(&env, &[]).await;
+
+    let mut b = connect(&addr, "B").await;
+    let snapshot = subscribe(&mut b, "G").await;
+    assert_eq!(snapshot["type"], "snapshot", "{snapshot}");
+    assert_eq!(snapshot["latest_seq"], 3);
+    b.send(json!({ "type": "read", "conversation": "G", "seq": 2, "id": "r1" }))
+        .await;
+    let ack = b
+        .until(Duration::from_secs(20), |f| {
+            f["type"] == "ack" || f["type"] == "error"
+        })
+        .await;
+    assert_eq!(ack.last().unwrap(), &json!({ "type": "ack", "id": "r1" }));
+    // Acknowledged means on the topic, keyed and placed as the processor wants.
+    let reports = env.read_topic(&env.config.topics.read_reports);
+    let mine = reports
+        .iter()
+        .find(|r| r["value"]["user_id"] == "B" && r["value"]["seq"] == 2)
+        .unwrap_or_else(|| panic!("the acknowledged receipt is not on the topic: {reports:?}"));
+    assert_eq!(mine["key"], "G");
+    assert_eq!(
+        mine["partition"],
+        readfold_core::partitioner::partition_for_key(b"G", env.partitions)
+    );
+
+    // Insane seqs and strangers are refused, with the request's id.
+    b.send(json!({ "type": "read", "conversation": "G", "seq": 100_000, "id": "r2" }))
+        .await;
+    let refused = b.until(Duration::from_secs(20), |f| f["type"] == "error").await;
+    assert_eq!(refused.last().unwrap()["code"], "invalid_seq");
+    b.send(json!({ "type": "read", "conversation": "G", "seq": 0, "id": "r3" }))
+        .await;
+    let refused = b.until(Duration::from_secs(20), |f| f["type"] == "error").await;
+    assert_eq!(refused.last().unwrap()["code"], "invalid_seq");
+    let mut c = connect(&addr, "C").await;
+    assert_eq!(subscribe(&mut c, "G").await["code"], "not_a_member");
+    c.send(json!({ "type": "read", "conversation": "G", "seq": 1, "id": "c1" }))
+        .await;
+    let refused = c.until(Duration::from_secs(20), |f| f["type"] == "error").await;
+    assert_eq!(refused.last().unwrap()["code"], "not_a_member");
+    c.send(json!({ "type": "fly" })).await;
+    let refused = c.until(Duration::from_secs(20), |f| f["type"] == "error").await;
+    assert_eq!(refused.last().unwrap()["code"], "bad_message");
+    // Without the subprotocol, or without a user, there is no connection.
+    assert_eq!(
+        WsClient::connect_without_protocol(&addr, "/ws?user=A")
+            .await
+            .err(),
+        Some(400)
+    );
+    assert_eq!(WsClient::connect(&addr, "/ws").await.err(), Some(400));
+    assert!(
+        gateway.terminate(Duration::from_secs(30)),
+        "{}",
+        gateway.log_text()
+    );
+    assert!(processor.terminate(Duration::from_secs(30)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_then_every_change_without_a_gap_across_a_processor_restart() {
+    let env = TestEnv::new("gw-nogap", 2).await;
+    let mut reference = Reference::default();
+    let mut processor = env.spawn("a");
+    chat(&env, &mut reference, "G", &["A", "B", "C"], 200).await;
+    let (mut gateway, addr) = spawn_gateway(&env, &[]).await;
+    let mut a = connect(&addr, "A").await;
+    let snapshot = subscribe(&mut a, "G").await;
+    assert_eq!(snapshot["type"], "snapshot", "{snapshot}");
+
+    // B reads on and on while the processor is killed and started again.
+    let producer = env.producer();
+    let feed = async {
+        for seq in 1..=200 {
+            producer.report(&report("G", "B", seq)).await.unwrap();
+            producer.report(&report("G", "C", seq)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(15)).await;
+        }
+    };
+    let restart = async {
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        processor.kill();
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        env.spawn("a")
+    };
+    let ((), mut processor) = tokio::join!(feed, restart);
+    let frames = a
+        .until(Duration::from_secs(90), |f| {
+            is_cursor_of(f, "B") && f["cursor"] == 200
+        })
+        .await;
+    let mut last = 0;
+    for cursor in frames
+        .iter()
+        .filter(|f| is_cursor_of(f, "B"))
+        .map(|f| f["cursor"].as_u64().unwrap())
+    {
+        assert!(
+            cursor > last,
+            "B's cursor went {last} -> {cursor}: shown twice or lower"
+        );
+        last = cursor;
+    }
+    let c = a
+        .until(Duration::from_secs(60), |f| {
+            is_cursor_of(f, "C") && f["cursor"] == 200
+        })
+        .await;
+    assert!(!c.is_empty());
+    assert!(
+        gateway.terminate(Duration::from_secs(30)),
+        "{}",
+        gateway.log_text()
+    );
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_gets_fewer_newer_frames_and_holds_nobody_up() {
+    let env = TestEnv::new("gw-slow", 2).await;
+    let mut reference = Reference::default();
+    let mut processor = env.spawn("a");
+    let members: Vec<String> = (0..150).map(|i| format!("m{i:03}")).collect();
+    let names: Vec<&str> = members.iter().map(String::as_str).collect();
+    chat(&env, &mut reference, "BIG", &names, 40).await;
+    // Small socket send buffers, as a gateway holding many connections
+    // would have them.
+    let (mut gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__SEND_BUFFER_BYTES", "16384")]).await;
+    // A slow client: a tiny receive buffer, and it does not read for now.
+    let mut slow = WsClient::connect_with(&addr, "/ws?user=m000", Some(2048))
+        .await
+        .unwrap();
+    slow.send(json!({ "type": "subscribe", "conversation": "BIG" }))
+        .await;
+    let mut fast = connect(&addr, "m001").await;
+    assert_eq!(subscribe(&mut fast, "BIG").await["type"], "snapshot");
+
+    // Every member reads each message in turn: thousands of cursor changes.
+    let producer = env.producer();
+    for seq in 1..=40 {
+        let reports: Vec<_> = names.iter().map(|m| report("BIG", m, seq)).collect();
+        producer.send_many(&reports, &[]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    let fast_frames = fast
+        .until(Duration::from_secs(60), |f| {
+            is_cursor_of(f, "m149") && f["cursor"] == 40
+        })
+        .await;
+    // The fast client saw every member reach 40 without waiting for the slow one.
+    let done = |frames: &[Value]| {
+        names
+            .iter()
+            .skip(1)
+            .all(|m| frames.iter().any(|f| is_cursor_of(f, m) && f["cursor"] == 40))
+    };
+    let mut all_fast = fast_frames;
+    if !done(&all_fast) {
+        all_fast.extend(fast.drain(Duration::from_secs(3)).await);
+    }
+    assert!(done(&all_fast), "the fast client missed final cursors");
+
+    let slow_frames = slow.drain(Duration::from_secs(3)).await;
+    let slow_cursors: Vec<&Value> = slow_frames.iter().filter(|f| f["type"] == "cursor").collect();
+    let fast_cursors = all_fast.iter().filter(|f| f["type"] == "cursor").count();
+    println!(
+        "slow client: {} cursor frames, fast client: {fast_cursors}, changes: {}",
+        slow_cursors.len(),
+        150 * 40
+    );
+    assert!(
+        done(&slow_frames),
+        "the slow client must still end at every final cursor"
+    );
+    assert!(
+        slow_cursors.len() < fast_cursors,
+        "the slow client got {} frames, the fast one {fast_cursors}: nothing was coalesced",
+        slow_cursors.len()
+    );
+    assert!(
+        gateway.terminate(Duration::from_secs(30)),
+        "{}",
+        gateway.log_text()
+    );
+    assert!(processor.terminate(Duration::from_secs(30)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_device_of_a_user_gets_its_own_state_and_nobody_else_does() {
+    let env = TestEnv::new("gw-devices", 2).await;
+    let mut reference = Reference::default();
+    let mut processor = env.spawn("a");
+    chat(&env, &mut reference, "G", &["A", "B"], 5).await;
+    let (mut gateway, addr) = spawn_gateway(&env, &[]).await;
+    let mut phone = connect(&addr, "A").await;
+    let mut laptop = connect(&addr, "A").await;
+    let mut b = connect(&addr, "B").await;
+    assert_eq!(subscribe(&mut b, "G").await["type"], "snapshot");
+
+    // A reads privately on the phone: the laptop learns it too.
+    phone
+        .send(json!({ "type": "read", "conversation": "G", "seq": 4, "private": true, "id": "p" }))
+        .await;
+    let own = |f: &Value| f["type"] == "own" && f["private_cursor"] == 4;
+    phone.until(Duration::from_secs(30), own).await;
+    let seen = laptop.until(Duration::from_secs(30), own).await;
+    assert_eq!(seen.last().unwrap()["conversation"], "G");
+    // Then marks it unread on the laptop (at A's cursor, 5: A sent #5): the
+    // phone sees the mark.
+    laptop
+        .send(json!({ "type": "mark_unread", "conversation": "G", "seq": 5, "marked": true, "id": "m" }))
+        .await;
+    phone
+        .until(Duration::from_secs(30), |f| {
+            f["type"] == "own" && f["unread_mark"] == true
+        })
+        .await;
+    // B, subscribed to G, never hears of A's private read or mark.
+    let heard = b.drain(Duration::from_secs(2)).await;
+    assert!(
+        heard
+            .iter()
+            .all(|f| !(is_cursor_of(f, "A") && f["cursor"].as_u64() >= Some(4)) && f["type"] != "own"),
+        "{heard:?}"
+    );
+    assert!(
+        gateway.terminate(Duration::from_secs(30)),
+        "{}",
+        gateway.log_text()
+    );
+    assert!(processor.terminate(Duration::from_secs(30)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_page_shows_a_read_on_another_members_screen() {
+    let env = TestEnv::new("gw-browser", 2).await;
+    let mut processor = env.spawn("a");
+    let (mut gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__DEMO", "true")]).await;
+    let driver = Driver::start().await;
+    let conversation = unique("page");
+    let page = |who: &str| {
+        format!("http://{addr}/demo/?conversation={conversation}&members=alice,bob,carol&as={who}")
+    };
+    let mut alice = driver.browser().await;
+    let mut bob = driver.browser().await;
+    alice.open(&page("alice")).await;
+    bob.open(&page("bob")).await;
+    // Both panes subscribed (the joins went through Kafka and the processor).
+    for (browser, who) in [(&mut alice, "alice"), (&mut bob, "bob")] {
+        let started = std::time::Instant::now();
+        while !browser
+            .text(&format!("#status-{who}"))
+            .await
+            .starts_with("subscribed")
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{who} never subscribed"
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+    alice.click("#send-alice").await;
+    alice
+        .wait_for_text("#msg-alice-1 .read-count", "0 read", Duration::from_secs(30))
+        .await;
+    bob.wait_for("#msg-bob-1", Duration::from_secs(30)).await;
+    bob.click("#read-bob").await;
+    // Bob's read reaches Alice's screen: through the gateway, Kafka, the
+    // processor, the changelog and back.
+    alice
+        .wait_for_text("#msg-alice-1 .read-count", "1 read", Duration::from_secs(30))
+        .await;
+    alice.click("#msg-alice-1 .read-count").await;
+    alice
+        .wait_for_text("#who-alice", "#1 read by: bob", Duration::from_secs(30))
+        .await;
+    let png = alice.screenshot().await;
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-demo.png");
+    std::fs::write(&path, png).unwrap();
+    println!("screenshot: {}", path.display());
+    // The whole chat, every member's pane on one page, for the README.
+    let mut everyone = driver.browser().await;
+    everyone
+        .open(&format!(
+            "http://{addr}/demo/?conversation={conversation}&members=alice,bob,carol"
+        ))
+        .await;
+    everyone
+        .wait_for_text("#msg-alice-1 .read-count", "1 read", Duration::from_secs(30))
+        .await;
+    everyone.wait_for("#msg-carol-1", Duration::from_secs(30)).await;
+    everyone.click("#msg-alice-1 .read-count").await;
+    everyone
+        .wait_for_text("#who-alice", "#1 read by: bob", Duration::from_secs(30))
+        .await;
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-demo-all.png");
+    std::fs::write(&path, everyone.screenshot().await).unwrap();
+    println!("screenshot: {}", path.display());
+    everyone.close().await;
+    alice.close().await;
+    bob.close().await;
+    assert!(
+        gateway.terminate(Duration::from_secs(30)),
+        "{}",
+        gateway.log_text()
+    );
+    assert!(processor.terminate(Duration::from_secs(30)));
+}
