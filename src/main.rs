@@ -47,6 +47,41 @@ enum Command {
         #[arg(long, short = 'n')]
         limit: Option<u64>,
     },
+    /// Rebuild read state from the input topics as of a point in time and
+    /// write one table (cursors, read counts or read latency) for analysts.
+    /// Reads with a consumer of its own: no group, no commits, no sinks.
+    Replay {
+        /// cursors, read-counts (needs --conversation) or latency.
+        #[arg(long, default_value = "cursors")]
+        table: readfold_replay::TableKind,
+        /// jsonl, csv or parquet.
+        #[arg(long, default_value = "jsonl")]
+        format: readfold_replay::Format,
+        /// File to write (replaced only once complete); stdout when omitted or "-".
+        #[arg(long, short)]
+        output: Option<PathBuf>,
+        /// Fold only records whose Kafka record timestamp is before this
+        /// time: RFC 3339 (2026-11-30T18:00:00Z) or epoch milliseconds.
+        #[arg(long, value_parser = readfold_replay::parse_time)]
+        until: Option<i64>,
+        /// Stop a partition before an offset: TOPIC:PARTITION=OFFSET, repeatable.
+        #[arg(long = "until-offset", value_name = "TOPIC:PARTITION=OFFSET")]
+        until_offsets: Vec<readfold_replay::OffsetBound>,
+        /// Only this conversation; repeatable (all when none is given).
+        #[arg(long = "conversation", value_name = "ID")]
+        conversations: Vec<String>,
+        /// Add each member's private cursor, unread mark and own unread count
+        /// to the cursors table (and list members seen only privately).
+        #[arg(long)]
+        include_private: bool,
+        /// The latency table's memory bound: messages not yet read by every
+        /// possible reader; past it the oldest is written as it stands.
+        #[arg(long, default_value_t = 1_000_000)]
+        latency_max_open: usize,
+        /// auto (a bar on a terminal, log lines otherwise), bar, log or off.
+        #[arg(long, default_value = "auto")]
+        progress: readfold_replay::ProgressMode,
+    },
     /// Print the effective configuration's topics and check it loads.
     CheckConfig,
     /// Measure the pure fold: reports/s and writes per report after coalescing.
@@ -86,6 +121,10 @@ enum Command {
         /// Seconds of receipts during the gateway bench.
         #[arg(long, default_value_t = 10)]
         gateway_seconds: u64,
+        /// Also time `readfold replay` of this many records produced onto
+        /// fresh topics on the configured broker, next to a raw read (0: skip).
+        #[arg(long, default_value_t = 0)]
+        replay_records: u64,
     },
 }
 
@@ -144,6 +183,7 @@ fn real_main(cli: Cli) -> Result<()> {
             gateway_connections,
             gateway_rate,
             gateway_seconds,
+            replay_records,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -174,6 +214,37 @@ fn real_main(cli: Cli) -> Result<()> {
                 ))?;
                 readfold::bench::print_gateway(&figures);
             }
+            if replay_records > 0 {
+                let rows = runtime.block_on(readfold::bench::replay(&config, replay_records))?;
+                readfold::bench::print_replay(&rows);
+            }
+            Ok(())
+        }
+        Command::Replay {
+            table,
+            format,
+            output,
+            until,
+            until_offsets,
+            conversations,
+            include_private,
+            latency_max_open,
+            progress,
+        } => {
+            let options = readfold_replay::ReplayOptions {
+                table,
+                format,
+                output,
+                until,
+                until_offsets,
+                conversations,
+                include_private,
+                latency_max_open,
+                progress,
+            };
+            let summary = readfold_replay::replay(&config.kafka, &config.topics, &config.input, &options)
+                .map_err(|e| Error::Run(format!("replay: {e}")))?;
+            eprintln!("{summary}");
             Ok(())
         }
         Command::CheckConfig => {

@@ -5,6 +5,7 @@
 
 mod gateway;
 mod pipeline;
+mod replay;
 mod restore;
 mod serve;
 
@@ -16,6 +17,7 @@ use readfold_core::{ConversationId, Seq, UserId};
 
 pub use gateway::{gateway, print_gateway, GatewayFigures};
 pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
+pub use replay::{print_replay, replay, ReplayRow};
 pub use restore::{print_restore, restore, RestoreFigures};
 pub use serve::{print_serve, serve, ServeRow};
 

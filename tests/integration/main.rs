@@ -15,6 +15,7 @@ mod pipeline;
 mod private_receipts;
 mod redis_outage;
 mod redis_sink;
+mod replay;
 mod restart;
 mod scale;
 mod serve;

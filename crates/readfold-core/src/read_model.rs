@@ -27,8 +27,20 @@ impl MemberCursor {
     /// The read-count rule for one member: they could see message `seq`
     /// (joined by then) and their cursor reached it.
     pub fn has_read(&self, seq: Seq) -> bool {
-        self.join_seq <= seq && seq <= self.cursor
+        self.could_read(seq) && seq <= self.cursor
     }
+
+    /// Whether the member could see message `seq`: they had joined by then.
+    pub fn could_read(&self, seq: Seq) -> bool {
+        self.join_seq <= seq
+    }
+}
+
+/// Whether `user` is among the possible readers of message `seq` sent by
+/// `sender`: anyone but the sender who had joined by then. A read count is
+/// at most the number of possible readers.
+pub fn possible_reader(user: &UserId, member: &MemberCursor, seq: Seq, sender: &UserId) -> bool {
+    user != sender && member.could_read(seq)
 }
 
 /// A member's read state as their own devices see it: both cursors and the
@@ -108,6 +120,15 @@ impl ConversationView {
         self.readers(seq, sender).count()
     }
 
+    /// How many present members other than the sender could read message
+    /// `seq`: the read count's ceiling.
+    pub fn possible_readers(&self, seq: Seq, sender: &UserId) -> usize {
+        self.members
+            .iter()
+            .filter(|(user, m)| possible_reader(user, m, seq, sender))
+            .count()
+    }
+
     /// Read counts of many messages at once, in the order given.
     pub fn read_counts(&self, messages: &[MessageRef]) -> Vec<usize> {
         messages
@@ -145,7 +166,7 @@ fn readers_in<'a>(
     sender: &'a UserId,
 ) -> impl Iterator<Item = &'a UserId> + 'a {
     members
-        .filter(move |(user, m)| *user != sender && m.has_read(seq))
+        .filter(move |(user, m)| possible_reader(user, m, seq, sender) && seq <= m.cursor)
         .map(|(user, _)| user)
 }
 
@@ -189,6 +210,15 @@ mod tests {
         assert_eq!(g.read_counts(&msgs), [2, 1, 1]);
         let who: Vec<&str> = g.readers(Seq(1), &a).map(UserId::as_str).collect();
         assert_eq!(who, ["B", "C"]);
+    }
+
+    #[test]
+    fn possible_readers_exclude_the_sender_and_late_joiners() {
+        let g = group();
+        let a = user("A");
+        assert_eq!(g.possible_readers(Seq(2), &a), 2, "B and C; D joined at 3");
+        assert_eq!(g.possible_readers(Seq(3), &a), 3, "B, C and D");
+        assert_eq!(g.possible_readers(Seq(3), &user("D")), 3, "A, B and C");
     }
 
     #[test]

@@ -133,6 +133,32 @@ impl TestEnv {
         }
     }
 
+    /// Runs `readfold <args>` to completion with this test's settings;
+    /// returns its stdout, and stderr for messages. Panics, with stderr, if
+    /// it fails.
+    pub async fn run_command(&self, args: &[&str]) -> (Vec<u8>, String) {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let vars = self.vars.clone();
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(env!("CARGO_BIN_EXE_readfold"))
+                .args(&args)
+                .envs(vars)
+                .env("READFOLD_LOG", "info")
+                .stdin(Stdio::null())
+                .output()
+                .expect("start readfold")
+        })
+        .await
+        .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(
+            output.status.success(),
+            "readfold failed ({}):\n{stderr}",
+            output.status
+        );
+        (output.stdout, stderr)
+    }
+
     /// Starts `readfold run` and SIGKILLs it `times` times, each after a
     /// pseudo-random `min..min+spread` wait (from `seed`), checking each time
     /// that it had not died by itself.

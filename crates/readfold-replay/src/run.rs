@@ -1,0 +1,229 @@
+//! A whole replay: inputs, merge, fold, table, output.
+
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use readfold_core::fold::Input;
+use readfold_core::ConversationId;
+use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_wire::validate::{ingest, Placement};
+use readfold_wire::{Limits, Rejection};
+
+use crate::error::{Error, Result};
+use crate::order::{Merge, OrderKey};
+use crate::output::{self, Format};
+use crate::progress::{Progress, ProgressMode};
+use crate::range::OffsetBound;
+use crate::replayer::{Replayer, Stats};
+use crate::source::KafkaInputs;
+use crate::table::{columns, TableKind, Value};
+
+#[derive(Clone, Debug)]
+pub struct ReplayOptions {
+    pub table: TableKind,
+    pub format: Format,
+    /// A file, or stdout when `None` or `-`.
+    pub output: Option<PathBuf>,
+    /// Only records with a record timestamp before this (epoch ms).
+    pub until: Option<i64>,
+    pub until_offsets: Vec<OffsetBound>,
+    /// Only these conversations (all when empty); read-counts needs some.
+    pub conversations: Vec<String>,
+    /// Private cursors and unread marks in the cursors table.
+    pub include_private: bool,
+    /// The latency table's memory bound, in open messages.
+    pub latency_max_open: usize,
+    pub progress: ProgressMode,
+}
+
+/// What a replay did.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub partitions: usize,
+    /// Records read from the brokers, in range or not.
+    pub records: u64,
+    /// Records at or after `--until`, left out.
+    pub after_until: u64,
+    pub stats: Stats,
+    pub rows: u64,
+    pub elapsed: Duration,
+}
+
+impl Summary {
+    pub fn records_per_sec(&self) -> f64 {
+        self.records as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let rejected: u64 = self.stats.rejected.values().sum();
+        write!(
+            f,
+            "replay: {} records from {} partitions in {:.2} s ({:.0} records/s); folded {}, rejected {}",
+            self.records,
+            self.partitions,
+            self.elapsed.as_secs_f64(),
+            self.records_per_sec(),
+            self.stats.folded,
+            rejected
+        )?;
+        if rejected > 0 {
+            let reasons: Vec<String> = self
+                .stats
+                .rejected
+                .iter()
+                .map(|(r, n)| format!("{r} {n}"))
+                .collect();
+            write!(f, " ({})", reasons.join(", "))?;
+        }
+        if self.after_until > 0 {
+            write!(f, ", {} at or after --until", self.after_until)?;
+        }
+        if self.stats.other_conversations > 0 {
+            write!(f, ", {} of other conversations", self.stats.other_conversations)?;
+        }
+        write!(f, "; wrote {} rows", self.rows)
+    }
+}
+
+type Head = (OrderKey, Result<Input, Rejection>);
+
+/// Replays the input topics as `options` say and writes the table.
+pub fn replay(
+    kafka: &KafkaConfig,
+    topics: &TopicsConfig,
+    limits: &Limits,
+    options: &ReplayOptions,
+) -> Result<Summary> {
+    let started = Instant::now();
+    let conversations = options
+        .conversations
+        .iter()
+        .map(|raw| {
+            ConversationId::parse(raw, limits.max_id_bytes)
+                .map_err(|e| Error::Usage(format!("--conversation {raw:?}: {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    if options.table == TableKind::ReadCounts && conversations.is_empty() {
+        return Err(Error::Usage(
+            "the read-counts table keeps every message's sender: name the conversations with --conversation"
+                .into(),
+        ));
+    }
+    let (out, partial) = open_output(options.output.as_deref(), options.format)?;
+    let table_name = match options.table {
+        TableKind::Cursors => "cursors",
+        TableKind::ReadCounts => "read_counts",
+        TableKind::Latency => "read_latency",
+    };
+    let mut sink = output::sink(
+        options.format,
+        table_name,
+        columns(options.table, options.include_private),
+        out,
+    )?;
+
+    let mut inputs = KafkaInputs::open(kafka, topics, &options.until_offsets)?;
+    let partitions = inputs.partitions().len();
+    let mut progress = Progress::new(options.progress, inputs.total());
+    let mut replayer = Replayer::new(options.table, &conversations, options.latency_max_open);
+    let mut merge: Merge<Result<Input, Rejection>> = Merge::new(partitions);
+    let mut records = 0u64;
+    let mut after_until = 0u64;
+    let mut rows = 0u64;
+    let until = options.until;
+    let mut pull = |i: usize| -> Result<Option<Head>> {
+        loop {
+            let head = inputs.next(i, |p, r| {
+                if until.is_some_and(|u| r.timestamp >= u) {
+                    return None;
+                }
+                let placement = Placement {
+                    key: r.key,
+                    partition: p.partition,
+                    partition_count: p.partition_count,
+                };
+                Some((
+                    OrderKey::new(r.timestamp, p.kind, p.partition, r.offset),
+                    ingest(p.kind, r.value, placement, limits),
+                ))
+            })?;
+            match head {
+                None => return Ok(None),
+                Some(in_range) => {
+                    records += 1;
+                    progress.record();
+                    match in_range {
+                        Some(head) => return Ok(Some(head)),
+                        None => after_until += 1,
+                    }
+                }
+            }
+        }
+    };
+    while let Some((_, record)) = merge.next(&mut pull)? {
+        match record {
+            Ok(input) => replayer.apply(&input),
+            Err(rejection) => replayer.reject(rejection.reason.as_str()),
+        }
+        for row in replayer.take_latency_rows() {
+            sink.write(&row.values())?;
+            rows += 1;
+        }
+    }
+    progress.status("writing");
+    let mut write_all = |table: Vec<Vec<Value>>| -> Result<()> {
+        for row in table {
+            sink.write(&row)?;
+            rows += 1;
+        }
+        Ok(())
+    };
+    match options.table {
+        TableKind::Cursors => write_all(replayer.cursor_rows(options.include_private))?,
+        TableKind::ReadCounts => write_all(replayer.read_count_rows())?,
+        TableKind::Latency => write_all(replayer.finish_latency().iter().map(|r| r.values()).collect())?,
+    }
+    sink.finish()?;
+    if let Some((partial, path)) = partial {
+        std::fs::rename(&partial, &path)?;
+    }
+    progress.finish();
+    Ok(Summary {
+        partitions,
+        records,
+        after_until,
+        stats: replayer.stats().clone(),
+        rows,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// Where the table goes: stdout, or `<file>.partial` renamed to `<file>`
+/// once complete, so a failed replay never leaves a file that looks whole.
+#[allow(clippy::type_complexity)]
+fn open_output(
+    path: Option<&Path>,
+    format: Format,
+) -> Result<(Box<dyn Write + Send>, Option<(PathBuf, PathBuf)>)> {
+    match path {
+        None => {}
+        Some(p) if p == Path::new("-") => {}
+        Some(path) => {
+            let mut partial = path.as_os_str().to_owned();
+            partial.push(".partial");
+            let partial = PathBuf::from(partial);
+            let file = std::fs::File::create(&partial)
+                .map_err(|e| Error::Usage(format!("cannot create {}: {e}", partial.display())))?;
+            return Ok((Box::new(file), Some((partial, path.to_owned()))));
+        }
+    }
+    if format == Format::Parquet && std::io::stdout().is_terminal() {
+        return Err(Error::Usage(
+            "Parquet is binary: give --output FILE, or redirect stdout".into(),
+        ));
+    }
+    Ok((Box::new(std::io::stdout()), None))
+}

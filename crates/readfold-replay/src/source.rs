@@ -1,0 +1,329 @@
+//! The Kafka side of a replay: every partition of both input topics, each
+//! on a queue of its own so that the merge can ask one partition for its
+//! next record, read from the beginning to an end fixed when the replay
+//! starts. The consumer is assigned partitions directly: it joins no group
+//! and commits nothing, so production is not touched.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::base_consumer::PartitionQueue;
+use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::{Offset, TopicPartitionList};
+
+use readfold_core::fold::InputKind;
+use readfold_kafka::{KafkaConfig, TopicsConfig};
+
+use crate::error::{Error, Result};
+use crate::range::OffsetBound;
+
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a partition may give nothing before its end before the replay
+/// gives up (a broker away for good, or records still in an open
+/// transaction).
+const STALL: Duration = Duration::from_secs(120);
+
+/// One input partition and the offsets a replay reads of it.
+#[derive(Clone, Debug)]
+pub struct InputPartition {
+    pub kind: InputKind,
+    pub topic: String,
+    pub partition: i32,
+    /// Partitions of the topic, for the processor's placement check.
+    pub partition_count: i32,
+    /// First offset still in the log.
+    pub start: i64,
+    /// Replay stops before this offset.
+    pub end: i64,
+}
+
+/// A record as the replay needs it.
+pub struct RawRecord<'a> {
+    pub timestamp: i64,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+}
+
+/// A record fetched before its partition had a queue of its own.
+struct Early {
+    timestamp: i64,
+    offset: i64,
+    key: Option<Vec<u8>>,
+    value: Option<Vec<u8>>,
+}
+
+pub struct KafkaInputs {
+    /// One consumer per input topic, so that an end-of-partition event,
+    /// which names only a partition id, is never ambiguous.
+    consumers: Vec<Arc<BaseConsumer>>,
+    partitions: Vec<InputPartition>,
+    /// Which consumer reads each partition.
+    owner: Vec<usize>,
+    queues: Vec<Option<PartitionQueue<DefaultConsumerContext>>>,
+    /// Per partition: records that reached the shared queue before the
+    /// split, in offset order, and whether its end was seen there.
+    early: Vec<(VecDeque<Early>, bool)>,
+    polls: u64,
+}
+
+impl KafkaInputs {
+    /// Looks up both input topics, fixes every partition's end (its high
+    /// watermark now, or an `--until-offset` below it) and starts fetching.
+    pub fn open(kafka: &KafkaConfig, topics: &TopicsConfig, bounds: &[OffsetBound]) -> Result<Self> {
+        let inputs = [
+            (InputKind::ConversationEvents, &topics.conversation_events),
+            (InputKind::ReadReports, &topics.read_reports),
+        ];
+        let mut bounds_by_place: HashMap<(&str, i32), i64> = HashMap::new();
+        for b in bounds {
+            if !inputs.iter().any(|(_, t)| **t == b.topic) {
+                return Err(Error::Usage(format!(
+                    "--until-offset names {:?}, which is not an input topic ({} or {})",
+                    b.topic, topics.conversation_events, topics.read_reports
+                )));
+            }
+            bounds_by_place.insert((b.topic.as_str(), b.partition), b.offset);
+        }
+        let mut client = kafka.client_config();
+        client
+            .set("group.id", format!("readfold-replay-{}", std::process::id()))
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("enable.partition.eof", "true")
+            // What a live processor would have folded: committed records only.
+            .set("isolation.level", "read_committed")
+            .set("fetch.max.bytes", "52428800")
+            .set("max.partition.fetch.bytes", "10485760")
+            .set("queued.max.messages.kbytes", "262144")
+            .set("fetch.wait.max.ms", "50");
+        let mut inputs_read = KafkaInputs {
+            consumers: vec![],
+            partitions: vec![],
+            owner: vec![],
+            queues: vec![],
+            early: vec![],
+            polls: 0,
+        };
+        for (kind, topic) in inputs {
+            let consumer: Arc<BaseConsumer> = Arc::new(client.create()?);
+            let metadata = consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
+            let mut ids: Vec<i32> = metadata
+                .topics()
+                .first()
+                .filter(|t| t.error().is_none())
+                .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+                .unwrap_or_default();
+            if ids.is_empty() {
+                return Err(readfold_kafka::Error::NoSuchTopic(topic.clone()).into());
+            }
+            ids.sort_unstable();
+            let count = ids.len() as i32;
+            if let Some(b) = bounds
+                .iter()
+                .find(|b| b.topic == *topic && !ids.contains(&b.partition))
+            {
+                return Err(Error::Usage(format!(
+                    "--until-offset names partition {} of {topic}, which has {count} partitions",
+                    b.partition
+                )));
+            }
+            let mut assignment = TopicPartitionList::new();
+            let first = inputs_read.partitions.len();
+            for partition in ids {
+                let (low, high) = consumer.fetch_watermarks(topic, partition, METADATA_TIMEOUT)?;
+                let end = bounds_by_place
+                    .get(&(topic.as_str(), partition))
+                    .map_or(high, |&b| b.min(high));
+                if end > low {
+                    assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
+                }
+                inputs_read.partitions.push(InputPartition {
+                    kind,
+                    topic: topic.clone(),
+                    partition,
+                    partition_count: count,
+                    start: low,
+                    end,
+                });
+                inputs_read.owner.push(inputs_read.consumers.len());
+                inputs_read.early.push((VecDeque::new(), false));
+            }
+            consumer.assign(&assignment)?;
+            // Split right after assigning; what was fetched in between is
+            // taken aside below.
+            for p in &inputs_read.partitions[first..] {
+                let queue = (p.end > p.start)
+                    .then(|| consumer.split_partition_queue(&p.topic, p.partition))
+                    .flatten();
+                inputs_read.queues.push(queue);
+            }
+            inputs_read.consumers.push(consumer);
+            inputs_read.take_early(inputs_read.consumers.len() - 1, first)?;
+        }
+        Ok(inputs_read)
+    }
+
+    /// Fetching starts at `assign`, before the partitions are split off: a
+    /// fetch that completed in between sits on the consumer's shared queue.
+    /// Moves it aside, ahead of everything the partition queue will hold.
+    /// `first` is the index of the consumer's first partition.
+    fn take_early(&mut self, consumer: usize, first: usize) -> Result<()> {
+        let index: HashMap<i32, usize> = (first..self.partitions.len())
+            .map(|i| (self.partitions[i].partition, i))
+            .collect();
+        loop {
+            match self.consumers[consumer].poll(Duration::ZERO) {
+                None => return Ok(()),
+                Some(Ok(m)) => {
+                    if let Some(&i) = index.get(&m.partition()) {
+                        self.early[i].0.push_back(Early {
+                            timestamp: m.timestamp().to_millis().unwrap_or(0),
+                            offset: m.offset(),
+                            key: m.key().map(<[u8]>::to_vec),
+                            value: m.payload().map(<[u8]>::to_vec),
+                        });
+                    }
+                }
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    if let Some(&i) = index.get(&p) {
+                        self.early[i].1 = true;
+                    }
+                }
+                Some(Err(e)) if readfold_kafka::is_fatal(&e) => return Err(e.into()),
+                Some(Err(e)) => tracing::debug!(error = %e, "transient consumer error"),
+            }
+        }
+    }
+
+    pub fn partitions(&self) -> &[InputPartition] {
+        &self.partitions
+    }
+
+    /// Records in the range, at most (transaction markers take offsets too).
+    pub fn total(&self) -> u64 {
+        self.partitions
+            .iter()
+            .map(|p| (p.end - p.start).max(0) as u64)
+            .sum()
+    }
+
+    /// Reads partition `i`'s next record before its end and hands it to
+    /// `each`; `None` once the partition is done.
+    pub fn next<T>(
+        &mut self,
+        i: usize,
+        each: impl FnOnce(&InputPartition, RawRecord<'_>) -> T,
+    ) -> Result<Option<T>> {
+        let partition = &self.partitions[i];
+        if let Some(early) = self.early[i].0.pop_front() {
+            if early.offset >= partition.end {
+                self.queues[i] = None;
+                self.early[i].0.clear();
+                return Ok(None);
+            }
+            let out = each(
+                partition,
+                RawRecord {
+                    timestamp: early.timestamp,
+                    offset: early.offset,
+                    key: early.key.as_deref(),
+                    value: early.value.as_deref(),
+                },
+            );
+            if early.offset + 1 >= partition.end {
+                self.queues[i] = None;
+                self.early[i].0.clear();
+            }
+            return Ok(Some(out));
+        }
+        if self.early[i].1 {
+            // The end was reached before the split.
+            self.queues[i] = None;
+        }
+        let Some(queue) = &self.queues[i] else {
+            return Ok(None);
+        };
+        let consumer = &self.consumers[self.owner[i]];
+        let waiting_since = Instant::now();
+        let mut warned_at = waiting_since;
+        // (what `each` made, whether the partition is done after it)
+        let (out, done) = loop {
+            self.polls += 1;
+            if self.polls.is_multiple_of(4096) {
+                // Serves the client's callbacks and surfaces its errors.
+                serve(consumer)?;
+            }
+            match queue.poll(Duration::from_millis(100)) {
+                Some(Ok(message)) => {
+                    let offset = message.offset();
+                    if offset >= partition.end {
+                        break (None, true);
+                    }
+                    break (Some(each(partition, raw(&message))), offset + 1 >= partition.end);
+                }
+                Some(Err(KafkaError::PartitionEOF(_))) => break (None, true),
+                Some(Err(e)) if readfold_kafka::is_fatal(&e) => return Err(e.into()),
+                Some(Err(e)) => {
+                    tracing::debug!(topic = %partition.topic, partition = partition.partition, error = %e, "transient consumer error");
+                }
+                None => serve(consumer)?,
+            }
+            if waiting_since.elapsed() > STALL {
+                return Err(Error::Stalled {
+                    topic: partition.topic.clone(),
+                    partition: partition.partition,
+                    end: partition.end,
+                    secs: STALL.as_secs(),
+                });
+            }
+            if warned_at.elapsed() > Duration::from_secs(10) {
+                warned_at = Instant::now();
+                tracing::warn!(
+                    topic = %partition.topic,
+                    partition = partition.partition,
+                    end = partition.end,
+                    "no record for {} s before the partition's end; still waiting",
+                    waiting_since.elapsed().as_secs()
+                );
+            }
+        };
+        if done {
+            self.queues[i] = None;
+        }
+        Ok(out)
+    }
+}
+
+fn raw<'a>(message: &'a BorrowedMessage<'_>) -> RawRecord<'a> {
+    RawRecord {
+        timestamp: message.timestamp().to_millis().unwrap_or(0),
+        offset: message.offset(),
+        key: message.key(),
+        value: message.payload(),
+    }
+}
+
+/// Polls the shared queue without waiting: callbacks, and errors that are
+/// not about one partition.
+fn serve(consumer: &BaseConsumer) -> Result<()> {
+    match consumer.poll(Duration::ZERO) {
+        Some(Err(e)) if readfold_kafka::is_fatal(&e) => Err(e.into()),
+        Some(Err(e)) => {
+            tracing::debug!(error = %e, "transient consumer error");
+            Ok(())
+        }
+        // Never expected once the partitions are split; folding around a
+        // record would make the output wrong, so stop instead.
+        Some(Ok(m)) => Err(Error::Consumer(format!(
+            "record {}/{} at offset {} arrived outside its partition queue; replay stopped rather than skip it",
+            m.topic(),
+            m.partition(),
+            m.offset()
+        ))),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,197 @@
+//! `readfold bench --replay-records N`: replay throughput from the
+//! configured broker. Produces N records (a chat workload: a few large
+//! groups and many 1:1 chats, one message event per six reports) onto fresh
+//! topics, then times a raw read of them (no decode, the broker's and
+//! librdkafka's share) and `readfold replay` of the cursors and latency
+//! tables, each from the beginning.
+
+use std::time::Instant;
+
+use readfold_kafka::admin::{delete_topics, ensure_topics};
+use readfold_kafka::producer::InputProducer;
+use readfold_kafka::reader::{TopicReader, Until};
+use readfold_replay::{Format, ProgressMode, ReplayOptions, TableKind};
+use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// One timed read of the bench topics.
+#[derive(Clone, Debug)]
+pub struct ReplayRow {
+    pub what: &'static str,
+    pub records: u64,
+    pub secs: f64,
+    pub cpu_secs: f64,
+}
+
+pub async fn replay(config: &Config, records: u64) -> Result<Vec<ReplayRow>> {
+    let config = super::on_fresh_topics(config, "replay");
+    let layout = ensure_topics(&config.kafka, &config.topics).await?;
+    let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
+    produce(&producer, records).await?;
+    drop(producer);
+
+    let run = config.clone();
+    let rows = tokio::task::spawn_blocking(move || -> Result<Vec<ReplayRow>> {
+        let mut rows = vec![timed("raw read (no decode)", || raw_read(&run))?];
+        for (what, table) in [
+            ("replay, cursors table", TableKind::Cursors),
+            ("replay, latency table", TableKind::Latency),
+        ] {
+            rows.push(timed(what, || replay_once(&run, table))?);
+        }
+        Ok(rows)
+    })
+    .await
+    .map_err(|e| Error::Run(format!("replay bench: {e}")))??;
+    let names = config.topics.names();
+    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+    delete_topics(&config.kafka, &names).await?;
+    Ok(rows)
+}
+
+fn timed(what: &'static str, f: impl FnOnce() -> Result<u64>) -> Result<ReplayRow> {
+    let (cpu, started) = (cpu_secs(), Instant::now());
+    let records = f()?;
+    Ok(ReplayRow {
+        what,
+        records,
+        secs: started.elapsed().as_secs_f64(),
+        cpu_secs: cpu_secs() - cpu,
+    })
+}
+
+fn raw_read(config: &Config) -> Result<u64> {
+    let mut total = 0;
+    for topic in [&config.topics.conversation_events, &config.topics.read_reports] {
+        let reader = TopicReader::new(&config.kafka, &format!("{}-raw", config.kafka.group_id), true)?;
+        let assigned = reader.assign_from_beginning(topic, None)?;
+        let mut bytes = 0usize;
+        total += reader.read(
+            topic,
+            &assigned,
+            Until::End {
+                within: std::time::Duration::from_secs(600),
+            },
+            |m| {
+                bytes += m.payload_len();
+                std::ops::ControlFlow::Continue(())
+            },
+        )?;
+        std::hint::black_box(bytes);
+    }
+    Ok(total)
+}
+
+fn replay_once(config: &Config, table: TableKind) -> Result<u64> {
+    let output = std::env::temp_dir().join(format!("{}.jsonl", config.kafka.group_id));
+    let options = ReplayOptions {
+        table,
+        format: Format::Jsonl,
+        output: Some(output.clone()),
+        until: None,
+        until_offsets: vec![],
+        conversations: vec![],
+        include_private: false,
+        latency_max_open: 1_000_000,
+        progress: ProgressMode::Off,
+    };
+    let summary = readfold_replay::replay(&config.kafka, &config.topics, &config.input, &options)
+        .map_err(|e| Error::Run(format!("replay: {e}")))?;
+    let _ = std::fs::remove_file(output);
+    Ok(summary.records)
+}
+
+/// 20 groups of 200 members and 20,000 1:1 chats; a third of the records go
+/// to the groups. Each chat's messages and reports move forward together.
+async fn produce(producer: &InputProducer, records: u64) -> Result<()> {
+    const GROUPS: u64 = 20;
+    const GROUP_MEMBERS: u64 = 200;
+    const DIRECT: u64 = 20_000;
+    let mut latest = vec![0i64; (GROUPS + DIRECT) as usize];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let now = now_ms();
+    let (mut reports, mut events) = (Vec::new(), Vec::new());
+    for i in 0..records {
+        let r = next();
+        let chat = if r % 3 == 0 {
+            r / 3 % GROUPS
+        } else {
+            GROUPS + r / 3 % DIRECT
+        } as usize;
+        let members = if chat < GROUPS as usize { GROUP_MEMBERS } else { 2 };
+        let conversation = format!("chat-{chat}");
+        let user = format!("user-{chat}-{}", next() % members);
+        let at = now + i as i64 / 100;
+        if next() % 7 == 0 || latest[chat] == 0 {
+            latest[chat] += 1;
+            events.push(ConversationEventRecord {
+                conversation_id: conversation,
+                seq: latest[chat],
+                at,
+                event: EventRecord::MessageSent { sender_id: user },
+            });
+        } else {
+            reports.push(ReadReportRecord {
+                conversation_id: conversation,
+                user_id: user,
+                seq: latest[chat],
+                device_id: None,
+                reported_at: at,
+                private: false,
+                action: ReadAction::Read,
+            });
+        }
+        if reports.len() + events.len() >= 20_000 {
+            producer.send_many(&reports, &events).await?;
+            reports.clear();
+            events.clear();
+        }
+    }
+    producer.send_many(&reports, &events).await?;
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// CPU seconds (user + system) this process used so far.
+fn cpu_secs() -> f64 {
+    // /proc/self/stat fields 14 and 15: utime and stime in clock ticks.
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.to_owned();
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+pub fn print_replay(rows: &[ReplayRow]) {
+    let raw = rows.first().map_or(1.0, |r| r.records as f64 / r.secs.max(1e-9));
+    println!("replay from the local broker (records/s, CPU-s per 1M records, share of a raw read):");
+    for r in rows {
+        let rate = r.records as f64 / r.secs.max(1e-9);
+        println!(
+            "  {:<24} {:>9} records in {:>6.2} s = {:>10.0} records/s   {:>5.2} CPU-s/1M   {:>4.2}",
+            r.what,
+            r.records,
+            r.secs,
+            rate,
+            r.cpu_secs * 1e6 / r.records.max(1) as f64,
+            rate / raw
+        );
+    }
+}
