@@ -1,15 +1,16 @@
 //! `readfold bench --replay-records N`: replay throughput from the
 //! configured broker. Produces N records (a chat workload: a few large
 //! groups and many 1:1 chats, one message event per six reports) onto fresh
-//! topics, then times a raw read of them (no decode, the broker's and
-//! librdkafka's share) and `readfold replay` of the cursors and latency
-//! tables, each from the beginning.
+//! topics, then times a raw read of them (replay's own consumer and
+//! partition queues, no decode: the broker's and librdkafka's share) and
+//! `readfold replay` of the cursors and latency tables, each from the
+//! beginning.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use readfold_kafka::admin::{delete_topics, ensure_topics};
 use readfold_kafka::producer::InputProducer;
-use readfold_kafka::reader::{TopicReader, Until};
+use readfold_replay::source::{KafkaInputs, Polled};
 use readfold_replay::{Format, ProgressMode, ReplayOptions, TableKind};
 use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
 
@@ -34,7 +35,7 @@ pub async fn replay(config: &Config, records: u64) -> Result<Vec<ReplayRow>> {
 
     let run = config.clone();
     let rows = tokio::task::spawn_blocking(move || -> Result<Vec<ReplayRow>> {
-        let mut rows = vec![timed("raw read (no decode)", || raw_read(&run))?];
+        let mut rows = vec![timed("raw read, no decode", || raw_read(&run))?];
         for (what, table) in [
             ("replay, cursors table", TableKind::Cursors),
             ("replay, latency table", TableKind::Latency),
@@ -62,26 +63,37 @@ fn timed(what: &'static str, f: impl FnOnce() -> Result<u64>) -> Result<ReplayRo
     })
 }
 
+/// Every record of both topics through replay's own consumer and partition
+/// queues, without decoding: what the broker and librdkafka allow here.
 fn raw_read(config: &Config) -> Result<u64> {
-    let mut total = 0;
-    for topic in [&config.topics.conversation_events, &config.topics.read_reports] {
-        let reader = TopicReader::new(&config.kafka, &format!("{}-raw", config.kafka.group_id), true)?;
-        let assigned = reader.assign_from_beginning(topic, None)?;
-        let mut bytes = 0usize;
-        total += reader.read(
-            topic,
-            &assigned,
-            Until::End {
-                within: std::time::Duration::from_secs(600),
-            },
-            |m| {
-                bytes += m.payload_len();
-                std::ops::ControlFlow::Continue(())
-            },
-        )?;
-        std::hint::black_box(bytes);
+    let fail = |e: readfold_replay::Error| Error::Run(format!("raw read: {e}"));
+    let mut inputs = KafkaInputs::open(&config.kafka, &config.topics, &[]).map_err(fail)?;
+    let n = inputs.partitions().len();
+    let mut done = vec![false; n];
+    let (mut records, mut bytes) = (0u64, 0usize);
+    while done.iter().any(|d| !d) {
+        let before = records;
+        for (i, finished) in done.iter_mut().enumerate() {
+            while !*finished {
+                match inputs
+                    .poll_next(i, Duration::ZERO, |_, r| r.value.map_or(0, <[u8]>::len))
+                    .map_err(fail)?
+                {
+                    Polled::Record(len) => {
+                        records += 1;
+                        bytes += len;
+                    }
+                    Polled::Empty => break,
+                    Polled::Done => *finished = true,
+                }
+            }
+        }
+        if records == before {
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
-    Ok(total)
+    std::hint::black_box(bytes);
+    Ok(records)
 }
 
 fn replay_once(config: &Config, table: TableKind) -> Result<u64> {

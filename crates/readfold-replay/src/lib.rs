@@ -11,13 +11,15 @@
 //! - [`replayer`]: the fold plus what analysts ask of it; pure.
 //! - [`table`]: the three tables' columns and rows.
 //! - [`output`]: JSON lines, CSV and Parquet writers.
-//! - [`source`]: the Kafka side: partitions, ends, the merged record stream.
+//! - [`source`]: the Kafka side: partitions, their ends, one queue each.
+//! - [`prefetch`]: reading and decoding on a thread of their own.
 //! - [`progress`]: a progress bar on a terminal, log lines elsewhere.
 
 pub mod error;
 pub mod latency;
 pub mod order;
 pub mod output;
+pub mod prefetch;
 pub mod progress;
 pub mod range;
 pub mod replayer;

@@ -15,6 +15,9 @@
 //! depend on order at all (the fold is a max-merge); only the latency table's
 //! times do.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
 use readfold_core::fold::InputKind;
 
 /// Where a record sorts in a replay.
@@ -44,15 +47,19 @@ impl OrderKey {
 
 /// A k-way merge of sources that each yield in offset order.
 pub struct Merge<T> {
-    heads: Vec<Option<(OrderKey, T)>>,
-    exhausted: Vec<bool>,
+    heads: Vec<Option<T>>,
+    /// The keys of the present heads, smallest on top.
+    order: BinaryHeap<Reverse<(OrderKey, usize)>>,
+    /// Sources whose head was taken and must be pulled before choosing.
+    empty: Vec<usize>,
 }
 
 impl<T> Merge<T> {
     pub fn new(sources: usize) -> Self {
         Merge {
             heads: (0..sources).map(|_| None).collect(),
-            exhausted: vec![false; sources],
+            order: BinaryHeap::with_capacity(sources),
+            empty: (0..sources).collect(),
         }
     }
 
@@ -63,22 +70,17 @@ impl<T> Merge<T> {
         &mut self,
         mut pull: impl FnMut(usize) -> Result<Option<(OrderKey, T)>, E>,
     ) -> Result<Option<(OrderKey, T)>, E> {
-        for i in 0..self.heads.len() {
-            if self.heads[i].is_none() && !self.exhausted[i] {
-                match pull(i)? {
-                    Some(head) => self.heads[i] = Some(head),
-                    None => self.exhausted[i] = true,
-                }
+        while let Some(i) = self.empty.pop() {
+            if let Some((key, item)) = pull(i)? {
+                self.heads[i] = Some(item);
+                self.order.push(Reverse((key, i)));
             }
         }
-        let best = self
-            .heads
-            .iter()
-            .enumerate()
-            .filter_map(|(i, h)| h.as_ref().map(|(key, _)| (*key, i)))
-            .min()
-            .map(|(_, i)| i);
-        Ok(best.and_then(|i| self.heads[i].take()))
+        let Some(Reverse((key, i))) = self.order.pop() else {
+            return Ok(None);
+        };
+        self.empty.push(i);
+        Ok(self.heads[i].take().map(|item| (key, item)))
     }
 }
 

@@ -63,9 +63,12 @@ impl Progress {
                     "replay {bar:30.cyan/blue} {human_pos}/{human_len} records  {rate}  ETA {eta}  {msg}",
                 )
                 .expect("a valid template")
-                .with_key("rate", |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
-                    let _ = write!(w, "{:.0} records/s", state.per_sec());
-                })
+                .with_key(
+                    "rate",
+                    |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                        let _ = write!(w, "{:.0} records/s", state.per_sec());
+                    },
+                )
                 .progress_chars("=> "),
             );
             bar
@@ -81,11 +84,11 @@ impl Progress {
         }
     }
 
-    /// One more record read.
-    #[inline]
-    pub fn record(&mut self) {
-        self.done += 1;
-        if self.done.is_multiple_of(UPDATE_EVERY) {
+    /// `n` more records read.
+    pub fn add(&mut self, n: u64) {
+        let before = self.done / UPDATE_EVERY;
+        self.done += n;
+        if self.done / UPDATE_EVERY != before {
             self.update();
         }
     }

@@ -39,7 +39,7 @@ impl Replayer {
     /// A replayer for `table`, over `conversations` only when any are given.
     pub fn new(table: TableKind, conversations: &[ConversationId], latency_max_open: usize) -> Self {
         Replayer {
-            state: PartitionState::new(),
+            state: PartitionState::untracked(),
             only: (!conversations.is_empty()).then(|| conversations.iter().cloned().collect()),
             senders: (table == TableKind::ReadCounts).then(HashMap::new),
             latency: (table == TableKind::Latency).then(|| LatencyTracker::new(latency_max_open)),

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 use readfold_core::fold::Input;
 use readfold_core::ConversationId;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
-use readfold_wire::validate::{ingest, Placement};
 use readfold_wire::{Limits, Rejection};
 
 use crate::error::{Error, Result};
-use crate::order::{Merge, OrderKey};
+use crate::order::Merge;
 use crate::output::{self, Format};
+use crate::prefetch;
 use crate::progress::{Progress, ProgressMode};
 use crate::range::OffsetBound;
 use crate::replayer::{Replayer, Stats};
@@ -88,8 +88,6 @@ impl std::fmt::Display for Summary {
     }
 }
 
-type Head = (OrderKey, Result<Input, Rejection>);
-
 /// Replays the input topics as `options` say and writes the table.
 pub fn replay(
     kafka: &KafkaConfig,
@@ -125,7 +123,7 @@ pub fn replay(
         out,
     )?;
 
-    let mut inputs = KafkaInputs::open(kafka, topics, &options.until_offsets)?;
+    let inputs = KafkaInputs::open(kafka, topics, &options.until_offsets)?;
     let partitions = inputs.partitions().len();
     let mut progress = Progress::new(options.progress, inputs.total());
     let mut replayer = Replayer::new(options.table, &conversations, options.latency_max_open);
@@ -133,46 +131,39 @@ pub fn replay(
     let mut records = 0u64;
     let mut after_until = 0u64;
     let mut rows = 0u64;
-    let until = options.until;
-    let mut pull = |i: usize| -> Result<Option<Head>> {
-        loop {
-            let head = inputs.next(i, |p, r| {
-                if until.is_some_and(|u| r.timestamp >= u) {
-                    return None;
+    let (reader, mut decoded) = prefetch::split(inputs);
+    std::thread::scope(|scope| -> Result<()> {
+        let reading = std::thread::Builder::new()
+            .name("replay-reader".into())
+            .spawn_scoped(scope, || reader.run(options.until, limits))?;
+        let folded = (|| -> Result<()> {
+            let mut pull = |i: usize| {
+                decoded.next(i, |batch| {
+                    records += batch.read;
+                    after_until += batch.after_until;
+                    progress.add(batch.read);
+                })
+            };
+            while let Some((_, record)) = merge.next(&mut pull)? {
+                match record {
+                    Ok(input) => replayer.apply(&input),
+                    Err(rejection) => replayer.reject(rejection.reason.as_str()),
                 }
-                let placement = Placement {
-                    key: r.key,
-                    partition: p.partition,
-                    partition_count: p.partition_count,
-                };
-                Some((
-                    OrderKey::new(r.timestamp, p.kind, p.partition, r.offset),
-                    ingest(p.kind, r.value, placement, limits),
-                ))
-            })?;
-            match head {
-                None => return Ok(None),
-                Some(in_range) => {
-                    records += 1;
-                    progress.record();
-                    match in_range {
-                        Some(head) => return Ok(Some(head)),
-                        None => after_until += 1,
-                    }
+                for row in replayer.take_latency_rows() {
+                    sink.write(&row.values())?;
+                    rows += 1;
                 }
             }
-        }
-    };
-    while let Some((_, record)) = merge.next(&mut pull)? {
-        match record {
-            Ok(input) => replayer.apply(&input),
-            Err(rejection) => replayer.reject(rejection.reason.as_str()),
-        }
-        for row in replayer.take_latency_rows() {
-            sink.write(&row.values())?;
-            rows += 1;
-        }
-    }
+            Ok(())
+        })();
+        // Hang up first, so that a reader blocked on us stops too.
+        drop(decoded);
+        let read = reading
+            .join()
+            .map_err(|_| Error::Consumer("the reader thread panicked".into()))?;
+        // The reader's error is the cause when both failed.
+        read.and(folded)
+    })?;
     progress.status("writing");
     let mut write_all = |table: Vec<Vec<Value>>| -> Result<()> {
         for row in table {

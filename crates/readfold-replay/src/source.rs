@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
@@ -21,10 +21,6 @@ use crate::error::{Error, Result};
 use crate::range::OffsetBound;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a partition may give nothing before its end before the replay
-/// gives up (a broker away for good, or records still in an open
-/// transaction).
-const STALL: Duration = Duration::from_secs(120);
 
 /// One input partition and the offsets a replay reads of it.
 #[derive(Clone, Debug)]
@@ -211,19 +207,20 @@ impl KafkaInputs {
             .sum()
     }
 
-    /// Reads partition `i`'s next record before its end and hands it to
-    /// `each`; `None` once the partition is done.
-    pub fn next<T>(
+    /// Polls partition `i` for its next record before its end, waiting at
+    /// most `wait`, and hands it to `each`.
+    pub fn poll_next<T>(
         &mut self,
         i: usize,
+        wait: Duration,
         each: impl FnOnce(&InputPartition, RawRecord<'_>) -> T,
-    ) -> Result<Option<T>> {
+    ) -> Result<Polled<T>> {
         let partition = &self.partitions[i];
         if let Some(early) = self.early[i].0.pop_front() {
             if early.offset >= partition.end {
                 self.queues[i] = None;
                 self.early[i].0.clear();
-                return Ok(None);
+                return Ok(Polled::Done);
             }
             let out = each(
                 partition,
@@ -238,57 +235,42 @@ impl KafkaInputs {
                 self.queues[i] = None;
                 self.early[i].0.clear();
             }
-            return Ok(Some(out));
+            return Ok(Polled::Record(out));
         }
         if self.early[i].1 {
             // The end was reached before the split.
             self.queues[i] = None;
         }
         let Some(queue) = &self.queues[i] else {
-            return Ok(None);
+            return Ok(Polled::Done);
         };
         let consumer = &self.consumers[self.owner[i]];
-        let waiting_since = Instant::now();
-        let mut warned_at = waiting_since;
-        // (what `each` made, whether the partition is done after it)
-        let (out, done) = loop {
-            self.polls += 1;
-            if self.polls.is_multiple_of(4096) {
-                // Serves the client's callbacks and surfaces its errors.
+        self.polls += 1;
+        if self.polls.is_multiple_of(4096) {
+            // Serves the client's callbacks and surfaces its errors.
+            serve(consumer)?;
+        }
+        let (out, done) = match queue.poll(wait) {
+            Some(Ok(message)) => {
+                let offset = message.offset();
+                if offset >= partition.end {
+                    (Polled::Done, true)
+                } else {
+                    (
+                        Polled::Record(each(partition, raw(&message))),
+                        offset + 1 >= partition.end,
+                    )
+                }
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => (Polled::Done, true),
+            Some(Err(e)) if readfold_kafka::is_fatal(&e) => return Err(e.into()),
+            Some(Err(e)) => {
+                tracing::debug!(topic = %partition.topic, partition = partition.partition, error = %e, "transient consumer error");
+                (Polled::Empty, false)
+            }
+            None => {
                 serve(consumer)?;
-            }
-            match queue.poll(Duration::from_millis(100)) {
-                Some(Ok(message)) => {
-                    let offset = message.offset();
-                    if offset >= partition.end {
-                        break (None, true);
-                    }
-                    break (Some(each(partition, raw(&message))), offset + 1 >= partition.end);
-                }
-                Some(Err(KafkaError::PartitionEOF(_))) => break (None, true),
-                Some(Err(e)) if readfold_kafka::is_fatal(&e) => return Err(e.into()),
-                Some(Err(e)) => {
-                    tracing::debug!(topic = %partition.topic, partition = partition.partition, error = %e, "transient consumer error");
-                }
-                None => serve(consumer)?,
-            }
-            if waiting_since.elapsed() > STALL {
-                return Err(Error::Stalled {
-                    topic: partition.topic.clone(),
-                    partition: partition.partition,
-                    end: partition.end,
-                    secs: STALL.as_secs(),
-                });
-            }
-            if warned_at.elapsed() > Duration::from_secs(10) {
-                warned_at = Instant::now();
-                tracing::warn!(
-                    topic = %partition.topic,
-                    partition = partition.partition,
-                    end = partition.end,
-                    "no record for {} s before the partition's end; still waiting",
-                    waiting_since.elapsed().as_secs()
-                );
+                (Polled::Empty, false)
             }
         };
         if done {
@@ -296,6 +278,15 @@ impl KafkaInputs {
         }
         Ok(out)
     }
+}
+
+/// What a poll of one partition gave.
+pub enum Polled<T> {
+    Record(T),
+    /// Nothing yet.
+    Empty,
+    /// The partition reached its end.
+    Done,
 }
 
 fn raw<'a>(message: &'a BorrowedMessage<'_>) -> RawRecord<'a> {

@@ -321,11 +321,22 @@ pub struct MemberStateUpdate {
 pub struct PartitionState {
     conversations: HashMap<ConversationId, Conversation>,
     dirty: HashMap<CursorKey, Outputs>,
+    /// Off for readers that never flush (replay): no dirty set is kept.
+    untracked: bool,
 }
 
 impl PartitionState {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A state that folds the same way but records no changes to flush, for
+    /// readers that only look at the end result (replay).
+    pub fn untracked() -> Self {
+        PartitionState {
+            untracked: true,
+            ..Self::default()
+        }
     }
 
     pub fn conversation(&self, id: &ConversationId) -> Option<&Conversation> {
@@ -591,6 +602,9 @@ impl PartitionState {
     }
 
     fn mark_dirty(&mut self, conversation_id: &ConversationId, user_id: &UserId, outputs: Outputs) {
+        if self.untracked {
+            return;
+        }
         let key = CursorKey {
             conversation_id: conversation_id.clone(),
             user_id: user_id.clone(),

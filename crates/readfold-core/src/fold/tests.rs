@@ -540,6 +540,14 @@ proptest! {
     }
 
     #[test]
+    fn an_untracked_state_folds_the_same_and_keeps_no_dirty_set((_, delivered) in arb_delivery()) {
+        let mut untracked = PartitionState::untracked();
+        delivered.iter().for_each(|r| apply(&mut untracked, r));
+        prop_assert_eq!(untracked.dirty_len(), 0);
+        prop_assert_eq!(snapshot(&untracked), snapshot(&fold_all(&delivered)));
+    }
+
+    #[test]
     fn no_cursor_ever_decreases_and_drains_emit_each_key_once(
         (_, delivered) in arb_delivery(),
         flush_every in 1usize..8,

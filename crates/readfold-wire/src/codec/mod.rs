@@ -5,6 +5,7 @@
 //! the Confluent wire format (magic byte 0, 4-byte schema id, Avro binary).
 //! Outputs are plain Avro binary.
 
+mod fast;
 mod records;
 #[cfg(test)]
 mod tests;
@@ -252,8 +253,9 @@ fn decode_input<T>(
 }
 
 pub fn decode_read_report(bytes: &[u8], format: WireFormat) -> Result<ReadReportRecord, DecodeError> {
-    decode_input(bytes, format, |b| {
-        ReadReportRecord::from_value(decode_value(&codecs().read_report, b)?)
+    decode_input(bytes, format, |b| match fast::read_report(b) {
+        Some(record) => Ok(record),
+        None => ReadReportRecord::from_value(decode_value(&codecs().read_report, b)?),
     })
 }
 
@@ -265,8 +267,9 @@ pub fn decode_conversation_event(
     bytes: &[u8],
     format: WireFormat,
 ) -> Result<ConversationEventRecord, DecodeError> {
-    decode_input(bytes, format, |b| {
-        ConversationEventRecord::from_value(decode_value(&codecs().conversation_event, b)?)
+    decode_input(bytes, format, |b| match fast::conversation_event(b) {
+        Some(record) => Ok(record),
+        None => ConversationEventRecord::from_value(decode_value(&codecs().conversation_event, b)?),
     })
 }
 

@@ -1,0 +1,211 @@
+//! Reading and decoding on a thread of their own, so that the thread that
+//! merges and folds does nothing else. Each partition's records come to it
+//! decoded, in offset order, in batches on a bounded channel of their own;
+//! the reader never blocks on one partition's full channel (the merge may be
+//! waiting for another), so memory stays bounded and nothing deadlocks.
+
+use std::collections::VecDeque;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::time::{Duration, Instant};
+
+use readfold_core::fold::Input;
+use readfold_wire::validate::{ingest, Placement};
+use readfold_wire::{Limits, Rejection};
+
+use crate::error::{Error, Result};
+use crate::order::OrderKey;
+use crate::source::{InputPartition, KafkaInputs, Polled, RawRecord};
+
+/// A record in replay order, decoded and validated (or rejected).
+pub type Head = (OrderKey, Result<Input, Rejection>);
+
+/// Records per batch: large enough to amortise a channel hand-off.
+const BATCH: usize = 4096;
+/// Batches in flight per partition.
+const IN_FLIGHT: usize = 4;
+/// How long every partition may give nothing before the replay gives up (a
+/// broker away for good, or records held by an open transaction).
+const STALL: Duration = Duration::from_secs(120);
+
+#[derive(Default)]
+pub struct Batch {
+    pub heads: Vec<Head>,
+    /// Records read from the broker, in range or not.
+    pub read: u64,
+    /// Records at or after `--until`, left out.
+    pub after_until: u64,
+}
+
+enum Message {
+    Batch(Batch),
+    Done,
+}
+
+/// The folding side: one receiver per partition.
+pub struct Decoded {
+    receivers: Vec<Receiver<Message>>,
+    current: Vec<VecDeque<Head>>,
+    done: Vec<bool>,
+}
+
+/// The reading side, to run on its own thread.
+pub struct Reader {
+    inputs: KafkaInputs,
+    senders: Vec<SyncSender<Message>>,
+}
+
+/// Splits `inputs` into a reader (for a thread) and the decoded streams.
+pub fn split(inputs: KafkaInputs) -> (Reader, Decoded) {
+    let n = inputs.partitions().len();
+    let (senders, receivers) = (0..n).map(|_| sync_channel(IN_FLIGHT)).unzip();
+    (
+        Reader { inputs, senders },
+        Decoded {
+            receivers,
+            current: (0..n).map(|_| VecDeque::new()).collect(),
+            done: vec![false; n],
+        },
+    )
+}
+
+impl Decoded {
+    /// Partition `i`'s next record, waiting for the reader; `None` at its
+    /// end. `batch` is told each batch's counts. An error means the reader
+    /// stopped: its own error says why.
+    pub fn next(&mut self, i: usize, mut batch: impl FnMut(&Batch)) -> Result<Option<Head>> {
+        loop {
+            if let Some(head) = self.current[i].pop_front() {
+                return Ok(Some(head));
+            }
+            if self.done[i] {
+                return Ok(None);
+            }
+            match self.receivers[i].recv() {
+                Ok(Message::Batch(b)) => {
+                    batch(&b);
+                    self.current[i] = b.heads.into();
+                }
+                Ok(Message::Done) => self.done[i] = true,
+                Err(_) => return Err(Error::Consumer("the reader thread stopped".into())),
+            }
+        }
+    }
+}
+
+impl Reader {
+    /// Reads every partition to its end. Returns early, without error, if
+    /// the folding side hung up.
+    pub fn run(mut self, until: Option<i64>, limits: &Limits) -> Result<()> {
+        let n = self.senders.len();
+        let mut outgoing: Vec<VecDeque<Message>> = (0..n).map(|_| VecDeque::new()).collect();
+        let mut done = vec![false; n];
+        let mut idle_since: Option<Instant> = None;
+        let mut warned_at = Instant::now();
+        loop {
+            let mut progressed = false;
+            for i in 0..n {
+                if !self.drain(i, &mut outgoing[i], &mut progressed) {
+                    return Ok(());
+                }
+                if done[i] || !outgoing[i].is_empty() {
+                    continue;
+                }
+                let mut batch = Batch::default();
+                while batch.heads.len() < BATCH {
+                    match self
+                        .inputs
+                        .poll_next(i, Duration::ZERO, |p, r| decode(p, r, until, limits))?
+                    {
+                        Polled::Record(head) => {
+                            batch.read += 1;
+                            match head {
+                                Some(head) => batch.heads.push(head),
+                                None => batch.after_until += 1,
+                            }
+                        }
+                        Polled::Empty => break,
+                        Polled::Done => {
+                            done[i] = true;
+                            break;
+                        }
+                    }
+                }
+                if batch.read > 0 {
+                    outgoing[i].push_back(Message::Batch(batch));
+                    progressed = true;
+                }
+                if done[i] {
+                    outgoing[i].push_back(Message::Done);
+                }
+                if !self.drain(i, &mut outgoing[i], &mut progressed) {
+                    return Ok(());
+                }
+            }
+            if done.iter().all(|d| *d) && outgoing.iter().all(VecDeque::is_empty) {
+                return Ok(());
+            }
+            if progressed {
+                idle_since = None;
+                continue;
+            }
+            // Nothing fetched and nothing taken: wait a little for either.
+            let idle = *idle_since.get_or_insert_with(Instant::now);
+            std::thread::sleep(Duration::from_micros(500));
+            let waiting = (0..n).find(|&i| !done[i] && outgoing[i].is_empty());
+            if let Some(i) = waiting {
+                let p = &self.inputs.partitions()[i];
+                if idle.elapsed() > STALL {
+                    return Err(Error::Stalled {
+                        topic: p.topic.clone(),
+                        partition: p.partition,
+                        end: p.end,
+                        secs: STALL.as_secs(),
+                    });
+                }
+                if idle.elapsed() > Duration::from_secs(10) && warned_at.elapsed() > Duration::from_secs(10) {
+                    warned_at = Instant::now();
+                    tracing::warn!(
+                        topic = %p.topic,
+                        partition = p.partition,
+                        end = p.end,
+                        "no record for {} s before the partition's end; still waiting",
+                        idle.elapsed().as_secs()
+                    );
+                }
+            }
+        }
+    }
+
+    /// Hands partition `i`'s queued messages over while its channel has
+    /// room; false if the folding side hung up.
+    fn drain(&self, i: usize, outgoing: &mut VecDeque<Message>, progressed: &mut bool) -> bool {
+        while let Some(message) = outgoing.pop_front() {
+            match self.senders[i].try_send(message) {
+                Ok(()) => *progressed = true,
+                Err(TrySendError::Full(message)) => {
+                    outgoing.push_front(message);
+                    return true;
+                }
+                Err(TrySendError::Disconnected(_)) => return false,
+            }
+        }
+        true
+    }
+}
+
+/// One record to its place in the order and its fold input, or `None` if it
+/// is at or after `until`.
+fn decode(p: &InputPartition, r: RawRecord<'_>, until: Option<i64>, limits: &Limits) -> Option<Head> {
+    if until.is_some_and(|u| r.timestamp >= u) {
+        return None;
+    }
+    let placement = Placement {
+        key: r.key,
+        partition: p.partition,
+        partition_count: p.partition_count,
+    };
+    Some((
+        OrderKey::new(r.timestamp, p.kind, p.partition, r.offset),
+        ingest(p.kind, r.value, placement, limits),
+    ))
+}

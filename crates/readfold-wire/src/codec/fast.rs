@@ -1,0 +1,206 @@
+//! Hand-written decoders of the two input records in their current schema
+//! version: the hot path of the processor and of replay, several times
+//! cheaper than building a generic Avro value first.
+//!
+//! They accept exactly what the generic reader accepts for the current
+//! schema (zigzag varints of at most 10 bytes, booleans 0 or 1, union and
+//! enum indexes in range, UTF-8 strings, no trailing bytes) and give up on
+//! anything else, so the caller falls back to the generic reader, which
+//! also knows the earlier schema versions and words the errors. A property
+//! test holds them to the generic reader.
+
+use super::records::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
+
+struct Cursor<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Cursor<'a> {
+    fn long(&mut self) -> Option<i64> {
+        let mut value: u64 = 0;
+        for (i, &byte) in self.bytes.iter().enumerate().take(10) {
+            value |= u64::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                self.bytes = &self.bytes[i + 1..];
+                return Some(((value >> 1) as i64) ^ -((value & 1) as i64));
+            }
+        }
+        None
+    }
+
+    fn string(&mut self) -> Option<String> {
+        let len = usize::try_from(self.long()?).ok()?;
+        if len > self.bytes.len() {
+            return None;
+        }
+        let (text, rest) = self.bytes.split_at(len);
+        self.bytes = rest;
+        std::str::from_utf8(text).ok().map(str::to_owned)
+    }
+
+    fn boolean(&mut self) -> Option<bool> {
+        let (&first, rest) = self.bytes.split_first()?;
+        self.bytes = rest;
+        match first {
+            0 => Some(false),
+            1 => Some(true),
+            _ => None,
+        }
+    }
+
+    fn index(&mut self, count: i64) -> Option<i64> {
+        self.long().filter(|i| (0..count).contains(i))
+    }
+
+    fn end<T>(&self, value: T) -> Option<T> {
+        self.bytes.is_empty().then_some(value)
+    }
+}
+
+/// `ReadReport` v1.1, or `None` when the bytes are anything else.
+pub fn read_report(bytes: &[u8]) -> Option<ReadReportRecord> {
+    let mut c = Cursor { bytes };
+    let conversation_id = c.string()?;
+    let user_id = c.string()?;
+    let seq = c.long()?;
+    let device_id = match c.index(2)? {
+        0 => None,
+        _ => Some(c.string()?),
+    };
+    let reported_at = c.long()?;
+    let private = c.boolean()?;
+    let action = match c.index(3)? {
+        0 => ReadAction::Read,
+        1 => ReadAction::MarkUnread,
+        _ => ReadAction::ClearUnreadMark,
+    };
+    c.end(ReadReportRecord {
+        conversation_id,
+        user_id,
+        seq,
+        device_id,
+        reported_at,
+        private,
+        action,
+    })
+}
+
+/// `ConversationEvent`, or `None` when the bytes are anything else.
+pub fn conversation_event(bytes: &[u8]) -> Option<ConversationEventRecord> {
+    let mut c = Cursor { bytes };
+    let conversation_id = c.string()?;
+    let seq = c.long()?;
+    let at = c.long()?;
+    let branch = c.index(3)?;
+    let id = c.string()?;
+    let event = match branch {
+        0 => EventRecord::MessageSent { sender_id: id },
+        1 => EventRecord::MemberJoined { user_id: id },
+        _ => EventRecord::MemberLeft { user_id: id },
+    };
+    c.end(ConversationEventRecord {
+        conversation_id,
+        seq,
+        at,
+        event,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{codecs, decode_value};
+    use super::*;
+    use proptest::prelude::*;
+
+    fn generic_report(bytes: &[u8]) -> Option<ReadReportRecord> {
+        let codec = &codecs().read_report;
+        let value = super::super::read_whole(&codec.reader, codec.name, bytes).ok()?;
+        ReadReportRecord::from_value(value).ok()
+    }
+
+    fn generic_event(bytes: &[u8]) -> Option<ConversationEventRecord> {
+        ConversationEventRecord::from_value(decode_value(&codecs().conversation_event, bytes).ok()?).ok()
+    }
+
+    fn action(i: u8) -> ReadAction {
+        [
+            ReadAction::Read,
+            ReadAction::MarkUnread,
+            ReadAction::ClearUnreadMark,
+        ][i as usize % 3]
+    }
+
+    proptest! {
+        #[test]
+        fn reports_decode_as_the_generic_reader_does(
+            conversation in "\\PC{0,12}",
+            user in "[a-z0-9]{0,8}",
+            seq in any::<i64>(),
+            device in proptest::option::of("[a-z]{0,4}"),
+            at in any::<i64>(),
+            private in any::<bool>(),
+            act in 0u8..3,
+        ) {
+            let record = ReadReportRecord {
+                conversation_id: conversation,
+                user_id: user,
+                seq,
+                device_id: device,
+                reported_at: at,
+                private,
+                action: action(act),
+            };
+            let bytes = super::super::encode_read_report(&record);
+            prop_assert_eq!(read_report(&bytes), Some(record.clone()));
+            prop_assert_eq!(generic_report(&bytes), Some(record));
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_decode_differently(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            if let Some(fast) = read_report(&bytes) {
+                prop_assert_eq!(Some(fast), generic_report(&bytes));
+            }
+            if let Some(fast) = conversation_event(&bytes) {
+                prop_assert_eq!(Some(fast), generic_event(&bytes));
+            }
+        }
+
+        #[test]
+        fn events_decode_as_the_generic_reader_does(
+            conversation in "\\PC{0,12}",
+            seq in any::<i64>(),
+            at in any::<i64>(),
+            branch in 0u8..3,
+            id in "[a-z0-9]{0,8}",
+        ) {
+            let event = match branch {
+                0 => EventRecord::MessageSent { sender_id: id },
+                1 => EventRecord::MemberJoined { user_id: id },
+                _ => EventRecord::MemberLeft { user_id: id },
+            };
+            let record = ConversationEventRecord { conversation_id: conversation, seq, at, event };
+            let bytes = super::super::encode_conversation_event(&record);
+            prop_assert_eq!(conversation_event(&bytes), Some(record.clone()));
+            prop_assert_eq!(generic_event(&bytes), Some(record));
+        }
+    }
+
+    #[test]
+    fn a_v1_0_report_is_left_to_the_generic_reader() {
+        let record = ReadReportRecord {
+            conversation_id: "c".into(),
+            user_id: "u".into(),
+            seq: 3,
+            device_id: None,
+            reported_at: 1,
+            private: false,
+            action: ReadAction::Read,
+        };
+        let old = super::super::encode_historic_read_report(&record);
+        assert_eq!(read_report(&old), None);
+        assert_eq!(
+            super::super::decode_read_report(&old, super::super::WireFormat::Plain).unwrap(),
+            record
+        );
+    }
+}
