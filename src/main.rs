@@ -67,6 +67,13 @@ enum Command {
         /// Stop a partition before an offset: TOPIC:PARTITION=OFFSET, repeatable.
         #[arg(long = "until-offset", value_name = "TOPIC:PARTITION=OFFSET")]
         until_offsets: Vec<readfold_replay::OffsetBound>,
+        /// Rebuild from the changelog topics (public cursors and member
+        /// state) instead of the inputs, as a restore does: the cursors table
+        /// only. Compaction keeps only each member's latest records, so with
+        /// --until this is the state at that time only where compaction has
+        /// not run past it.
+        #[arg(long)]
+        from_changelog: bool,
         /// Only this conversation; repeatable (all when none is given).
         #[arg(long = "conversation", value_name = "ID")]
         conversations: Vec<String>,
@@ -226,6 +233,7 @@ fn real_main(cli: Cli) -> Result<()> {
             output,
             until,
             until_offsets,
+            from_changelog,
             conversations,
             include_private,
             latency_max_open,
@@ -237,6 +245,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 output,
                 until,
                 until_offsets,
+                from_changelog,
                 conversations,
                 include_private,
                 latency_max_open,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use readfold_kafka::admin::{delete_topics, ensure_topics};
 use readfold_kafka::producer::InputProducer;
-use readfold_replay::source::{KafkaInputs, Polled};
+use readfold_replay::source::{sources, KafkaInputs, Polled};
 use readfold_replay::{Format, ProgressMode, ReplayOptions, TableKind};
 use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
 
@@ -67,7 +67,7 @@ fn timed(what: &'static str, f: impl FnOnce() -> Result<u64>) -> Result<ReplayRo
 /// queues, without decoding: what the broker and librdkafka allow here.
 fn raw_read(config: &Config) -> Result<u64> {
     let fail = |e: readfold_replay::Error| Error::Run(format!("raw read: {e}"));
-    let mut inputs = KafkaInputs::open(&config.kafka, &config.topics, &[]).map_err(fail)?;
+    let mut inputs = KafkaInputs::open(&config.kafka, &sources(&config.topics, false), &[]).map_err(fail)?;
     let n = inputs.partitions().len();
     let mut done = vec![false; n];
     let (mut records, mut bytes) = (0u64, 0usize);
@@ -104,6 +104,7 @@ fn replay_once(config: &Config, table: TableKind) -> Result<u64> {
         output: Some(output.clone()),
         until: None,
         until_offsets: vec![],
+        from_changelog: false,
         conversations: vec![],
         include_private: false,
         latency_max_open: 1_000_000,

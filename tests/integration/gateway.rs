@@ -71,6 +71,16 @@ async fn subscribe(ws: &mut WsClient, conversation: &str) -> Value {
     .unwrap()
 }
 
+/// Stops the gateway and the processor with SIGTERM; both must exit cleanly.
+fn stop(mut gateway: Processor, mut processor: Processor) {
+    assert!(
+        gateway.terminate(Duration::from_secs(30)),
+        "{}",
+        gateway.log_text()
+    );
+    assert!(processor.terminate(Duration::from_secs(30)));
+}
+
 fn is_cursor_of(frame: &Value, user: &str) -> bool {
     frame["type"] == "cursor" && frame["user"] == user
 }
@@ -79,9 +89,9 @@ fn is_cursor_of(frame: &Value, user: &str) -> bool {
 async fn a_receipt_is_acknowledged_once_the_broker_has_it_and_members_only() {
     let env = TestEnv::new("gw-ack", 2).await;
     let mut reference = Reference::default();
-    let mut processor = env.spawn("a");
+    let processor = env.spawn("a");
     chat(&env, &mut reference, "G", &["A", "B"], 3).await;
-    let (mut gateway, addr) = spawn_gateway(&env, &[]).await;
+    let (gateway, addr) = spawn_gateway(&env, &[]).await;
 
     let mut b = connect(&addr, "B").await;
     let snapshot = subscribe(&mut b, "G").await;
@@ -133,12 +143,7 @@ async fn a_receipt_is_acknowledged_once_the_broker_has_it_and_members_only() {
         Some(400)
     );
     assert_eq!(WsClient::connect(&addr, "/ws").await.err(), Some(400));
-    assert!(
-        gateway.terminate(Duration::from_secs(30)),
-        "{}",
-        gateway.log_text()
-    );
-    assert!(processor.terminate(Duration::from_secs(30)));
+    stop(gateway, processor);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -207,13 +212,13 @@ async fn a_snapshot_then_every_change_without_a_gap_across_a_processor_restart()
 async fn a_slow_client_gets_fewer_newer_frames_and_holds_nobody_up() {
     let env = TestEnv::new("gw-slow", 2).await;
     let mut reference = Reference::default();
-    let mut processor = env.spawn("a");
+    let processor = env.spawn("a");
     let members: Vec<String> = (0..150).map(|i| format!("m{i:03}")).collect();
     let names: Vec<&str> = members.iter().map(String::as_str).collect();
     chat(&env, &mut reference, "BIG", &names, 40).await;
     // Small socket send buffers, as a gateway holding many connections
     // would have them.
-    let (mut gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__SEND_BUFFER_BYTES", "16384")]).await;
+    let (gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__SEND_BUFFER_BYTES", "16384")]).await;
     // A slow client: a tiny receive buffer, and it does not read for now.
     let mut slow = WsClient::connect_with(&addr, "/ws?user=m000", Some(2048))
         .await
@@ -265,21 +270,16 @@ async fn a_slow_client_gets_fewer_newer_frames_and_holds_nobody_up() {
         "the slow client got {} frames, the fast one {fast_cursors}: nothing was coalesced",
         slow_cursors.len()
     );
-    assert!(
-        gateway.terminate(Duration::from_secs(30)),
-        "{}",
-        gateway.log_text()
-    );
-    assert!(processor.terminate(Duration::from_secs(30)));
+    stop(gateway, processor);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_device_of_a_user_gets_its_own_state_and_nobody_else_does() {
     let env = TestEnv::new("gw-devices", 2).await;
     let mut reference = Reference::default();
-    let mut processor = env.spawn("a");
+    let processor = env.spawn("a");
     chat(&env, &mut reference, "G", &["A", "B"], 5).await;
-    let (mut gateway, addr) = spawn_gateway(&env, &[]).await;
+    let (gateway, addr) = spawn_gateway(&env, &[]).await;
     let mut phone = connect(&addr, "A").await;
     let mut laptop = connect(&addr, "A").await;
     let mut b = connect(&addr, "B").await;
@@ -311,19 +311,14 @@ async fn every_device_of_a_user_gets_its_own_state_and_nobody_else_does() {
             .all(|f| !(is_cursor_of(f, "A") && f["cursor"].as_u64() >= Some(4)) && f["type"] != "own"),
         "{heard:?}"
     );
-    assert!(
-        gateway.terminate(Duration::from_secs(30)),
-        "{}",
-        gateway.log_text()
-    );
-    assert!(processor.terminate(Duration::from_secs(30)));
+    stop(gateway, processor);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_page_shows_a_read_on_another_members_screen() {
     let env = TestEnv::new("gw-browser", 2).await;
-    let mut processor = env.spawn("a");
-    let (mut gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__DEMO", "true")]).await;
+    let processor = env.spawn("a");
+    let (gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__DEMO", "true")]).await;
     let driver = Driver::start().await;
     let conversation = unique("page");
     let page = |who: &str| {
@@ -389,10 +384,5 @@ async fn the_demo_page_shows_a_read_on_another_members_screen() {
     everyone.close().await;
     alice.close().await;
     bob.close().await;
-    assert!(
-        gateway.terminate(Duration::from_secs(30)),
-        "{}",
-        gateway.log_text()
-    );
-    assert!(processor.terminate(Duration::from_secs(30)));
+    stop(gateway, processor);
 }

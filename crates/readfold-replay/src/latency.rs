@@ -257,143 +257,92 @@ impl LatencyTracker {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use readfold_core::fold::{ConversationEvent, EventKind, Input, PartitionState, ReadReport};
+    use crate::replayer::Replayer;
+    use crate::table::TableKind;
+    use crate::test_inputs::{joined, read, sent};
 
-    fn c(s: &str) -> ConversationId {
-        s.parse().unwrap()
-    }
-    fn u(s: &str) -> UserId {
-        s.parse().unwrap()
-    }
-
-    /// Folds inputs and feeds the tracker the way the replayer does.
-    struct Harness {
-        state: PartitionState,
-        tracker: LatencyTracker,
-    }
-
-    impl Harness {
-        fn new(max_open: usize) -> Self {
-            Harness {
-                state: PartitionState::new(),
-                tracker: LatencyTracker::new(max_open),
-            }
-        }
-        fn cursor(&self, conv: &str, user: &str) -> Seq {
-            self.state
-                .conversation(&c(conv))
-                .and_then(|cv| cv.members.get(&u(user)))
-                .map_or(Seq::ZERO, |m| m.cursor)
-        }
-        fn join(&mut self, conv: &str, user: &str, seq: u64) {
-            self.state.apply(&Input::Event(ConversationEvent {
-                conversation_id: c(conv),
-                seq: Seq(seq),
-                at: 0,
-                kind: EventKind::MemberJoined { user_id: u(user) },
-            }));
-        }
-        fn send(&mut self, conv: &str, sender: &str, seq: u64, at: i64) {
-            let before = self.cursor(conv, sender);
-            self.state.apply(&Input::Event(ConversationEvent {
-                conversation_id: c(conv),
-                seq: Seq(seq),
-                at,
-                kind: EventKind::MessageSent { sender_id: u(sender) },
-            }));
-            let cv = self.state.conversation(&c(conv)).unwrap();
-            self.tracker
-                .advanced(&c(conv), cv, &u(sender), before, self.cursor(conv, sender), at);
-            let cv = self.state.conversation(&c(conv)).unwrap();
-            self.tracker.sent(&c(conv), cv, Seq(seq), &u(sender), at);
-        }
-        fn read(&mut self, conv: &str, user: &str, seq: u64, at: i64) {
-            let before = self.cursor(conv, user);
-            self.state.apply(&Input::Report(ReadReport {
-                conversation_id: c(conv),
-                user_id: u(user),
-                seq: Seq(seq),
-                reported_at: at,
-                private: false,
-            }));
-            let after = self.cursor(conv, user);
-            let cv = self.state.conversation(&c(conv)).unwrap();
-            self.tracker.advanced(&c(conv), cv, &u(user), before, after, at);
-        }
+    /// The tracker as replay drives it.
+    fn replayer(max_open: usize) -> Replayer {
+        Replayer::new(TableKind::Latency, &[], max_open)
     }
 
     #[test]
     fn first_median_and_last_reader_of_a_group_message() {
-        let mut h = Harness::new(100);
+        let mut r = replayer(100);
         for m in ["a", "b", "c", "d"] {
-            h.join("g", m, 0);
+            r.apply(&joined("g", m, 0));
         }
-        h.send("g", "a", 1, 1_000);
-        h.read("g", "b", 1, 1_200);
-        assert!(h.tracker.take_done().is_empty());
-        h.read("g", "b", 1, 1_300); // a duplicate counts once
-        h.send("g", "a", 1, 1_400); // so does a duplicate message event
-        h.read("g", "c", 1, 1_500);
-        assert!(h.tracker.take_done().is_empty());
-        h.read("g", "d", 1, 4_000);
-        let rows = h.tracker.take_done();
+        r.apply(&sent("g", "a", 1, 1_000));
+        r.apply(&read("g", "b", 1, 1_200));
+        assert!(r.take_latency_rows().is_empty());
+        r.apply(&read("g", "b", 1, 1_300)); // a duplicate counts once
+        r.apply(&sent("g", "a", 1, 1_400)); // so does a duplicate message event
+        r.apply(&read("g", "c", 1, 1_500));
+        assert!(r.take_latency_rows().is_empty());
+        r.apply(&read("g", "d", 1, 4_000));
+        let rows = r.take_latency_rows();
         assert_eq!(rows.len(), 1);
-        let r = &rows[0];
-        assert_eq!((r.possible_readers, r.readers), (3, 3));
+        let row = &rows[0];
+        assert_eq!((row.possible_readers, row.readers), (3, 3));
         assert_eq!(
-            (r.first_read_ms, r.median_read_ms, r.last_read_ms),
+            (row.first_read_ms, row.median_read_ms, row.last_read_ms),
             (Some(200), Some(500), Some(3_000))
         );
-        assert!(r.tracked_to_end);
-        assert_eq!(h.tracker.open_count(), 0, "a read message leaves memory");
+        assert!(row.tracked_to_end);
+        assert_eq!(r.open_messages(), 0, "a read message leaves memory");
     }
 
     #[test]
     fn one_cursor_move_reads_every_message_below_it_and_sending_reads_too() {
-        let mut h = Harness::new(100);
-        h.join("d", "a", 0);
-        h.join("d", "b", 0);
-        h.send("d", "a", 1, 100);
-        h.send("d", "a", 2, 200);
+        let mut r = replayer(100);
+        r.apply(&joined("d", "a", 0));
+        r.apply(&joined("d", "b", 0));
+        r.apply(&sent("d", "a", 1, 100));
+        r.apply(&sent("d", "a", 2, 200));
         // b's reply at seq 3 moves b's cursor to 3: b read 1 and 2 then.
-        h.send("d", "b", 3, 1_000);
-        let rows = h.tracker.take_done();
-        let got: Vec<_> = rows.iter().map(|r| (r.seq, r.last_read_ms)).collect();
+        r.apply(&sent("d", "b", 3, 1_000));
+        let got: Vec<_> = r
+            .take_latency_rows()
+            .iter()
+            .map(|row| (row.seq, row.last_read_ms))
+            .collect();
         assert_eq!(got, [(1, Some(900)), (2, Some(800))]);
-        let rest = std::mem::replace(&mut h.tracker, LatencyTracker::new(1)).finish();
+        let rest = r.finish_latency();
         assert_eq!(rest.len(), 1);
         assert_eq!((rest[0].seq, rest[0].readers, rest[0].last_read_ms), (3, 0, None));
     }
 
     #[test]
     fn late_joiners_are_not_possible_readers_and_early_reports_read_at_send() {
-        let mut h = Harness::new(100);
-        h.join("g", "a", 0);
-        h.join("g", "b", 0);
+        let mut r = replayer(100);
+        r.apply(&joined("g", "a", 0));
+        r.apply(&joined("g", "b", 0));
         // b's report arrives before the message event (clocks, partitions).
-        h.read("g", "b", 1, 900);
-        h.send("g", "a", 1, 1_000);
-        h.join("g", "late", 1);
-        let rows = h.tracker.take_done();
+        r.apply(&read("g", "b", 1, 900));
+        r.apply(&sent("g", "a", 1, 1_000));
+        r.apply(&joined("g", "late", 1));
+        let rows = r.take_latency_rows();
         assert_eq!(rows.len(), 1);
         assert_eq!((rows[0].possible_readers, rows[0].first_read_ms), (1, Some(0)));
     }
 
     #[test]
     fn memory_is_bounded_by_evicting_the_oldest_open_message() {
-        let mut h = Harness::new(2);
-        h.join("g", "a", 0);
-        h.join("g", "b", 0);
+        let mut r = replayer(2);
+        r.apply(&joined("g", "a", 0));
+        r.apply(&joined("g", "b", 0));
         for seq in 1..=5 {
-            h.send("g", "a", seq, seq as i64 * 10);
+            r.apply(&sent("g", "a", seq, seq as i64 * 10));
         }
-        assert_eq!(h.tracker.open_count(), 2);
-        let evicted = h.tracker.take_done();
-        let seqs: Vec<_> = evicted.iter().map(|r| (r.seq, r.tracked_to_end)).collect();
-        assert_eq!(seqs, [(1, false), (2, false), (3, false)]);
-        h.read("g", "b", 5, 100);
-        let done = h.tracker.take_done();
-        assert_eq!(done.iter().map(|r| r.seq).collect::<Vec<_>>(), [4, 5]);
+        assert_eq!(r.open_messages(), 2);
+        let evicted: Vec<_> = r
+            .take_latency_rows()
+            .iter()
+            .map(|row| (row.seq, row.tracked_to_end))
+            .collect();
+        assert_eq!(evicted, [(1, false), (2, false), (3, false)]);
+        r.apply(&read("g", "b", 5, 100));
+        let done: Vec<_> = r.take_latency_rows().iter().map(|row| row.seq).collect();
+        assert_eq!(done, [4, 5]);
     }
 }

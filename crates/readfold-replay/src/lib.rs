@@ -26,6 +26,8 @@ pub mod replayer;
 pub mod run;
 pub mod source;
 pub mod table;
+#[cfg(test)]
+mod test_inputs;
 
 pub use error::{Error, Result};
 pub use output::Format;

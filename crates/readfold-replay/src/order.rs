@@ -18,27 +18,23 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use readfold_core::fold::InputKind;
-
 /// Where a record sorts in a replay.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct OrderKey {
     /// Kafka record timestamp, epoch milliseconds.
     pub timestamp: i64,
-    /// 0 for conversation events, 1 for read reports.
+    /// Rank of the record's topic among records with the same timestamp
+    /// ([`crate::source::Source::rank`]).
     pub input: u8,
     pub partition: i32,
     pub offset: i64,
 }
 
 impl OrderKey {
-    pub fn new(timestamp: i64, kind: InputKind, partition: i32, offset: i64) -> Self {
+    pub fn new(timestamp: i64, rank: u8, partition: i32, offset: i64) -> Self {
         OrderKey {
             timestamp,
-            input: match kind {
-                InputKind::ConversationEvents => 0,
-                InputKind::ReadReports => 1,
-            },
+            input: rank,
             partition,
             offset,
         }
@@ -87,10 +83,12 @@ impl<T> Merge<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::source::Source;
+    use readfold_core::fold::InputKind;
     use std::collections::VecDeque;
 
     fn key(ts: i64, kind: InputKind, p: i32, o: i64) -> OrderKey {
-        OrderKey::new(ts, kind, p, o)
+        OrderKey::new(ts, Source::Input(kind).rank(), p, o)
     }
 
     fn merge_all(mut sources: Vec<VecDeque<OrderKey>>) -> Vec<OrderKey> {

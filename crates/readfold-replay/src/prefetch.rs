@@ -8,16 +8,17 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::time::{Duration, Instant};
 
-use readfold_core::fold::Input;
+use readfold_wire::changelog::decode_changelog;
 use readfold_wire::validate::{ingest, Placement};
-use readfold_wire::{Limits, Rejection};
+use readfold_wire::Limits;
 
 use crate::error::{Error, Result};
 use crate::order::OrderKey;
-use crate::source::{InputPartition, KafkaInputs, Polled, RawRecord};
+use crate::replayer::Record;
+use crate::source::{InputPartition, KafkaInputs, Polled, RawRecord, Source};
 
 /// A record in replay order, decoded and validated (or rejected).
-pub type Head = (OrderKey, Result<Input, Rejection>);
+pub type Head = (OrderKey, Record);
 
 /// Records per batch: large enough to amortise a channel hand-off.
 const BATCH: usize = 4096;
@@ -204,8 +205,14 @@ fn decode(p: &InputPartition, r: RawRecord<'_>, until: Option<i64>, limits: &Lim
         partition: p.partition,
         partition_count: p.partition_count,
     };
+    let record = match p.source {
+        Source::Input(kind) => Record::Input(ingest(kind, r.value, placement, limits)),
+        Source::Changelog(kind) => {
+            Record::Changelog(decode_changelog(kind, r.key, r.value, limits.max_id_bytes))
+        }
+    };
     Some((
-        OrderKey::new(r.timestamp, p.kind, p.partition, r.offset),
-        ingest(p.kind, r.value, placement, limits),
+        OrderKey::new(r.timestamp, p.source.rank(), p.partition, r.offset),
+        record,
     ))
 }

@@ -9,8 +9,19 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use readfold_core::fold::{EventKind, Input, PartitionState};
 use readfold_core::{ConversationId, Seq, UserId};
 
+use readfold_wire::changelog::ChangelogError;
+use readfold_wire::{ChangelogEntry, Rejection};
+
 use crate::latency::{LatencyRow, LatencyTracker};
 use crate::table::{TableKind, Value};
+
+/// One decoded record of whichever topics the replay reads.
+pub enum Record {
+    /// An input record, or why the processor would dead-letter it.
+    Input(Result<Input, Rejection>),
+    /// A changelog record, or why it cannot be read.
+    Changelog(Result<ChangelogEntry, ChangelogError>),
+}
 
 /// What a replay saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,6 +60,27 @@ impl Replayer {
 
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// Folds one record of either kind.
+    pub fn fold(&mut self, record: Record) {
+        match record {
+            Record::Input(Ok(input)) => self.apply(&input),
+            Record::Input(Err(rejection)) => self.reject(rejection.reason.as_str()),
+            Record::Changelog(Ok(entry)) => self.restore(&entry),
+            Record::Changelog(Err(_)) => self.reject("changelog_unreadable"),
+        }
+    }
+
+    /// Applies a changelog record as a restore does.
+    pub fn restore(&mut self, entry: &ChangelogEntry) {
+        let id = &entry.key().conversation_id;
+        if self.only.as_ref().is_some_and(|only| !only.contains(id)) {
+            self.stats.other_conversations += 1;
+            return;
+        }
+        self.stats.folded += 1;
+        entry.restore_into(&mut self.state);
     }
 
     /// Counts a record the processor's validation rejects.
@@ -205,39 +237,7 @@ impl Replayer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use readfold_core::fold::{ConversationEvent, ReadReport};
-
-    fn c(s: &str) -> ConversationId {
-        s.parse().unwrap()
-    }
-    fn u(s: &str) -> UserId {
-        s.parse().unwrap()
-    }
-    fn sent(conv: &str, sender: &str, seq: u64, at: i64) -> Input {
-        Input::Event(ConversationEvent {
-            conversation_id: c(conv),
-            seq: Seq(seq),
-            at,
-            kind: EventKind::MessageSent { sender_id: u(sender) },
-        })
-    }
-    fn joined(conv: &str, user: &str, seq: u64) -> Input {
-        Input::Event(ConversationEvent {
-            conversation_id: c(conv),
-            seq: Seq(seq),
-            at: 0,
-            kind: EventKind::MemberJoined { user_id: u(user) },
-        })
-    }
-    fn read(conv: &str, user: &str, seq: u64, private: bool) -> Input {
-        Input::Report(ReadReport {
-            conversation_id: c(conv),
-            user_id: u(user),
-            seq: Seq(seq),
-            reported_at: 0,
-            private,
-        })
-    }
+    use crate::test_inputs::{c, joined, private_read, read, sent};
 
     /// Seed 1's group: A sends 1..3; B read 1; C read 2; D joined after 2
     /// and read 3.
@@ -251,11 +251,11 @@ mod tests {
             sent("g", "A", 2, 20),
             joined("g", "D", 2),
             sent("g", "A", 3, 30),
-            read("g", "B", 1, false),
-            read("g", "C", 2, false),
-            read("g", "D", 3, false),
-            read("g", "B", 3, true),
-            read("other", "B", 3, false),
+            read("g", "B", 1, 0),
+            read("g", "C", 2, 0),
+            read("g", "D", 3, 0),
+            private_read("g", "B", 3),
+            read("other", "B", 3, 0),
         ] {
             r.apply(&input);
         }

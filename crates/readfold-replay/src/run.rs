@@ -4,10 +4,9 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use readfold_core::fold::Input;
 use readfold_core::ConversationId;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
-use readfold_wire::{Limits, Rejection};
+use readfold_wire::Limits;
 
 use crate::error::{Error, Result};
 use crate::order::Merge;
@@ -15,8 +14,8 @@ use crate::output::{self, Format};
 use crate::prefetch;
 use crate::progress::{Progress, ProgressMode};
 use crate::range::OffsetBound;
-use crate::replayer::{Replayer, Stats};
-use crate::source::KafkaInputs;
+use crate::replayer::{Record, Replayer, Stats};
+use crate::source::{sources, KafkaInputs};
 use crate::table::{columns, TableKind, Value};
 
 #[derive(Clone, Debug)]
@@ -28,6 +27,9 @@ pub struct ReplayOptions {
     /// Only records with a record timestamp before this (epoch ms).
     pub until: Option<i64>,
     pub until_offsets: Vec<OffsetBound>,
+    /// Rebuild from the changelog topics (public cursors and member state)
+    /// instead of the inputs: the cursors table only.
+    pub from_changelog: bool,
     /// Only these conversations (all when empty); read-counts needs some.
     pub conversations: Vec<String>,
     /// Private cursors and unread marks in the cursors table.
@@ -110,6 +112,11 @@ pub fn replay(
                 .into(),
         ));
     }
+    if options.from_changelog && options.table != TableKind::Cursors {
+        return Err(Error::Usage(
+            "--from-changelog gives the cursors table only: read counts and latency need the messages, which only the input topics carry".into(),
+        ));
+    }
     let (out, partial) = open_output(options.output.as_deref(), options.format)?;
     let table_name = match options.table {
         TableKind::Cursors => "cursors",
@@ -123,11 +130,15 @@ pub fn replay(
         out,
     )?;
 
-    let inputs = KafkaInputs::open(kafka, topics, &options.until_offsets)?;
+    let inputs = KafkaInputs::open(
+        kafka,
+        &sources(topics, options.from_changelog),
+        &options.until_offsets,
+    )?;
     let partitions = inputs.partitions().len();
     let mut progress = Progress::new(options.progress, inputs.total());
     let mut replayer = Replayer::new(options.table, &conversations, options.latency_max_open);
-    let mut merge: Merge<Result<Input, Rejection>> = Merge::new(partitions);
+    let mut merge: Merge<Record> = Merge::new(partitions);
     let mut records = 0u64;
     let mut after_until = 0u64;
     let mut rows = 0u64;
@@ -145,10 +156,7 @@ pub fn replay(
                 })
             };
             while let Some((_, record)) = merge.next(&mut pull)? {
-                match record {
-                    Ok(input) => replayer.apply(&input),
-                    Err(rejection) => replayer.reject(rejection.reason.as_str()),
-                }
+                replayer.fold(record);
                 for row in replayer.take_latency_rows() {
                     sink.write(&row.values())?;
                     rows += 1;

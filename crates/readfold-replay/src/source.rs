@@ -16,16 +16,63 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use readfold_core::fold::InputKind;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_wire::ChangelogKind;
 
 use crate::error::{Error, Result};
 use crate::range::OffsetBound;
 
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One input partition and the offsets a replay reads of it.
+/// What a topic holds, and so how its records are decoded and folded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Input(InputKind),
+    Changelog(ChangelogKind),
+}
+
+impl Source {
+    /// Where the topic's records sort among records with the same
+    /// timestamp: conversation events before read reports (a message exists
+    /// before it is read); public cursors before member state (as a restore
+    /// applies them).
+    pub fn rank(self) -> u8 {
+        match self {
+            Source::Input(InputKind::ConversationEvents)
+            | Source::Changelog(ChangelogKind::ByConversation) => 0,
+            Source::Input(InputKind::ReadReports) | Source::Changelog(_) => 1,
+        }
+    }
+}
+
+/// The topics a replay reads: both inputs, or the changelogs a restore
+/// reads.
+pub fn sources(topics: &TopicsConfig, from_changelog: bool) -> Vec<(Source, String)> {
+    if from_changelog {
+        vec![
+            (
+                Source::Changelog(ChangelogKind::ByConversation),
+                topics.read_cursors.clone(),
+            ),
+            (
+                Source::Changelog(ChangelogKind::MemberState),
+                topics.member_state.clone(),
+            ),
+        ]
+    } else {
+        vec![
+            (
+                Source::Input(InputKind::ConversationEvents),
+                topics.conversation_events.clone(),
+            ),
+            (Source::Input(InputKind::ReadReports), topics.read_reports.clone()),
+        ]
+    }
+}
+
+/// One partition and the offsets a replay reads of it.
 #[derive(Clone, Debug)]
 pub struct InputPartition {
-    pub kind: InputKind,
+    pub source: Source,
     pub topic: String,
     pub partition: i32,
     /// Partitions of the topic, for the processor's placement check.
@@ -67,19 +114,17 @@ pub struct KafkaInputs {
 }
 
 impl KafkaInputs {
-    /// Looks up both input topics, fixes every partition's end (its high
-    /// watermark now, or an `--until-offset` below it) and starts fetching.
-    pub fn open(kafka: &KafkaConfig, topics: &TopicsConfig, bounds: &[OffsetBound]) -> Result<Self> {
-        let inputs = [
-            (InputKind::ConversationEvents, &topics.conversation_events),
-            (InputKind::ReadReports, &topics.read_reports),
-        ];
+    /// Looks up the topics, fixes every partition's end (its high watermark
+    /// now, or an `--until-offset` below it) and starts fetching.
+    pub fn open(kafka: &KafkaConfig, inputs: &[(Source, String)], bounds: &[OffsetBound]) -> Result<Self> {
         let mut bounds_by_place: HashMap<(&str, i32), i64> = HashMap::new();
         for b in bounds {
-            if !inputs.iter().any(|(_, t)| **t == b.topic) {
+            if !inputs.iter().any(|(_, t)| *t == b.topic) {
+                let names: Vec<&str> = inputs.iter().map(|(_, t)| t.as_str()).collect();
                 return Err(Error::Usage(format!(
-                    "--until-offset names {:?}, which is not an input topic ({} or {})",
-                    b.topic, topics.conversation_events, topics.read_reports
+                    "--until-offset names {:?}, which this replay does not read ({})",
+                    b.topic,
+                    names.join(", ")
                 )));
             }
             bounds_by_place.insert((b.topic.as_str(), b.partition), b.offset);
@@ -104,7 +149,7 @@ impl KafkaInputs {
             early: vec![],
             polls: 0,
         };
-        for (kind, topic) in inputs {
+        for (source, topic) in inputs {
             let consumer: Arc<BaseConsumer> = Arc::new(client.create()?);
             let metadata = consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
             let mut ids: Vec<i32> = metadata
@@ -138,7 +183,7 @@ impl KafkaInputs {
                     assignment.add_partition_offset(topic, partition, Offset::Offset(low))?;
                 }
                 inputs_read.partitions.push(InputPartition {
-                    kind,
+                    source: *source,
                     topic: topic.clone(),
                     partition,
                     partition_count: count,
