@@ -74,7 +74,7 @@ impl WsClient {
 
     /// Frames until one satisfies `done` (returned last), or panics after
     /// `timeout` saying what it saw.
-    pub async fn until(&mut self, timeout: Duration, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+    pub async fn until(&mut self, timeout: Duration, mut done: impl FnMut(&Value) -> bool) -> Vec<Value> {
         let started = Instant::now();
         let mut seen = Vec::new();
         while started.elapsed() < timeout {

@@ -415,6 +415,10 @@ impl PartitionState {
             .conversations
             .entry(event.conversation_id.clone())
             .or_default();
+        // Stores learn the latest seq only through member updates, so a
+        // message that raises it must publish one, even if its sender had
+        // already read past it.
+        let raised = event.seq > conv.latest_seq;
         conv.latest_seq = conv.latest_seq.max(event.seq);
         let version = MembershipVersion {
             seq: event.seq,
@@ -428,7 +432,7 @@ impl PartitionState {
                 let moved = advance(&mut member.cursor, event.seq);
                 (
                     sender_id,
-                    if moved || created || listed {
+                    if moved || created || listed || raised {
                         Outputs::PUBLIC
                     } else {
                         Outputs::default()

@@ -217,6 +217,22 @@ fn stale_and_duplicate_reports_never_move_back_or_dirty() {
 }
 
 #[test]
+fn a_message_publishes_the_new_latest_seq_even_if_its_sender_read_ahead() {
+    let mut s = PartitionState::new();
+    s.apply_report(&report("C", "u", 9));
+    s.apply_event(&sent("C", "u", 1));
+    s.drain();
+    // u's cursor (9) is already past message 2: only the latest seq moves.
+    s.apply_event(&sent("C", "u", 2));
+    let changes = s.drain();
+    assert_eq!(changes.len(), 1, "the sender's update carries latest_seq");
+    assert_eq!(changes[0].public_update().unwrap().latest_seq, Seq(2));
+    // A duplicate of the message raises nothing, so publishes nothing.
+    s.apply_event(&sent("C", "u", 2));
+    assert_eq!(s.dirty_len(), 0);
+}
+
+#[test]
 fn coalesces_many_reports_into_one_change() {
     let mut s = PartitionState::new();
     for seq in 1..=100 {
