@@ -95,47 +95,60 @@ fn handle(
             seq,
             private,
             id: request,
-        } => {
-            let Some(cid) = conversation_id(gateway, outbox, &conversation, request.clone()) else {
-                return;
-            };
-            let record = receipt_record(conversation, user, seq, private, ReadAction::Read);
-            tokio::spawn(receipt(
-                gateway.clone(),
-                user.clone(),
-                outbox.clone(),
-                cid,
-                record,
-                1,
-                request,
-            ));
-        }
+        } => spawn_receipt(
+            gateway,
+            user,
+            outbox,
+            receipt_record(conversation, user, seq, private, ReadAction::Read),
+            1,
+            request,
+        ),
         ClientMessage::MarkUnread {
             conversation,
             seq,
             marked,
             id: request,
         } => {
-            let Some(cid) = conversation_id(gateway, outbox, &conversation, request.clone()) else {
-                return;
-            };
             let action = if marked {
                 ReadAction::MarkUnread
             } else {
                 ReadAction::ClearUnreadMark
             };
-            let record = receipt_record(conversation, user, seq, false, action);
-            tokio::spawn(receipt(
-                gateway.clone(),
-                user.clone(),
-                outbox.clone(),
-                cid,
-                record,
+            // A mark is set at the user's cursor, which may still be 0.
+            spawn_receipt(
+                gateway,
+                user,
+                outbox,
+                receipt_record(conversation, user, seq, false, action),
                 0,
                 request,
-            ));
+            )
         }
     }
+}
+
+/// Checks the conversation id, then checks, produces and acknowledges the
+/// record in the background (`min_seq`: the lowest seq it may carry).
+fn spawn_receipt(
+    gateway: &Arc<Gateway>,
+    user: &UserId,
+    outbox: &Arc<Outbox>,
+    record: ReadReportRecord,
+    min_seq: u64,
+    request: Option<String>,
+) {
+    let Some(cid) = conversation_id(gateway, outbox, &record.conversation_id, request.clone()) else {
+        return;
+    };
+    tokio::spawn(receipt(
+        gateway.clone(),
+        user.clone(),
+        outbox.clone(),
+        cid,
+        record,
+        min_seq,
+        request,
+    ));
 }
 
 fn conversation_id(

@@ -57,19 +57,7 @@ impl TopicReader {
 
     /// The partition ids of `topic`; an error if it does not exist.
     pub fn partitions(&self, topic: &str) -> Result<Vec<i32>> {
-        let metadata = self
-            .consumer
-            .fetch_metadata(Some(topic), Duration::from_secs(10))?;
-        let partitions: Vec<i32> = metadata
-            .topics()
-            .first()
-            .filter(|t| t.error().is_none())
-            .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-            .unwrap_or_default();
-        if partitions.is_empty() {
-            return Err(Error::NoSuchTopic(topic.to_owned()));
-        }
-        Ok(partitions)
+        partition_ids(&self.consumer, topic)
     }
 
     /// Starts reading `partitions` of `topic` (all when `None`) from the
@@ -164,6 +152,22 @@ impl TopicReader {
             }
         }
     }
+}
+
+/// The partition ids of `topic`, as `consumer` sees them; an error if it
+/// does not exist.
+pub fn partition_ids(consumer: &impl Consumer, topic: &str) -> Result<Vec<i32>> {
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .first()
+        .filter(|t| t.error().is_none())
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    if partitions.is_empty() {
+        return Err(Error::NoSuchTopic(topic.to_owned()));
+    }
+    Ok(partitions)
 }
 
 /// Whether a consumer error ends a read: fatal ones do; transport errors,

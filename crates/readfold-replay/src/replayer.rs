@@ -74,13 +74,21 @@ impl Replayer {
 
     /// Applies a changelog record as a restore does.
     pub fn restore(&mut self, entry: &ChangelogEntry) {
-        let id = &entry.key().conversation_id;
-        if self.only.as_ref().is_some_and(|only| !only.contains(id)) {
-            self.stats.other_conversations += 1;
-            return;
+        if self.wanted(&entry.key().conversation_id) {
+            entry.restore_into(&mut self.state);
         }
-        self.stats.folded += 1;
-        entry.restore_into(&mut self.state);
+    }
+
+    /// Whether a record of conversation `id` is folded (all are, unless
+    /// conversations were named); counts it either way.
+    fn wanted(&mut self, id: &ConversationId) -> bool {
+        let wanted = self.only.as_ref().is_none_or(|only| only.contains(id));
+        if wanted {
+            self.stats.folded += 1;
+        } else {
+            self.stats.other_conversations += 1;
+        }
+        wanted
     }
 
     /// Counts a record the processor's validation rejects.
@@ -91,11 +99,9 @@ impl Replayer {
     /// Folds one validated record.
     pub fn apply(&mut self, input: &Input) {
         let id = input.conversation_id();
-        if self.only.as_ref().is_some_and(|only| !only.contains(id)) {
-            self.stats.other_conversations += 1;
+        if !self.wanted(id) {
             return;
         }
-        self.stats.folded += 1;
         // Whose public cursor this record may move, and when.
         let mover = match input {
             Input::Report(r) if !r.private => Some((&r.user_id, r.reported_at)),

@@ -1,8 +1,9 @@
-//! The Kafka side of a replay: every partition of both input topics, each
-//! on a queue of its own so that the merge can ask one partition for its
-//! next record, read from the beginning to an end fixed when the replay
-//! starts. The consumer is assigned partitions directly: it joins no group
-//! and commits nothing, so production is not touched.
+//! The Kafka side of a replay: every partition of the topics it reads (both
+//! inputs, or the changelogs), each on a queue of its own so that the merge
+//! can ask one partition for its next record, read from the beginning to an
+//! end fixed when the replay starts. The consumers are assigned partitions
+//! directly: they join no group and commit nothing, so production is not
+//! touched.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use readfold_core::fold::InputKind;
+use readfold_kafka::reader::partition_ids;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_wire::ChangelogKind;
 
@@ -151,16 +153,7 @@ impl KafkaInputs {
         };
         for (source, topic) in inputs {
             let consumer: Arc<BaseConsumer> = Arc::new(client.create()?);
-            let metadata = consumer.fetch_metadata(Some(topic), METADATA_TIMEOUT)?;
-            let mut ids: Vec<i32> = metadata
-                .topics()
-                .first()
-                .filter(|t| t.error().is_none())
-                .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-                .unwrap_or_default();
-            if ids.is_empty() {
-                return Err(readfold_kafka::Error::NoSuchTopic(topic.clone()).into());
-            }
+            let mut ids = partition_ids(consumer.as_ref(), topic)?;
             ids.sort_unstable();
             let count = ids.len() as i32;
             if let Some(b) = bounds
@@ -261,67 +254,67 @@ impl KafkaInputs {
         each: impl FnOnce(&InputPartition, RawRecord<'_>) -> T,
     ) -> Result<Polled<T>> {
         let partition = &self.partitions[i];
-        if let Some(early) = self.early[i].0.pop_front() {
-            if early.offset >= partition.end {
-                self.queues[i] = None;
-                self.early[i].0.clear();
-                return Ok(Polled::Done);
-            }
-            let out = each(
-                partition,
-                RawRecord {
-                    timestamp: early.timestamp,
-                    offset: early.offset,
-                    key: early.key.as_deref(),
-                    value: early.value.as_deref(),
-                },
-            );
-            if early.offset + 1 >= partition.end {
-                self.queues[i] = None;
-                self.early[i].0.clear();
-            }
-            return Ok(Polled::Record(out));
-        }
-        if self.early[i].1 {
+        let (out, done) = if let Some(early) = self.early[i].0.pop_front() {
+            deliver(partition, early.raw(), each)
+        } else if self.early[i].1 {
             // The end was reached before the split.
-            self.queues[i] = None;
-        }
-        let Some(queue) = &self.queues[i] else {
-            return Ok(Polled::Done);
-        };
-        let consumer = &self.consumers[self.owner[i]];
-        self.polls += 1;
-        if self.polls.is_multiple_of(4096) {
-            // Serves the client's callbacks and surfaces its errors.
-            serve(consumer)?;
-        }
-        let (out, done) = match queue.poll(wait) {
-            Some(Ok(message)) => {
-                let offset = message.offset();
-                if offset >= partition.end {
-                    (Polled::Done, true)
-                } else {
-                    (
-                        Polled::Record(each(partition, raw(&message))),
-                        offset + 1 >= partition.end,
-                    )
+            (Polled::Done, true)
+        } else if let Some(queue) = &self.queues[i] {
+            let consumer = &self.consumers[self.owner[i]];
+            self.polls += 1;
+            if self.polls.is_multiple_of(4096) {
+                // Serves the client's callbacks and surfaces its errors.
+                serve(consumer)?;
+            }
+            match queue.poll(wait) {
+                Some(Ok(message)) => deliver(partition, raw(&message), each),
+                Some(Err(KafkaError::PartitionEOF(_))) => (Polled::Done, true),
+                Some(Err(e)) if readfold_kafka::is_fatal(&e) => return Err(e.into()),
+                Some(Err(e)) => {
+                    tracing::debug!(topic = %partition.topic, partition = partition.partition, error = %e, "transient consumer error");
+                    (Polled::Empty, false)
+                }
+                None => {
+                    serve(consumer)?;
+                    (Polled::Empty, false)
                 }
             }
-            Some(Err(KafkaError::PartitionEOF(_))) => (Polled::Done, true),
-            Some(Err(e)) if readfold_kafka::is_fatal(&e) => return Err(e.into()),
-            Some(Err(e)) => {
-                tracing::debug!(topic = %partition.topic, partition = partition.partition, error = %e, "transient consumer error");
-                (Polled::Empty, false)
-            }
-            None => {
-                serve(consumer)?;
-                (Polled::Empty, false)
-            }
+        } else {
+            (Polled::Done, true)
         };
         if done {
             self.queues[i] = None;
+            self.early[i] = (VecDeque::new(), true);
         }
         Ok(out)
+    }
+}
+
+/// Hands a record before the partition's end to `each`; says whether the
+/// partition is done after it.
+fn deliver<T>(
+    partition: &InputPartition,
+    record: RawRecord<'_>,
+    each: impl FnOnce(&InputPartition, RawRecord<'_>) -> T,
+) -> (Polled<T>, bool) {
+    let offset = record.offset;
+    if offset >= partition.end {
+        return (Polled::Done, true);
+    }
+    (
+        Polled::Record(each(partition, record)),
+        offset + 1 >= partition.end,
+    )
+}
+
+impl Early {
+    fn raw(&self) -> RawRecord<'_> {
+        RawRecord {
+            timestamp: self.timestamp,
+            offset: self.offset,
+            key: self.key.as_deref(),
+            value: self.value.as_deref(),
+        }
     }
 }
 
