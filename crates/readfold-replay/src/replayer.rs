@@ -200,10 +200,10 @@ impl Replayer {
                     row.extend([
                         Value::Int(member.private_cursor.get() as i64),
                         Value::Bool(own.marked_unread()),
-                        Value::Int(if present || !member.listed {
-                            own.unread(conversation.latest_seq) as i64
-                        } else {
+                        Value::Int(if member.left {
                             0
+                        } else {
+                            own.unread(conversation.latest_seq) as i64
                         }),
                     ]);
                 }
