@@ -132,6 +132,11 @@ enum Command {
         /// fresh topics on the configured broker, next to a raw read (0: skip).
         #[arg(long, default_value_t = 0)]
         replay_records: u64,
+        /// Also time how fast `readfold run` catches up on a backlog of
+        /// this many records on fresh topics, with its sinks off and on,
+        /// next to a raw read (0: skip).
+        #[arg(long, default_value_t = 0)]
+        throughput_records: u64,
     },
 }
 
@@ -191,6 +196,7 @@ fn real_main(cli: Cli) -> Result<()> {
             gateway_rate,
             gateway_seconds,
             replay_records,
+            throughput_records,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -224,6 +230,10 @@ fn real_main(cli: Cli) -> Result<()> {
             if replay_records > 0 {
                 let rows = runtime.block_on(readfold::bench::replay(&config, replay_records))?;
                 readfold::bench::print_replay(&rows);
+            }
+            if throughput_records > 0 {
+                let figures = runtime.block_on(readfold::bench::throughput(&config, throughput_records))?;
+                readfold::bench::print_throughput(&figures);
             }
             Ok(())
         }

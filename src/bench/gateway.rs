@@ -9,7 +9,6 @@
 //! gateway again), and the frames delivered per second.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -27,6 +26,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
+use super::child::{config_vars, free_addr, rss_of, spawn};
 use super::percentile;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -52,52 +52,10 @@ type Sink = SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Message>;
 /// (conversation, seq) -> when the receipt was sent, and by which user.
 type Sent = HashMap<(usize, u64), (Instant, String)>;
 
-/// A child process, killed when dropped.
-struct ChildGuard(Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-}
-
-fn rss_of(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
-fn free_addr() -> Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Run(e.to_string()))?;
-    Ok(listener
-        .local_addr()
-        .map_err(|e| Error::Run(e.to_string()))?
-        .to_string())
-}
-
-fn spawn(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
-    let exe = std::env::current_exe().map_err(|e| Error::Run(e.to_string()))?;
-    let child = Command::new(exe)
-        .arg(command)
-        .envs(vars.iter().cloned())
-        .env("READFOLD_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| Error::Run(format!("cannot start readfold {command}: {e}")))?;
-    Ok(ChildGuard(child))
 }
 
 async fn open(addr: &str, user: &str) -> Result<WebSocketStream<MaybeTlsStream<TcpStream>>> {
@@ -118,37 +76,17 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
     let config = super::on_fresh_topics(config, "gateway");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let addr = free_addr()?;
-    let t = &config.topics;
-    let vars: Vec<(String, String)> = [
-        (
-            "READFOLD__KAFKA__BOOTSTRAP_SERVERS",
-            config.kafka.bootstrap_servers.clone(),
-        ),
-        ("READFOLD__KAFKA__GROUP_ID", config.kafka.group_id.clone()),
-        ("READFOLD__KAFKA__INSTANCE_ID", "bench".into()),
-        ("READFOLD__TOPICS__READ_REPORTS", t.read_reports.clone()),
-        (
-            "READFOLD__TOPICS__CONVERSATION_EVENTS",
-            t.conversation_events.clone(),
-        ),
-        ("READFOLD__TOPICS__READ_CURSORS", t.read_cursors.clone()),
-        ("READFOLD__TOPICS__USER_READ_CURSORS", t.user_read_cursors.clone()),
-        ("READFOLD__TOPICS__MEMBER_STATE", t.member_state.clone()),
-        ("READFOLD__TOPICS__DLQ", t.dlq.clone()),
-        ("READFOLD__REDIS__URL", config.redis.url.clone()),
-        ("READFOLD__REDIS__KEY_PREFIX", config.redis.key_prefix.clone()),
-        ("READFOLD__CQL__ENABLED", "false".into()),
-        ("READFOLD__METRICS__LISTEN", String::new()),
-        ("READFOLD__AUTH__MODE", "none".into()),
-        ("READFOLD__GATEWAY__LISTEN", addr.clone()),
-        (
-            "READFOLD__FLUSH__INTERVAL_MS",
-            config.flush.interval_ms.to_string(),
-        ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v))
-    .collect();
+    let mut vars = config_vars(&config);
+    vars.extend(
+        [
+            ("READFOLD__CQL__ENABLED", "false".to_owned()),
+            ("READFOLD__METRICS__LISTEN", String::new()),
+            ("READFOLD__AUTH__MODE", "none".into()),
+            ("READFOLD__GATEWAY__LISTEN", addr.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
     let _processor = spawn("run", &vars)?;
     let gateway = spawn("gateway", &vars)?;
 
@@ -197,7 +135,7 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss_before = rss_of(gateway.0.id());
+    let rss_before = rss_of(gateway.pid());
 
     // Connect and subscribe every client; each reader task measures.
     let sent: Arc<Mutex<Sent>> = Arc::default();
@@ -260,7 +198,7 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
         }
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let rss_after = rss_of(gateway.0.id());
+    let rss_after = rss_of(gateway.pid());
 
     // Receipts at a fixed rate, each from a member on its own connection.
     measuring.store(true, Ordering::Relaxed);

@@ -3,11 +3,13 @@
 //! what each flush would send to Redis and CQL. [`restore`] and
 //! [`pipeline`] measure against the configured services.
 
+mod child;
 mod gateway;
 mod pipeline;
 mod replay;
 mod restore;
 mod serve;
+mod throughput;
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -20,6 +22,7 @@ pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
 pub use replay::{print_replay, replay, ReplayRow};
 pub use restore::{print_restore, restore, RestoreFigures};
 pub use serve::{print_serve, serve, ServeRow};
+pub use throughput::{print_throughput, throughput, ThroughputFigures, ThroughputRow};
 
 /// `config` on topics, a group, a Redis key prefix and a CQL keyspace of
 /// their own, named `readfold.bench-<tag>-<ms>`, so that a bench run

@@ -14,6 +14,7 @@ use readfold_replay::source::{sources, KafkaInputs, Polled};
 use readfold_replay::{Format, ProgressMode, ReplayOptions, TableKind};
 use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
 
+use super::child::cpu_secs_of;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -53,19 +54,19 @@ pub async fn replay(config: &Config, records: u64) -> Result<Vec<ReplayRow>> {
 }
 
 fn timed(what: &'static str, f: impl FnOnce() -> Result<u64>) -> Result<ReplayRow> {
-    let (cpu, started) = (cpu_secs(), Instant::now());
+    let (cpu, started) = (cpu_secs_of("self"), Instant::now());
     let records = f()?;
     Ok(ReplayRow {
         what,
         records,
         secs: started.elapsed().as_secs_f64(),
-        cpu_secs: cpu_secs() - cpu,
+        cpu_secs: cpu_secs_of("self") - cpu,
     })
 }
 
 /// Every record of both topics through replay's own consumer and partition
 /// queues, without decoding: what the broker and librdkafka allow here.
-fn raw_read(config: &Config) -> Result<u64> {
+pub(super) fn raw_read(config: &Config) -> Result<u64> {
     let fail = |e: readfold_replay::Error| Error::Run(format!("raw read: {e}"));
     let mut inputs = KafkaInputs::open(&config.kafka, &sources(&config.topics, false), &[]).map_err(fail)?;
     let n = inputs.partitions().len();
@@ -118,7 +119,8 @@ fn replay_once(config: &Config, table: TableKind) -> Result<u64> {
 
 /// 20 groups of 200 members and 20,000 1:1 chats; a third of the records go
 /// to the groups. Each chat's messages and reports move forward together.
-async fn produce(producer: &InputProducer, records: u64) -> Result<()> {
+/// Returns how many reports and events it produced.
+pub(super) async fn produce(producer: &InputProducer, records: u64) -> Result<(u64, u64)> {
     const GROUPS: u64 = 20;
     const GROUP_MEMBERS: u64 = 200;
     const DIRECT: u64 = 20_000;
@@ -132,6 +134,7 @@ async fn produce(producer: &InputProducer, records: u64) -> Result<()> {
     };
     let now = now_ms();
     let (mut reports, mut events) = (Vec::new(), Vec::new());
+    let (mut report_count, mut event_count) = (0, 0);
     for i in 0..records {
         let r = next();
         let chat = if r % 3 == 0 {
@@ -163,33 +166,24 @@ async fn produce(producer: &InputProducer, records: u64) -> Result<()> {
             });
         }
         if reports.len() + events.len() >= 20_000 {
+            report_count += reports.len() as u64;
+            event_count += events.len() as u64;
             producer.send_many(&reports, &events).await?;
             reports.clear();
             events.clear();
         }
     }
     producer.send_many(&reports, &events).await?;
-    Ok(())
+    Ok((
+        report_count + reports.len() as u64,
+        event_count + events.len() as u64,
+    ))
 }
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// CPU seconds (user + system) this process used so far.
-fn cpu_secs() -> f64 {
-    // /proc/self/stat fields 14 and 15: utime and stime in clock ticks.
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.to_owned();
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-            Some(ticks / 100.0)
-        })
-        .unwrap_or(0.0)
 }
 
 pub fn print_replay(rows: &[ReplayRow]) {

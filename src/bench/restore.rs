@@ -86,12 +86,12 @@ pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
     // The reader (and its consumer's fetch buffers) is dropped inside the
     // task, so the growth measured after it is mostly the state itself.
     let (state, stats) = tokio::task::spawn_blocking(move || {
-        let mut state = readfold_core::fold::PartitionState::new();
+        let mut states = std::collections::BTreeMap::from([(0, readfold_core::fold::PartitionState::new())]);
         let mut stats = RestoreStats::default();
         let started = std::time::Instant::now();
-        reader.restore_into(0, &mut state, &mut stats)?;
+        reader.restore_into(&[0], &mut states, &mut stats)?;
         stats.elapsed = started.elapsed();
-        Ok::<_, readfold_kafka::Error>((state, stats))
+        Ok::<_, readfold_kafka::Error>((states.remove(&0).unwrap_or_default(), stats))
     })
     .await??;
     let grown = resident_bytes().saturating_sub(before);

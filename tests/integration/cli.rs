@@ -143,11 +143,13 @@ async fn sigterm_publishes_what_was_folded_and_exits_within_the_bound() {
         feed.report(report("G", &format!("u{u}"), 5)).await;
     }
     let addr = free_local_addr();
-    // No interval flush and no early flush: only the stop can publish.
+    // Flushes linger for ten minutes and no snapshot is due: only the stop
+    // can publish.
     let mut processor = env.spawn_with(
         "a",
         &[
             ("READFOLD__METRICS__LISTEN", addr.as_str()),
+            ("READFOLD__FLUSH__LINGER_MS", "600000"),
             ("READFOLD__FLUSH__INTERVAL_MS", "600000"),
             ("READFOLD__SNAPSHOT__INTERVAL_MS", "600000"),
             ("READFOLD__SHUTDOWN__TIMEOUT_MS", "20000"),

@@ -62,3 +62,34 @@ async fn a_leaving_member_becomes_a_tombstone() {
     assert_eq!(log.read_count("G", 1, "A"), 0);
     processor.kill();
 }
+
+/// Flushes follow the load, not a clock: with the interval tick ten minutes
+/// away, every report still reaches the changelog, flush after flush, while
+/// new input keeps arriving during each flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushes_follow_the_load_without_waiting_for_the_interval() {
+    let env = TestEnv::new("follow-load", 2).await;
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__FLUSH__INTERVAL_MS", "600000"),
+            ("READFOLD__SNAPSHOT__INTERVAL_MS", "600000"),
+        ],
+    );
+    let mut reference = Reference::default();
+    for round in 1..=5i64 {
+        let mut feed = env.feed(&mut reference);
+        for u in 0..50 {
+            feed.report(report(&format!("c{}", u % 7), &format!("u{u}"), round))
+                .await;
+        }
+        let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+        assert_matches(&log, &reference);
+        assert!(log.regressions().is_empty(), "{:?}", log.regressions());
+    }
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "graceful stop: {}",
+        processor.log_text()
+    );
+}

@@ -1,10 +1,12 @@
 //! Flush planning, pure: what one flush publishes, computed from the state of
 //! the assigned partitions, and what it leaves behind once it committed.
 //!
-//! A flush takes the current value of every dirty key, so a failed flush is
-//! simply planned again later, with values at least as new; nothing is
-//! dropped and state never rewinds. The processor executes the plan: the
-//! stores first (idempotent max-merges), then one Kafka transaction.
+//! A flush takes the current value of every dirty key out of the state, so
+//! that folding goes on while the plan is written. A failed flush gives its
+//! keys back ([`failed`]), and the next one publishes their then current
+//! values, at least as new; nothing is dropped and state never rewinds. The
+//! processor executes the plan: the stores first (idempotent max-merges),
+//! then one Kafka transaction.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -76,9 +78,13 @@ pub struct FlushPlan<D> {
     /// part of a key's state (a private change) that CQL has not seen.
     /// `None` when no snapshot is due.
     pub snapshot: Option<Vec<Change>>,
-    pub dead_letters: Vec<D>,
+    /// Rejected records, with their input partition.
+    pub dead_letters: Vec<(i32, D)>,
     /// (input, partition, next offset) to commit with the transaction.
     pub offsets: Vec<(InputKind, i32, i64)>,
+    /// The keys a snapshot took from each partition's `unsnapshotted`,
+    /// given back if the flush fails.
+    pub unsnapshotted: Vec<(i32, HashSet<CursorKey>)>,
 }
 
 impl<D> FlushPlan<D> {
@@ -98,61 +104,99 @@ impl<D> FlushPlan<D> {
     }
 }
 
-/// Plans a flush of every partition with work; with `snapshot_due`, also
-/// of every partition with keys not yet snapshotted.
-pub fn plan<D: Clone>(slots: &BTreeMap<i32, PartitionSlot<D>>, snapshot_due: bool) -> FlushPlan<D> {
+/// Begins a flush of every partition with work (with `snapshot_due`, also
+/// of every partition with keys not yet snapshotted): takes the pending
+/// changes, dead letters and offsets out of the slots into the plan, so
+/// that what is folded while the plan is written waits for the next flush.
+/// Settle the plan with [`committed`] or [`failed`].
+pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, snapshot_due: bool) -> FlushPlan<D> {
     let mut plan = FlushPlan {
         partitions: Vec::new(),
         changes: Vec::new(),
         snapshot: snapshot_due.then(Vec::new),
         dead_letters: Vec::new(),
         offsets: Vec::new(),
+        unsnapshotted: Vec::new(),
     };
-    for (&partition, slot) in slots {
+    for (&partition, slot) in slots.iter_mut() {
         let snapshot_work = snapshot_due && !slot.unsnapshotted.is_empty();
         if !slot.has_work() && !snapshot_work {
             continue;
         }
         plan.partitions.push(partition);
-        plan.changes.extend(
-            slot.state
-                .pending_changes()
-                .into_iter()
-                .map(|change| (partition, change)),
-        );
         if let Some(snapshot) = &mut plan.snapshot {
             let dirty = slot.state.dirty_keys();
             let earlier = slot.unsnapshotted.iter().filter(|k| !slot.state.is_dirty(k));
             snapshot.extend(dirty.chain(earlier).filter_map(|k| slot.state.current(k)));
+            plan.unsnapshotted
+                .push((partition, std::mem::take(&mut slot.unsnapshotted)));
         }
-        plan.dead_letters.extend(slot.dead_letters.iter().cloned());
+        plan.changes
+            .extend(slot.state.drain().into_iter().map(|change| (partition, change)));
+        plan.dead_letters
+            .extend(slot.dead_letters.drain(..).map(|d| (partition, d)));
         plan.offsets.extend(
-            slot.offsets
-                .iter()
-                .map(|(&kind, &offset)| (kind, partition, offset)),
+            std::mem::take(&mut slot.offsets)
+                .into_iter()
+                .map(|(kind, offset)| (kind, partition, offset)),
         );
     }
     plan
 }
 
-/// After every store and the transaction acknowledged the plan: forget
-/// what it published. With `track_snapshots` (CQL on) and no snapshot in
-/// this flush, the published keys are remembered for the next snapshot.
+/// After every store and the transaction acknowledged the plan. With
+/// `track_snapshots` (CQL on) and no snapshot in this flush, the published
+/// keys are remembered for the next snapshot.
 pub fn committed<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, plan: &FlushPlan<D>, track_snapshots: bool) {
-    let snapshot_taken = plan.snapshot.is_some();
-    for partition in &plan.partitions {
-        let Some(slot) = slots.get_mut(partition) else {
-            continue;
-        };
-        if track_snapshots && !snapshot_taken {
-            let dirty: Vec<CursorKey> = slot.state.dirty_keys().cloned().collect();
-            slot.unsnapshotted.extend(dirty);
-        } else {
-            slot.unsnapshotted.clear();
+    if !track_snapshots || plan.snapshot.is_some() {
+        return;
+    }
+    for (partition, change) in &plan.changes {
+        if let Some(slot) = slots.get_mut(partition) {
+            slot.unsnapshotted.insert(change.key.clone());
         }
-        slot.state.mark_flushed();
-        slot.offsets.clear();
-        slot.dead_letters.clear();
+    }
+}
+
+/// The plan was not (wholly) acknowledged: its keys are dirty again and its
+/// snapshot backlog is given back. With `same_assignment` (no rebalance
+/// since [`begin`]), so are its dead letters (ahead of newer ones) and its
+/// offsets, unless newer input has moved them on; after a revoke the input
+/// will be delivered again, as [`PartitionSlot::forget_uncommitted`] says.
+pub fn failed<D: Clone>(
+    slots: &mut BTreeMap<i32, PartitionSlot<D>>,
+    plan: &FlushPlan<D>,
+    same_assignment: bool,
+) {
+    for (partition, change) in &plan.changes {
+        if let Some(slot) = slots.get_mut(partition) {
+            slot.state.redirty(&change.key, change.outputs);
+        }
+    }
+    for (partition, keys) in &plan.unsnapshotted {
+        if let Some(slot) = slots.get_mut(partition) {
+            slot.unsnapshotted.extend(keys.iter().cloned());
+        }
+    }
+    if !same_assignment {
+        return;
+    }
+    for &(kind, partition, offset) in &plan.offsets {
+        if let Some(slot) = slots.get_mut(&partition) {
+            slot.offsets.entry(kind).or_insert(offset);
+        }
+    }
+    for (partition, slot) in slots.iter_mut() {
+        let older: Vec<D> = plan
+            .dead_letters
+            .iter()
+            .filter(|(p, _)| p == partition)
+            .map(|(_, d)| d.clone())
+            .collect();
+        if !older.is_empty() {
+            let newer = std::mem::replace(&mut slot.dead_letters, older);
+            slot.dead_letters.extend(newer);
+        }
     }
 }
 
@@ -369,45 +413,89 @@ mod tests {
         ]);
         slots.get_mut(&1).unwrap().dead_letters.push("bad");
         slots.insert(2, PartitionSlot::restored(PartitionState::new(), true));
-        let plan = plan(&slots, false);
+        let plan = begin(&mut slots, false);
         assert_eq!(plan.partitions, [0, 1], "partition 2 has nothing to do");
         assert_eq!(plan.changes.len(), 3);
-        assert_eq!(plan.dead_letters, ["bad"]);
+        assert_eq!(plan.dead_letters, [(1, "bad")]);
         assert_eq!(
             plan.offsets,
             [(InputKind::ReadReports, 0, 11), (InputKind::ReadReports, 1, 11)]
         );
         assert!(plan.snapshot.is_none());
         assert!(plan.needs_transaction());
+        assert!(
+            slots.values().all(|s| !s.has_work()),
+            "the plan took the work out of the slots"
+        );
+        assert!(begin(&mut slots, false).is_empty());
     }
 
     #[test]
-    fn a_failed_flush_is_planned_again_with_newer_values() {
+    fn a_failed_flush_gives_its_work_back_and_is_planned_again_with_newer_values() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3)), (0, report("C", "v", 1))]);
+        slots.get_mut(&0).unwrap().dead_letters.push("first");
+        let first = begin(&mut slots, false);
+        // In flight; more input arrives, for one of the keys.
+        let slot = slots.get_mut(&0).unwrap();
+        slot.state.apply_report(&report("C", "u", 7));
+        slot.processed(InputKind::ReadReports, 20);
+        slot.dead_letters.push("second");
+        failed(&mut slots, &first, true);
+        let slot = &slots[&0];
+        assert_eq!(slot.state.dirty_len(), 2, "both keys are dirty again");
+        assert_eq!(slot.dead_letters, ["first", "second"], "in input order");
+        assert_eq!(
+            slot.offsets[&InputKind::ReadReports],
+            21,
+            "newer input moved the offset on"
+        );
+        let second = begin(&mut slots, false);
+        let mut changes = second.changes.clone();
+        changes.sort_by(|a, b| a.1.key.user_id.cmp(&b.1.key.user_id));
+        assert_eq!(changes, [(0, up("C", "u", 7, 0)), (0, up("C", "v", 1, 0))]);
+    }
+
+    #[test]
+    fn a_failed_flush_keeps_its_offset_when_nothing_newer_arrived() {
         let mut slots = slots_with(&[(0, report("C", "u", 3))]);
-        let first = plan(&slots, false);
-        // Not committed; more input arrives.
-        slots
-            .get_mut(&0)
-            .unwrap()
-            .state
-            .apply_report(&report("C", "u", 7));
-        let second = plan(&slots, false);
-        assert_eq!(first.changes, [(0, up("C", "u", 3, 0))]);
-        assert_eq!(second.changes, [(0, up("C", "u", 7, 0))]);
+        let first = begin(&mut slots, false);
+        failed(&mut slots, &first, true);
+        assert_eq!(slots[&0].offsets[&InputKind::ReadReports], 11);
+    }
+
+    #[test]
+    fn after_a_rebalance_a_failed_flush_gives_back_state_but_not_input_progress() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3))]);
+        slots.get_mut(&0).unwrap().dead_letters.push("bad");
+        let first = begin(&mut slots, false);
+        slots.get_mut(&0).unwrap().forget_uncommitted();
+        failed(&mut slots, &first, false);
+        let slot = &slots[&0];
+        assert_eq!(slot.state.dirty_len(), 1, "the fold is idempotent: state stays");
+        assert!(slot.offsets.is_empty() && slot.dead_letters.is_empty());
+    }
+
+    #[test]
+    fn a_failed_flush_skips_partitions_no_longer_held() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3))]);
+        let first = begin(&mut slots, false);
+        slots.clear();
+        failed(&mut slots, &first, true);
+        assert!(slots.is_empty());
     }
 
     #[test]
     fn commit_clears_work_and_tracks_keys_until_the_next_snapshot() {
         let mut slots = slots_with(&[(0, report("C", "u", 3))]);
         slots.get_mut(&0).unwrap().unsnapshotted.clear();
-        let p = plan(&slots, false);
+        let p = begin(&mut slots, false);
         committed(&mut slots, &p, true);
         let slot = &slots[&0];
         assert!(!slot.has_work());
         assert_eq!(slot.unsnapshotted.len(), 1, "published, not yet in CQL");
 
         // The snapshot tick writes the backlog although nothing is dirty.
-        let snap = plan(&slots, true);
+        let snap = begin(&mut slots, true);
         assert_eq!(snap.partitions, [0]);
         assert!(snap.changes.is_empty());
         assert_eq!(snap.snapshot.as_ref().unwrap().len(), 1);
@@ -418,7 +506,20 @@ mod tests {
         assert_eq!(snap.snapshot_changes().count(), 1);
         committed(&mut slots, &snap, true);
         assert!(slots[&0].unsnapshotted.is_empty());
-        assert!(plan(&slots, true).is_empty());
+        assert!(begin(&mut slots, true).is_empty());
+    }
+
+    #[test]
+    fn a_failed_snapshot_gives_its_backlog_back() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3))]);
+        slots.get_mut(&0).unwrap().unsnapshotted.clear();
+        let p = begin(&mut slots, false);
+        committed(&mut slots, &p, true);
+        let snap = begin(&mut slots, true);
+        assert!(slots[&0].unsnapshotted.is_empty(), "taken by the snapshot");
+        failed(&mut slots, &snap, true);
+        assert_eq!(slots[&0].unsnapshotted.len(), 1);
+        assert_eq!(begin(&mut slots, true).snapshot_changes().count(), 1);
     }
 
     #[test]
@@ -427,21 +528,21 @@ mod tests {
         // one in the snapshot's own flush: CQL must get both.
         let mut slots = slots_with(&[(0, report("C", "u", 1))]);
         slots.get_mut(&0).unwrap().unsnapshotted.clear();
-        let p = plan(&slots, false);
+        let p = begin(&mut slots, false);
         committed(&mut slots, &p, true);
         let private = ReadReport {
             private: true,
             ..report("C", "u", 5)
         };
         slots.get_mut(&0).unwrap().state.apply_report(&private);
-        let p = plan(&slots, false);
+        let p = begin(&mut slots, false);
         committed(&mut slots, &p, true);
         slots
             .get_mut(&0)
             .unwrap()
             .state
             .apply_report(&report("C", "u", 2));
-        let snap = plan(&slots, true);
+        let snap = begin(&mut slots, true);
         assert!(
             !snap.changes[0].1.outputs.state,
             "the dirty change itself is public only"
@@ -459,7 +560,7 @@ mod tests {
     fn without_snapshots_nothing_is_tracked() {
         let mut slots = slots_with(&[(0, report("C", "u", 3))]);
         slots.get_mut(&0).unwrap().unsnapshotted.clear();
-        let p = plan(&slots, false);
+        let p = begin(&mut slots, false);
         committed(&mut slots, &p, false);
         assert!(slots[&0].unsnapshotted.is_empty());
     }

@@ -5,6 +5,7 @@
 //! Every record goes through the one decoder, `readfold_wire::changelog`.
 //! Blocking; call from a blocking thread.
 
+use std::collections::BTreeMap;
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
@@ -59,15 +60,28 @@ impl Restorer {
 
     /// `partition`'s state as the committed changelogs hold it.
     pub fn restore(&self, partition: i32) -> Result<(PartitionState, RestoreStats)> {
-        let started = Instant::now();
-        let mut state = PartitionState::new();
-        let mut stats = RestoreStats::default();
-        self.public.restore_into(partition, &mut state, &mut stats)?;
-        self.member_state
-            .restore_into(partition, &mut state, &mut stats)?;
-        stats.cursors = state.cursor_count();
-        stats.elapsed = started.elapsed();
+        let (mut states, stats) = self.restore_many(&[partition])?;
+        let state = states.remove(&partition).unwrap_or_default();
         Ok((state, stats))
+    }
+
+    /// The states of `partitions`, in one read of each changelog with all
+    /// of them assigned at once: a rebalance that hands over several
+    /// partitions pays each topic's round trips once, not per partition.
+    pub fn restore_many(&self, partitions: &[i32]) -> Result<(BTreeMap<i32, PartitionState>, RestoreStats)> {
+        let started = Instant::now();
+        let mut states: BTreeMap<i32, PartitionState> =
+            partitions.iter().map(|&p| (p, PartitionState::new())).collect();
+        let mut stats = RestoreStats::default();
+        if partitions.is_empty() {
+            return Ok((states, stats));
+        }
+        self.public.restore_into(partitions, &mut states, &mut stats)?;
+        self.member_state
+            .restore_into(partitions, &mut states, &mut stats)?;
+        stats.cursors = states.values().map(PartitionState::cursor_count).sum();
+        stats.elapsed = started.elapsed();
+        Ok((states, stats))
     }
 }
 
@@ -102,19 +116,19 @@ impl ChangelogReader {
         &self.topic
     }
 
-    /// Applies `partition` of this changelog, from the beginning up to its
-    /// end (the last stable offset, since this reader is read_committed), to
-    /// `state`.
+    /// Applies `partitions` of this changelog, from the beginning up to
+    /// their end (the last stable offset, since this reader is
+    /// read_committed), each to its own state in `states`.
     pub fn restore_into(
         &self,
-        partition: i32,
-        state: &mut PartitionState,
+        partitions: &[i32],
+        states: &mut BTreeMap<i32, PartitionState>,
         stats: &mut RestoreStats,
     ) -> Result<()> {
-        stats.records += self.read_partitions(Some(&[partition]), |_, entry| {
-            match entry {
-                Some(entry) => entry.restore_into(state),
-                None => stats.skipped += 1,
+        stats.records += self.read_partitions(Some(partitions), |partition, entry| {
+            match (entry, states.get_mut(&partition)) {
+                (Some(entry), Some(state)) => entry.restore_into(state),
+                _ => stats.skipped += 1,
             }
             ControlFlow::Continue(())
         })?;
@@ -161,6 +175,10 @@ impl ChangelogReader {
         partitions: Option<&[i32]>,
         mut each: impl FnMut(i32, Option<ChangelogEntry>) -> ControlFlow<()>,
     ) -> Result<u64> {
+        // Know the leaders before assigning: a consumer that learns them
+        // only after the assignment waits out an offset-query timer (about
+        // 500 ms) before its first fetch.
+        self.reader.partitions(&self.topic)?;
         let assigned = self.reader.assign_from_beginning(&self.topic, partitions)?;
         let result = self.reader.read(
             &self.topic,

@@ -15,6 +15,7 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields)]
 pub struct FlushConfig {
     pub interval_ms: u64,
+    pub linger_ms: u64,
     pub max_dirty: usize,
 }
 
@@ -42,6 +43,10 @@ impl FlushConfig {
 
     pub fn interval(&self) -> Duration {
         Duration::from_millis(self.interval_ms)
+    }
+
+    pub fn linger(&self) -> Duration {
+        Duration::from_millis(self.linger_ms)
     }
 }
 

@@ -1,62 +1,160 @@
 //! Flush execution: carries out the pure [`readfold_core::flush`] plan.
 //! The stores first (idempotent max-merges, so writing them again on retry
 //! changes nothing), then one Kafka transaction; if anything fails, nothing
-//! is committed and the same plan, with newer values, runs again later.
+//! is committed and the plan's keys wait for the next flush, with newer
+//! values.
+//!
+//! One flush is in flight at a time, on a task of its own, while the run
+//! loop goes on folding: what arrives meanwhile goes into the next flush,
+//! which starts as soon as this one settles. So flushes follow the load:
+//! under a light one a change is published within `flush.linger_ms` plus
+//! one flush; under a heavy one each flush carries what arrived during the
+//! last.
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::{Offset, TopicPartitionList};
 use readfold_core::flush::{
     self, group_by_conversation, group_by_user, ConversationBatch, FlushPlan, UserBatch,
 };
 use readfold_core::fold::InputKind;
+use readfold_kafka::TopicsConfig;
+use readfold_store::cql::CqlStore;
+use readfold_store::redis::RedisStore;
 use readfold_store::CursorStore;
 use readfold_wire::changelog::changelog_records;
-use readfold_wire::OutRecord;
+use readfold_wire::{OutRecord, OutputTopics};
+use tokio::task::JoinHandle;
 
 use crate::error::Result;
+use crate::transaction::Transactions;
 use crate::{telemetry, Processor};
 
+/// A flush on its way to the stores and the broker.
+pub(crate) struct InFlight {
+    task: JoinHandle<Result<()>>,
+    plan: Arc<FlushPlan<OutRecord>>,
+    /// The assignment generation it began in.
+    generation: u64,
+    started: Instant,
+}
+
+impl InFlight {
+    /// Waits for the flush's writes and transaction.
+    pub(crate) async fn done(&mut self) -> Result<()> {
+        (&mut self.task).await?
+    }
+}
+
+/// What a flush task needs, cloned from the processor.
+struct Writer {
+    redis: Option<Arc<RedisStore>>,
+    cql: Option<Arc<CqlStore>>,
+    transactions: Transactions,
+    out: OutputTopics,
+    topics: TopicsConfig,
+}
+
 impl Processor {
-    /// Publishes every partition's pending changes, dead letters and input
-    /// offsets; on snapshot ticks, also to CQL.
-    pub(crate) async fn flush(&mut self) -> Result<()> {
+    /// Whether any partition has something for the next flush.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.partitions.slots.values().any(|s| s.has_work())
+    }
+
+    /// Starts a flush of every partition's pending changes, dead letters
+    /// and input offsets, and on snapshot ticks also of the CQL backlog.
+    /// Call only with no flush in flight.
+    pub(crate) fn start_flush(&mut self) {
+        debug_assert!(self.in_flight.is_none(), "one flush at a time");
+        self.flush_at = None;
         let snapshot_due = self.cql.is_some() && Instant::now() >= self.next_snapshot;
-        let plan = flush::plan(&self.partitions.slots, snapshot_due);
         telemetry::dirty_keys(self.partitions.dirty_len());
         telemetry::cursors_held(self.partitions.cursor_count());
+        let plan = flush::begin(&mut self.partitions.slots, snapshot_due);
         if plan.is_empty() {
             if snapshot_due {
                 self.next_snapshot = Instant::now() + self.snapshot_interval;
             }
-            return Ok(());
+            return;
         }
-        let started = Instant::now();
-        if let Err(e) = self.execute(&plan).await {
-            telemetry::flush_failed(started.elapsed());
-            return Err(e);
-        }
-        flush::committed(&mut self.partitions.slots, &plan, self.cql.is_some());
-        if snapshot_due {
-            self.next_snapshot = Instant::now() + self.snapshot_interval;
-        }
-        telemetry::flush_committed(started.elapsed(), plan.changes.len(), plan.dead_letters.len());
-        telemetry::dirty_keys(self.partitions.dirty_len());
-        tracing::debug!(
-            changes = plan.changes.len(),
-            dead_letters = plan.dead_letters.len(),
-            snapshot = snapshot_due,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "flush committed"
-        );
-        Ok(())
+        let writer = Writer {
+            redis: self.redis.clone(),
+            cql: self.cql.clone(),
+            transactions: self.transactions.clone(),
+            out: self.out.clone(),
+            topics: self.settings.topics.clone(),
+        };
+        let group = rdkafka::consumer::Consumer::group_metadata(&self.consumer);
+        let plan = Arc::new(plan);
+        self.in_flight = Some(InFlight {
+            task: tokio::spawn(writer.write(Arc::clone(&plan), group)),
+            plan,
+            generation: self.partitions.generation,
+            started: Instant::now(),
+        });
     }
 
-    async fn execute(&self, plan: &FlushPlan<OutRecord>) -> Result<()> {
+    /// Settles the flush that was in flight with its outcome: on success
+    /// its keys are done (and remembered for the next snapshot); on failure
+    /// they are dirty again.
+    pub(crate) fn settle(&mut self, flight: InFlight, outcome: Result<()>) -> Result<()> {
+        let elapsed = flight.started.elapsed();
+        let plan = &flight.plan;
+        match outcome {
+            Ok(()) => {
+                flush::committed(&mut self.partitions.slots, plan, self.cql.is_some());
+                if plan.snapshot.is_some() {
+                    self.next_snapshot = Instant::now() + self.snapshot_interval;
+                }
+                telemetry::flush_committed(elapsed, plan.changes.len(), plan.dead_letters.len());
+                telemetry::dirty_keys(self.partitions.dirty_len());
+                tracing::debug!(
+                    changes = plan.changes.len(),
+                    dead_letters = plan.dead_letters.len(),
+                    snapshot = plan.snapshot.is_some(),
+                    elapsed_ms = elapsed.as_millis() as u64,
+                    "flush committed"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                telemetry::flush_failed(elapsed);
+                let same_assignment = flight.generation == self.partitions.generation;
+                flush::failed(&mut self.partitions.slots, plan, same_assignment);
+                Err(e)
+            }
+        }
+    }
+
+    /// Waits for the flush in flight, if any, and settles it.
+    pub(crate) async fn finish_flush(&mut self) -> Result<()> {
+        let Some(mut flight) = self.in_flight.take() else {
+            return Ok(());
+        };
+        let outcome = flight.done().await;
+        self.settle(flight, outcome)
+    }
+
+    /// Flushes everything pending and waits for it: for shutdown.
+    pub(crate) async fn flush_now(&mut self) -> Result<()> {
+        self.finish_flush().await?;
+        self.start_flush();
+        self.finish_flush().await
+    }
+}
+
+impl Writer {
+    async fn write(
+        self,
+        plan: Arc<FlushPlan<OutRecord>>,
+        group: Option<ConsumerGroupMetadata>,
+    ) -> Result<()> {
         if let Some(redis) = &self.redis {
             let changes = || plan.changes.iter().map(|(_, c)| c);
             timed_write(
-                redis,
+                redis.as_ref(),
                 &group_by_conversation(changes()),
                 &group_by_user(changes()),
             )
@@ -64,7 +162,12 @@ impl Processor {
         }
         if let (Some(_), Some(cql)) = (&plan.snapshot, &self.cql) {
             let changes = || plan.snapshot_changes();
-            timed_write(cql, &group_by_conversation(changes()), &group_by_user(changes())).await?;
+            timed_write(
+                cql.as_ref(),
+                &group_by_conversation(changes()),
+                &group_by_user(changes()),
+            )
+            .await?;
         }
         // A snapshot-only flush has nothing for Kafka: no transaction.
         if !plan.needs_transaction() {
@@ -74,16 +177,15 @@ impl Processor {
         for (partition, change) in &plan.changes {
             records.extend(changelog_records(change, *partition, &self.out));
         }
-        records.extend(plan.dead_letters.iter().cloned());
+        records.extend(plan.dead_letters.iter().map(|(_, d)| d.clone()));
         let mut offsets = TopicPartitionList::new();
         for &(kind, partition, offset) in &plan.offsets {
             let topic = match kind {
-                InputKind::ReadReports => &self.settings.topics.read_reports,
-                InputKind::ConversationEvents => &self.settings.topics.conversation_events,
+                InputKind::ReadReports => &self.topics.read_reports,
+                InputKind::ConversationEvents => &self.topics.conversation_events,
             };
             offsets.add_partition_offset(topic, partition, Offset::Offset(offset))?;
         }
-        let group = rdkafka::consumer::Consumer::group_metadata(&self.consumer);
         self.transactions.commit(records, offsets, group).await
     }
 }

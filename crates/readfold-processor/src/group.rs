@@ -106,6 +106,12 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         // Range puts partition p of both inputs on one member; see topology.md.
         .set("partition.assignment.strategy", "range")
         .set("statistics.interval.ms", "5000")
+        // Once a partition's local queue passes queued.min.messages,
+        // librdkafka waits fetch.queue.backoff.ms (1 s by default) before
+        // it fetches that partition again: a processor catching up then
+        // idles between bursts. Fetch again as soon as there is room.
+        .set("fetch.queue.backoff.ms", "10")
+        .set("max.partition.fetch.bytes", "10485760")
         .create_with_context(context)?;
     Ok((consumer, GroupEvents(events)))
 }

@@ -4,7 +4,8 @@
 //!
 //! - [`group`]: the consumer and its rebalance events.
 //! - [`partitions`]: the assigned partitions' state.
-//! - `flush`: executing the pure flush plan of `readfold_core::flush`.
+//! - `flush`: executing the pure flush plan of `readfold_core::flush`, one
+//!   flush in flight at a time while folding goes on.
 //! - [`transaction`]: the transactional producer, on a blocking thread.
 
 pub mod config;
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::TopicPartitionList;
 use readfold_core::backoff::{self, Backoff};
 use readfold_core::flush::over_bound;
 use readfold_core::fold::InputKind;
@@ -37,6 +39,7 @@ use tokio::sync::watch;
 pub use config::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig};
 pub use error::{Error, Result};
 
+use flush::InFlight;
 use group::{GroupConsumer, GroupEvents};
 use partitions::{Partitions, Slot};
 use transaction::Transactions;
@@ -50,8 +53,12 @@ pub struct Processor {
     events: GroupEvents,
     transactions: Transactions,
     restorer: Arc<Restorer>,
-    redis: Option<RedisStore>,
-    cql: Option<CqlStore>,
+    redis: Option<Arc<RedisStore>>,
+    cql: Option<Arc<CqlStore>>,
+    in_flight: Option<InFlight>,
+    /// When the next flush starts, if none is in flight (`flush.linger_ms`
+    /// after the first change that waits for it).
+    flush_at: Option<Instant>,
     snapshot_interval: Duration,
     next_snapshot: Instant,
     partitions: Partitions,
@@ -59,6 +66,8 @@ pub struct Processor {
     retry: Backoff,
     /// Producer recoveries since the last committed flush.
     recoveries: u32,
+    /// Partitions the last assignment brought that have no state yet.
+    to_restore: Vec<i32>,
 }
 
 /// How many times in a row the processor starts over with a new
@@ -76,14 +85,14 @@ impl Processor {
         let redis = if settings.redis.enabled {
             let store = connect_with_retry("redis", || RedisStore::connect_writer(&settings.redis)).await?;
             tracing::info!(url = %settings.redis.url, "redis store ready");
-            Some(store)
+            Some(Arc::new(store))
         } else {
             None
         };
         let cql = if settings.cql.enabled {
             let store = connect_with_retry("cql", || CqlStore::connect_writer(&settings.cql)).await?;
             tracing::info!(contact_points = %settings.cql.contact_points, keyspace = %settings.cql.keyspace, "cql store ready");
-            Some(store)
+            Some(Arc::new(store))
         } else {
             None
         };
@@ -98,10 +107,13 @@ impl Processor {
             restorer: Arc::new(restorer),
             redis,
             cql,
+            in_flight: None,
+            flush_at: None,
             partitions: Partitions::default(),
             paused: false,
             retry: Backoff::new(),
             recoveries: 0,
+            to_restore: Vec::new(),
             settings,
         })
     }
@@ -117,30 +129,54 @@ impl Processor {
         tracing::info!(group = %self.settings.kafka.group_id, ?topics, "subscribed");
         let mut tick = tokio::time::interval(self.settings.flush.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let linger = self.settings.flush.linger();
         enum Step {
             Shutdown,
             Tick,
+            Linger,
+            Flushed(Result<()>),
             Message(std::result::Result<OwnedMessage, KafkaError>),
         }
         loop {
             if *shutdown.borrow() {
                 break;
             }
+            let (consumer, in_flight) = (&self.consumer, &mut self.in_flight);
+            let linger_until = self.flush_at.map(tokio::time::Instant::from_std);
             let step = tokio::select! {
                 _ = shutdown.changed() => Step::Shutdown,
+                outcome = async { in_flight.as_mut().expect("guarded").done().await }, if in_flight.is_some() => Step::Flushed(outcome),
                 _ = tick.tick() => Step::Tick,
-                m = self.consumer.recv() => Step::Message(m.map(|m| m.detach())),
+                _ = tokio::time::sleep_until(linger_until.unwrap_or_else(tokio::time::Instant::now)), if linger_until.is_some() && in_flight.is_none() => Step::Linger,
+                m = consumer.recv() => Step::Message(m.map(|m| m.detach())),
             };
             // Rebalance callbacks ran inside recv(); apply them before
             // touching any partition's state.
             self.apply_group_events();
+            self.restore_assigned().await?;
             match step {
                 Step::Shutdown => break,
-                Step::Tick => self.flush_when_due().await?,
+                Step::Flushed(outcome) => {
+                    let flight = self.in_flight.take().expect("a flush was in flight");
+                    let outcome = self.settle(flight, outcome);
+                    self.flush_settled(outcome).await?;
+                    // Whatever arrived during that flush goes out now.
+                    if self.has_pending() {
+                        self.flush_when_due();
+                    }
+                }
+                Step::Linger => self.flush_when_due(),
+                // A lingering flush starts on its own; the tick retries a
+                // failed one and takes snapshots when nothing else flushes.
+                Step::Tick if self.flush_at.is_none() => self.flush_when_due(),
+                Step::Tick => {}
                 Step::Message(Ok(message)) => {
                     self.process(message).await?;
-                    if self.partitions.dirty_len() >= self.settings.flush.max_dirty {
-                        self.flush_when_due().await?;
+                    if self.in_flight.is_none() && self.flush_at.is_none() {
+                        self.flush_at = Some(Instant::now() + linger);
+                    }
+                    if self.in_flight.is_some() {
+                        self.apply_backpressure()?;
                     }
                 }
                 Step::Message(Err(e)) => {
@@ -152,12 +188,15 @@ impl Processor {
             }
         }
         tracing::info!("shutting down: final flush");
+        if let Err(e) = self.finish_flush().await {
+            tracing::warn!(error = %e, "the flush in flight failed; its changes go into the final flush");
+        }
         self.apply_group_events();
         // Leave CQL as current as the changelog.
         self.next_snapshot = Instant::now();
         if !self.partitions.suspended {
             for attempt in 0..3 {
-                match self.flush().await {
+                match self.flush_now().await {
                     Ok(()) => break,
                     Err(e) if attempt < 2 && e.is_retriable() => {
                         tracing::warn!(error = %e, "final flush failed, retrying");
@@ -191,7 +230,56 @@ impl Processor {
             }
             tracing::info!(read_reports = ?assignment.read_reports, conversation_events = ?assignment.conversation_events, "partitions assigned");
             telemetry::paused(false);
+            self.to_restore = assignment
+                .read_reports
+                .iter()
+                .chain(&assignment.conversation_events)
+                .copied()
+                .filter(|p| !self.partitions.slots.contains_key(p))
+                .collect();
+            self.to_restore.sort_unstable();
+            self.to_restore.dedup();
         }
+    }
+
+    /// Restores the partitions the last assignment brought, all in one read
+    /// of the changelogs, before any of their records is folded.
+    async fn restore_assigned(&mut self) -> Result<()> {
+        if self.to_restore.is_empty() {
+            return Ok(());
+        }
+        let partitions = std::mem::take(&mut self.to_restore);
+        self.wait_for_stable_offsets(&partitions).await;
+        for (partition, slot) in self.restore(&partitions).await? {
+            self.partitions.slots.insert(partition, slot);
+        }
+        Ok(())
+    }
+
+    /// Waits until no transaction holds offsets of `partitions` pending: the
+    /// previous owner may still be committing its last flush, and a restore
+    /// must see it (read_committed reads stop at an open transaction).
+    /// librdkafka asks for stable offsets under read_committed (KIP-447), so
+    /// fetching the committed offsets waits for exactly that.
+    async fn wait_for_stable_offsets(&self, partitions: &[i32]) {
+        let mut tpl = TopicPartitionList::new();
+        for topic in [
+            &self.settings.topics.read_reports,
+            &self.settings.topics.conversation_events,
+        ] {
+            for &p in partitions {
+                tpl.add_partition(topic, p);
+            }
+        }
+        let started = Instant::now();
+        // A blocking call, but only at a rebalance, and short.
+        if let Err(e) = self.consumer.committed_offsets(tpl, Duration::from_secs(30)) {
+            tracing::warn!(error = %e, "could not fetch the committed offsets before restoring; restoring anyway");
+        }
+        tracing::debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "committed offsets stable"
+        );
     }
 
     async fn process(&mut self, message: OwnedMessage) -> Result<()> {
@@ -207,8 +295,9 @@ impl Processor {
         let partition = message.partition();
         telemetry::record_in(topic);
         if !self.partitions.slots.contains_key(&partition) {
-            let slot = self.restore(partition).await?;
-            self.partitions.slots.insert(partition, slot);
+            for (partition, slot) in self.restore(&[partition]).await? {
+                self.partitions.slots.insert(partition, slot);
+            }
         }
         let placement = Placement {
             key: message.key(),
@@ -246,19 +335,20 @@ impl Processor {
         Ok(())
     }
 
-    /// Rebuilds a partition's state from the changelogs, on a blocking
+    /// Rebuilds `partitions`' state from the changelogs, on a blocking
     /// thread; a restore that fails for a reason that may pass (a broker
     /// away) is tried again with backoff.
-    async fn restore(&self, partition: i32) -> Result<Slot> {
+    async fn restore(&self, partitions: &[i32]) -> Result<Vec<(i32, Slot)>> {
         let mut failures = 0;
-        let (state, stats) = loop {
+        let (states, stats) = loop {
             let restorer = Arc::clone(&self.restorer);
-            match tokio::task::spawn_blocking(move || restorer.restore(partition)).await? {
+            let wanted = partitions.to_vec();
+            match tokio::task::spawn_blocking(move || restorer.restore_many(&wanted)).await? {
                 Ok(restored) => break restored,
                 Err(e) if e.is_retriable() => {
                     failures += 1;
                     let delay = backoff::delay(failures);
-                    tracing::warn!(partition, error = %e, retry_in_ms = delay.as_millis() as u64, "restore failed; retrying");
+                    tracing::warn!(?partitions, error = %e, retry_in_ms = delay.as_millis() as u64, "restore failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
                 Err(e) => return Err(e.into()),
@@ -266,23 +356,34 @@ impl Processor {
         };
         telemetry::restored(stats.records, stats.elapsed);
         tracing::info!(
-            partition,
+            ?partitions,
             records = stats.records,
             cursors = stats.cursors,
             skipped = stats.skipped,
             elapsed_ms = stats.elapsed.as_millis() as u64,
             "restored partition state from the changelog"
         );
-        Ok(Slot::restored(state, self.cql.is_some()))
+        let snapshots = self.cql.is_some();
+        Ok(states
+            .into_iter()
+            .map(|(p, state)| (p, Slot::restored(state, snapshots)))
+            .collect())
     }
 
-    /// Flushes unless a recent failure asks to wait; pauses the consumer
-    /// when failures let the dirty set grow past its bound.
-    async fn flush_when_due(&mut self) -> Result<()> {
-        if self.partitions.suspended || !self.retry.ready(Instant::now()) {
-            return self.apply_backpressure();
+    /// Starts a flush unless one is in flight or a recent failure asks to
+    /// wait.
+    fn flush_when_due(&mut self) {
+        self.flush_at = None;
+        if self.in_flight.is_none() && !self.partitions.suspended && self.retry.ready(Instant::now()) {
+            self.start_flush();
         }
-        match self.flush().await {
+    }
+
+    /// After a flush settled: resets the backoff and resumes the consumer,
+    /// or schedules a retry and pauses the consumer when failures let the
+    /// dirty set grow past its bound.
+    async fn flush_settled(&mut self, outcome: Result<()>) -> Result<()> {
+        match outcome {
             Ok(()) => {
                 self.retry.succeeded();
                 self.recoveries = 0;
@@ -324,8 +425,10 @@ impl Processor {
         self.consumer.unsubscribe();
         self.partitions = Partitions {
             suspended: true,
+            generation: self.partitions.generation + 1,
             ..Partitions::default()
         };
+        self.flush_at = None;
         self.paused = false;
         self.retry.succeeded();
         self.transactions = init_producer(&self.settings).await?;

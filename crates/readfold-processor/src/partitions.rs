@@ -27,6 +27,10 @@ pub struct Partitions {
     pub slots: BTreeMap<i32, Slot>,
     /// Between a revoke and the next assignment nothing is flushed.
     pub suspended: bool,
+    /// Counts group events: a flush that began in another generation must
+    /// not give back input offsets or dead letters of a partition that may
+    /// have moved meanwhile.
+    pub generation: u64,
 }
 
 impl Partitions {
@@ -34,6 +38,7 @@ impl Partitions {
     /// (read reports, conversation events). Returns the new assignment,
     /// if the event was one.
     pub fn apply(&mut self, event: GroupEvent, inputs: [&str; 2]) -> Option<Assignment> {
+        self.generation += 1;
         match event {
             GroupEvent::Revoked { lost } => {
                 for slot in self.slots.values_mut() {

@@ -35,6 +35,10 @@ impl Transactions {
             .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
+            // Right after a commit the coordinator may answer the next
+            // transaction's first requests with CONCURRENT_TRANSACTIONS
+            // until its markers are written; retry those soon (KAFKA-5477).
+            .set("retry.backoff.ms", "10")
             .set("compression.type", "lz4")
             .set("queue.buffering.max.messages", "1000000")
             // Dead letters keep records of up to MAX_DEAD_LETTER_BYTES.
@@ -83,6 +87,7 @@ impl Transactions {
                 self.producer
                     .send_offsets_to_transaction(offsets, group, TXN_TIMEOUT)?;
             }
+            self.wait_delivered()?;
             let mut attempt = 0;
             loop {
                 match self.producer.commit_transaction(TXN_TIMEOUT) {
@@ -104,6 +109,21 @@ impl Transactions {
                 Err(Error::Transaction(e))
             }
         }
+    }
+
+    /// Waits until every queued record is delivered. rdkafka's
+    /// `commit_transaction` flushes first too, but while records are in
+    /// flight its flush sleeps in 100 ms polls, which would put 100 ms on
+    /// every flush; the producer's own thread serves the delivery reports.
+    fn wait_delivered(&self) -> std::result::Result<(), KafkaError> {
+        let deadline = std::time::Instant::now() + TXN_TIMEOUT;
+        while self.producer.in_flight_count() > 0 {
+            if std::time::Instant::now() >= deadline {
+                return Err(KafkaError::Flush(RDKafkaErrorCode::MessageTimedOut));
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        Ok(())
     }
 
     /// Queues one record; waits (this is a blocking thread) while the

@@ -556,6 +556,19 @@ impl PartitionState {
         self.dirty.clear();
     }
 
+    /// Marks `key` changed again with `outputs`, for a flush that took its
+    /// change and failed: the next flush publishes its then current value.
+    /// A member no longer held is skipped.
+    pub fn redirty(&mut self, key: &CursorKey, outputs: Outputs) {
+        let held = self
+            .conversations
+            .get(&key.conversation_id)
+            .is_some_and(|c| c.members.contains_key(&key.user_id));
+        if held {
+            self.mark_dirty(&key.conversation_id, &key.user_id, outputs);
+        }
+    }
+
     /// `pending_changes` followed by `mark_flushed`.
     pub fn drain(&mut self) -> Vec<Change> {
         let changes = self.pending_changes();

@@ -1,0 +1,119 @@
+//! Benches that run readfold commands as child processes of their own, so
+//! that each one's CPU time and memory are measured apart from the bench.
+
+use std::process::{Child, Command, Stdio};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// A child process, killed when dropped.
+pub struct ChildGuard(pub Child);
+
+impl ChildGuard {
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `readfold <command>` with `vars` added to the environment. Its log
+/// level is `warn`, or `READFOLD_BENCH_CHILD_LOG` when set.
+pub fn spawn(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
+    let exe = std::env::current_exe().map_err(|e| Error::Run(e.to_string()))?;
+    let child = Command::new(exe)
+        .arg(command)
+        .envs(vars.iter().cloned())
+        .env(
+            "READFOLD_LOG",
+            std::env::var("READFOLD_BENCH_CHILD_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| Error::Run(format!("cannot start readfold {command}: {e}")))?;
+    Ok(ChildGuard(child))
+}
+
+/// The environment that points a child at `config`'s broker, topics, group
+/// and Redis key prefix.
+pub fn config_vars(config: &Config) -> Vec<(String, String)> {
+    let t = &config.topics;
+    [
+        (
+            "READFOLD__KAFKA__BOOTSTRAP_SERVERS",
+            config.kafka.bootstrap_servers.clone(),
+        ),
+        ("READFOLD__KAFKA__GROUP_ID", config.kafka.group_id.clone()),
+        ("READFOLD__KAFKA__INSTANCE_ID", "bench".into()),
+        ("READFOLD__TOPICS__READ_REPORTS", t.read_reports.clone()),
+        (
+            "READFOLD__TOPICS__CONVERSATION_EVENTS",
+            t.conversation_events.clone(),
+        ),
+        ("READFOLD__TOPICS__READ_CURSORS", t.read_cursors.clone()),
+        ("READFOLD__TOPICS__USER_READ_CURSORS", t.user_read_cursors.clone()),
+        ("READFOLD__TOPICS__MEMBER_STATE", t.member_state.clone()),
+        ("READFOLD__TOPICS__DLQ", t.dlq.clone()),
+        ("READFOLD__REDIS__URL", config.redis.url.clone()),
+        ("READFOLD__REDIS__KEY_PREFIX", config.redis.key_prefix.clone()),
+        ("READFOLD__CQL__CONTACT_POINTS", config.cql.contact_points.clone()),
+        ("READFOLD__CQL__KEYSPACE", config.cql.keyspace.clone()),
+        (
+            "READFOLD__FLUSH__INTERVAL_MS",
+            config.flush.interval_ms.to_string(),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect()
+}
+
+fn status_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Resident memory of process `pid` now, in bytes.
+pub fn rss_of(pid: u32) -> u64 {
+    status_kb(pid, "VmRSS:")
+}
+
+/// Peak resident memory of process `pid`, in bytes.
+pub fn peak_rss_of(pid: u32) -> u64 {
+    status_kb(pid, "VmHWM:")
+}
+
+/// CPU seconds (user + system) process `pid` used so far; "self" for this one.
+pub fn cpu_secs_of(pid: &str) -> f64 {
+    // /proc/PID/stat fields 14 and 15: utime and stime in clock ticks.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1.to_owned();
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
+/// A free TCP address on this machine.
+pub fn free_addr() -> Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Run(e.to_string()))?;
+    Ok(listener
+        .local_addr()
+        .map_err(|e| Error::Run(e.to_string()))?
+        .to_string())
+}

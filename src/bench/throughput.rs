@@ -1,0 +1,263 @@
+//! `readfold bench --throughput-records N`: how fast readfold catches up on
+//! a backlog, next to a raw read of the same topics. Produces N records (the
+//! replay bench's chat workload) onto fresh input topics, then times:
+//! - a raw read of both inputs with librdkafka, no decode (the ceiling);
+//! - `readfold run` as a child process, Redis and CQL off, then on, each
+//!   with its own group and output topics, from the start of the process
+//!   until the group's committed offsets reach the end of both inputs.
+//!
+//! The child's CPU time and peak RSS come from /proc, and the sink calls
+//! from its own /metrics.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+use readfold_kafka::admin::{delete_topics, ensure_topics};
+use readfold_kafka::producer::InputProducer;
+
+use super::child::{config_vars, cpu_secs_of, free_addr, peak_rss_of, spawn};
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// One timed pass over the backlog.
+#[derive(Clone, Debug)]
+pub struct ThroughputRow {
+    pub what: &'static str,
+    pub records: u64,
+    pub secs: f64,
+    pub cpu_secs: f64,
+    /// Peak resident memory of the process that did the work (0: unknown).
+    pub peak_rss: u64,
+    pub redis_calls: f64,
+    pub cql_statements: f64,
+}
+
+/// What a throughput run measured.
+#[derive(Clone, Debug)]
+pub struct ThroughputFigures {
+    pub reports: u64,
+    pub events: u64,
+    pub rows: Vec<ThroughputRow>,
+}
+
+pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigures> {
+    let config = super::on_fresh_topics(config, "throughput");
+    let layout = ensure_topics(&config.kafka, &config.topics).await?;
+    let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
+    let (reports, events) = super::replay::produce(&producer, records).await?;
+    drop(producer);
+    let total = reports + events;
+
+    let raw = config.clone();
+    let mut rows = vec![tokio::task::spawn_blocking(move || -> Result<ThroughputRow> {
+        let (cpu, started) = (cpu_secs_of("self"), Instant::now());
+        let read = super::replay::raw_read(&raw)?;
+        Ok(ThroughputRow {
+            what: "raw read (librdkafka, no decode)",
+            records: read,
+            secs: started.elapsed().as_secs_f64(),
+            cpu_secs: cpu_secs_of("self") - cpu,
+            peak_rss: 0,
+            redis_calls: 0.0,
+            cql_statements: 0.0,
+        })
+    })
+    .await
+    .map_err(|e| Error::Run(format!("raw read: {e}")))??];
+
+    let mut topics_made: Vec<String> = config.topics.names().into_iter().cloned().collect();
+    for (what, tag, sinks) in [
+        ("readfold, Redis and CQL off", "off", false),
+        ("readfold, Redis and CQL on", "on", true),
+    ] {
+        let mut run = config.clone();
+        run.kafka.group_id = format!("{}-{tag}", config.kafka.group_id);
+        let t = &mut run.topics;
+        for topic in [
+            &mut t.read_cursors,
+            &mut t.user_read_cursors,
+            &mut t.member_state,
+            &mut t.dlq,
+        ] {
+            topic.push_str(&format!("-{tag}"));
+        }
+        ensure_topics(&run.kafka, &run.topics).await?;
+        topics_made.extend(run.topics.names().into_iter().cloned());
+        rows.push(catch_up(&run, what, sinks, total).await?);
+    }
+    topics_made.sort();
+    topics_made.dedup();
+    let names: Vec<&str> = topics_made.iter().map(|s| s.as_str()).collect();
+    delete_topics(&config.kafka, &names).await?;
+    Ok(ThroughputFigures {
+        reports,
+        events,
+        rows,
+    })
+}
+
+/// Runs `readfold run` on `config` until its group committed every input
+/// record.
+async fn catch_up(config: &Config, what: &'static str, sinks: bool, records: u64) -> Result<ThroughputRow> {
+    let metrics = free_addr()?;
+    let mut vars = config_vars(config);
+    vars.extend(
+        [
+            ("READFOLD__REDIS__ENABLED", sinks.to_string()),
+            ("READFOLD__CQL__ENABLED", sinks.to_string()),
+            ("READFOLD__METRICS__LISTEN", metrics.clone()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    let watch = config.clone();
+    let ends = tokio::task::spawn_blocking(move || end_offsets(&watch))
+        .await
+        .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
+    let started = Instant::now();
+    let child = spawn("run", &vars)?;
+    let pid = child.pid();
+    let watch = config.clone();
+    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started))
+        .await
+        .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
+    let secs = started.elapsed().as_secs_f64();
+    let cpu_secs = cpu_secs_of(&pid.to_string());
+    let peak_rss = peak_rss_of(pid);
+    let scraped = scrape(&metrics).unwrap_or_default();
+    drop(child);
+    Ok(ThroughputRow {
+        what,
+        records,
+        secs,
+        cpu_secs,
+        peak_rss,
+        redis_calls: metric(&scraped, "readfold_sink_calls_total{sink=\"redis\"}"),
+        cql_statements: metric(&scraped, "readfold_sink_calls_total{sink=\"cql\"}"),
+    })
+}
+
+fn watcher(config: &Config) -> Result<BaseConsumer> {
+    Ok(config
+        .kafka
+        .client_config()
+        .set("group.id", &config.kafka.group_id)
+        .set("enable.auto.commit", "false")
+        .create()?)
+}
+
+/// The next offset past the last record of every input partition.
+fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
+    let consumer = watcher(config)?;
+    let mut ends = TopicPartitionList::new();
+    for topic in [&config.topics.read_reports, &config.topics.conversation_events] {
+        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        for t in metadata.topics() {
+            for p in t.partitions() {
+                let (_, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
+                ends.add_partition_offset(topic, p.id(), Offset::Offset(high))?;
+            }
+        }
+    }
+    Ok(ends)
+}
+
+/// Polls the group's committed offsets until every one reached `ends`.
+fn wait_for_commits(config: &Config, ends: &TopicPartitionList, started: Instant) -> Result<()> {
+    let consumer = watcher(config)?;
+    let mut wanted = TopicPartitionList::new();
+    for e in ends.elements() {
+        wanted.add_partition(e.topic(), e.partition());
+    }
+    loop {
+        if started.elapsed() > Duration::from_secs(900) {
+            return Err(Error::Run(format!(
+                "{} has not committed the whole backlog after 900 s",
+                config.kafka.group_id
+            )));
+        }
+        if let Ok(committed) = consumer.committed_offsets(wanted.clone(), Duration::from_secs(5)) {
+            let caught_up = ends.elements().iter().all(|end| {
+                committed
+                    .find_partition(end.topic(), end.partition())
+                    .is_some_and(|c| match (c.offset(), end.offset()) {
+                        (Offset::Offset(c), Offset::Offset(e)) => c >= e,
+                        (_, Offset::Offset(0)) => true,
+                        _ => false,
+                    })
+            });
+            if caught_up {
+                return Ok(());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The body of `GET /metrics` from `addr`.
+fn scrape(addr: &str) -> std::io::Result<String> {
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+/// The value of the Prometheus sample named `series` (0 when absent).
+fn metric(scraped: &str, series: &str) -> f64 {
+    scraped
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+pub fn print_throughput(f: &ThroughputFigures) {
+    let raw = f
+        .rows
+        .first()
+        .map_or(1.0, |r| r.records as f64 / r.secs.max(1e-9));
+    println!(
+        "catching up on a backlog of {} reports and {} conversation events (records/s over both inputs; readfold timed from process start to its last commit):",
+        f.reports, f.events
+    );
+    println!(
+        "  {:<36} {:>10} {:>8} {:>14} {:>9} {:>13} {:>13}",
+        "", "records/s", "share", "CPU-s per 1M", "peak RSS", "Redis calls/r", "CQL stmts/r"
+    );
+    for r in &f.rows {
+        let rate = r.records as f64 / r.secs.max(1e-9);
+        let per = |n: f64| n / f.reports.max(1) as f64;
+        let rss = if r.peak_rss == 0 {
+            "-".to_owned()
+        } else {
+            format!("{} MB", r.peak_rss / 1_000_000)
+        };
+        println!(
+            "  {:<36} {:>10.0} {:>8.2} {:>14.2} {:>9} {:>13.3} {:>13.3}",
+            r.what,
+            rate,
+            rate / raw,
+            r.cpu_secs * 1e6 / r.records.max(1) as f64,
+            rss,
+            per(r.redis_calls),
+            per(r.cql_statements),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metric_reads_one_labelled_sample() {
+        let scraped = "# TYPE readfold_sink_calls_total counter\n\
+                       readfold_sink_calls_total{sink=\"redis\"} 42\n\
+                       readfold_sink_calls_total{sink=\"cql\"} 7\n";
+        assert_eq!(metric(scraped, "readfold_sink_calls_total{sink=\"cql\"}"), 7.0);
+        assert_eq!(metric(scraped, "readfold_missing"), 0.0);
+    }
+}
