@@ -137,6 +137,15 @@ enum Command {
         /// next to a raw read (0: skip).
         #[arg(long, default_value_t = 0)]
         throughput_records: u64,
+        /// Also measure report-to-changelog and report-to-Redis latency at
+        /// 10% to 90% of the maximum rate, this many seconds per rate,
+        /// with `readfold run` as a child process on fresh topics (0: skip).
+        #[arg(long, default_value_t = 0)]
+        latency_seconds: u64,
+        /// The maximum rate (records/s) the latency bench takes fractions
+        /// of; 0: measure it first by a catch-up of 500,000 records.
+        #[arg(long, default_value_t = 0.0)]
+        latency_max_rate: f64,
     },
 }
 
@@ -197,6 +206,8 @@ fn real_main(cli: Cli) -> Result<()> {
             gateway_seconds,
             replay_records,
             throughput_records,
+            latency_seconds,
+            latency_max_rate,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -234,6 +245,14 @@ fn real_main(cli: Cli) -> Result<()> {
             if throughput_records > 0 {
                 let figures = runtime.block_on(readfold::bench::throughput(&config, throughput_records))?;
                 readfold::bench::print_throughput(&figures);
+            }
+            if latency_seconds > 0 {
+                let figures = runtime.block_on(readfold::bench::latency(
+                    &config,
+                    latency_seconds,
+                    latency_max_rate,
+                ))?;
+                readfold::bench::print_latency(&figures);
             }
             Ok(())
         }

@@ -5,11 +5,13 @@
 
 mod child;
 mod gateway;
+mod latency;
 mod pipeline;
 mod replay;
 mod restore;
 mod serve;
 mod throughput;
+mod workload;
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -18,6 +20,7 @@ use readfold_core::fold::{ConversationEvent, CursorUpdate, EventKind, PartitionS
 use readfold_core::{ConversationId, Seq, UserId};
 
 pub use gateway::{gateway, print_gateway, GatewayFigures};
+pub use latency::{latency, print_latency, LatencyFigures, LatencyRow};
 pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
 pub use replay::{print_replay, replay, ReplayRow};
 pub use restore::{print_restore, restore, RestoreFigures};

@@ -92,9 +92,9 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
                     "{remaining} cursors still missing after 600 s"
                 )));
             }
-            for entry in reader.poll_entries(Duration::from_millis(200))? {
+            reader.for_each_available(Duration::from_millis(200), |entry| {
                 let ChangelogEntry::Upsert(update) = entry else {
-                    continue;
+                    return;
                 };
                 latencies_ms.push(now_ms() - update.updated_at);
                 let key = (update.conversation_id.to_string(), update.user_id.to_string());
@@ -102,7 +102,7 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
                     expected.remove(&key);
                     remaining -= 1;
                 }
-            }
+            })?;
         }
         Ok((latencies_ms, started.elapsed().as_secs_f64()))
     })

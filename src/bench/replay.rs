@@ -12,9 +12,9 @@ use readfold_kafka::admin::{delete_topics, ensure_topics};
 use readfold_kafka::producer::InputProducer;
 use readfold_replay::source::{sources, KafkaInputs, Polled};
 use readfold_replay::{Format, ProgressMode, ReplayOptions, TableKind};
-use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
 
 use super::child::cpu_secs_of;
+use super::workload::{ChatWorkload, Generated};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -117,53 +117,17 @@ fn replay_once(config: &Config, table: TableKind) -> Result<u64> {
     Ok(summary.records)
 }
 
-/// 20 groups of 200 members and 20,000 1:1 chats; a third of the records go
-/// to the groups. Each chat's messages and reports move forward together.
+/// `records` records of the [`ChatWorkload`], stamped 100 apart per ms.
 /// Returns how many reports and events it produced.
 pub(super) async fn produce(producer: &InputProducer, records: u64) -> Result<(u64, u64)> {
-    const GROUPS: u64 = 20;
-    const GROUP_MEMBERS: u64 = 200;
-    const DIRECT: u64 = 20_000;
-    let mut latest = vec![0i64; (GROUPS + DIRECT) as usize];
-    let mut rng = 0x2545_f491_4f6c_dd1du64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut workload = ChatWorkload::new("");
     let now = now_ms();
     let (mut reports, mut events) = (Vec::new(), Vec::new());
     let (mut report_count, mut event_count) = (0, 0);
     for i in 0..records {
-        let r = next();
-        let chat = if r % 3 == 0 {
-            r / 3 % GROUPS
-        } else {
-            GROUPS + r / 3 % DIRECT
-        } as usize;
-        let members = if chat < GROUPS as usize { GROUP_MEMBERS } else { 2 };
-        let conversation = format!("chat-{chat}");
-        let user = format!("user-{chat}-{}", next() % members);
-        let at = now + i as i64 / 100;
-        if next() % 7 == 0 || latest[chat] == 0 {
-            latest[chat] += 1;
-            events.push(ConversationEventRecord {
-                conversation_id: conversation,
-                seq: latest[chat],
-                at,
-                event: EventRecord::MessageSent { sender_id: user },
-            });
-        } else {
-            reports.push(ReadReportRecord {
-                conversation_id: conversation,
-                user_id: user,
-                seq: latest[chat],
-                device_id: None,
-                reported_at: at,
-                private: false,
-                action: ReadAction::Read,
-            });
+        match workload.next(now + i as i64 / 100) {
+            Generated::Report(r) => reports.push(r),
+            Generated::Event(e) => events.push(e),
         }
         if reports.len() + events.len() >= 20_000 {
             report_count += reports.len() as u64;

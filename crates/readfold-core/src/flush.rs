@@ -144,6 +144,33 @@ pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, snapshot_due: bool)
     plan
 }
 
+/// Begins a snapshot on its own (CQL only, no changes, offsets or dead
+/// letters): the whole current state of every key published since the
+/// last snapshot, taken out of `unsnapshotted`. Settle it with
+/// [`committed`] or [`failed`] like any plan.
+pub fn begin_snapshot<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
+    let mut snapshot = Vec::new();
+    let mut plan = FlushPlan {
+        partitions: Vec::new(),
+        changes: Vec::new(),
+        snapshot: None,
+        dead_letters: Vec::new(),
+        offsets: Vec::new(),
+        unsnapshotted: Vec::new(),
+    };
+    for (&partition, slot) in slots.iter_mut() {
+        if slot.unsnapshotted.is_empty() {
+            continue;
+        }
+        plan.partitions.push(partition);
+        let keys = std::mem::take(&mut slot.unsnapshotted);
+        snapshot.extend(keys.iter().filter_map(|k| slot.state.current(k)));
+        plan.unsnapshotted.push((partition, keys));
+    }
+    plan.snapshot = Some(snapshot);
+    plan
+}
+
 /// After every store and the transaction acknowledged the plan. With
 /// `track_snapshots` (CQL on) and no snapshot in this flush, the published
 /// keys are remembered for the next snapshot.
@@ -520,6 +547,33 @@ mod tests {
         failed(&mut slots, &snap, true);
         assert_eq!(slots[&0].unsnapshotted.len(), 1);
         assert_eq!(begin(&mut slots, true).snapshot_changes().count(), 1);
+    }
+
+    #[test]
+    fn a_snapshot_on_its_own_takes_the_published_keys_only() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3)), (1, report("D", "u", 1))]);
+        for slot in slots.values_mut() {
+            slot.unsnapshotted.clear();
+        }
+        let p = begin(&mut slots, false);
+        committed(&mut slots, &p, true);
+        slots
+            .get_mut(&0)
+            .unwrap()
+            .state
+            .apply_report(&report("C", "v", 2));
+        let snap = begin_snapshot(&mut slots);
+        assert_eq!(snap.partitions, [0, 1]);
+        assert!(snap.changes.is_empty() && !snap.needs_transaction());
+        let keys: Vec<&str> = snap.snapshot_changes().map(|c| c.key.user_id.as_str()).collect();
+        assert_eq!(keys, ["u", "u"], "v is not published yet: its flush adds it");
+        assert!(slots[&0].has_work(), "the changelog's work stays");
+        failed(&mut slots, &snap, true);
+        assert_eq!(slots[&0].unsnapshotted.len(), 1, "given back");
+        let snap = begin_snapshot(&mut slots);
+        committed(&mut slots, &snap, true);
+        assert!(slots.values().all(|s| s.unsnapshotted.is_empty()));
+        assert!(begin_snapshot(&mut slots).is_empty());
     }
 
     #[test]

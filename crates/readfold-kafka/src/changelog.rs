@@ -164,10 +164,18 @@ impl ChangelogReader {
     /// for each next one.
     pub fn poll_entries(&self, wait: Duration) -> Result<Vec<ChangelogEntry>> {
         let mut out = Vec::new();
-        self.reader.poll_available(wait, |message| {
-            out.extend(self.decode(message));
-        })?;
+        self.for_each_available(wait, |entry| out.push(entry))?;
         Ok(out)
+    }
+
+    /// Like [`ChangelogReader::poll_entries`], but hands each entry over as
+    /// it arrives, for callers that time arrivals.
+    pub fn for_each_available(&self, wait: Duration, mut each: impl FnMut(ChangelogEntry)) -> Result<u64> {
+        self.reader.poll_available(wait, |message| {
+            if let Some(entry) = self.decode(message) {
+                each(entry);
+            }
+        })
     }
 
     fn read_partitions(

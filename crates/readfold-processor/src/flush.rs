@@ -10,6 +10,11 @@
 //! under a light one a change is published within `flush.linger_ms` plus
 //! one flush; under a heavy one each flush carries what arrived during the
 //! last.
+//!
+//! CQL snapshots run in a lane of their own, next to the flushes, so that a
+//! snapshot of many keys never holds back the changelog and Redis. The
+//! changelog may run ahead of CQL by at most twice `snapshot.interval_ms`:
+//! past that (a snapshot failing or stuck), flushes wait for one to succeed.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -63,22 +68,43 @@ impl Processor {
         self.partitions.slots.values().any(|s| s.has_work())
     }
 
+    /// Whether CQL keeps up closely enough for the changelog to go further.
+    pub(crate) fn cql_keeps_up(&self) -> bool {
+        self.cql.is_none() || self.cql_covered_at.elapsed() <= self.snapshot_interval * 2
+    }
+
     /// Starts a flush of every partition's pending changes, dead letters
-    /// and input offsets, and on snapshot ticks also of the CQL backlog.
-    /// Call only with no flush in flight.
+    /// and input offsets. Call only with no flush in flight.
     pub(crate) fn start_flush(&mut self) {
         debug_assert!(self.in_flight.is_none(), "one flush at a time");
         self.flush_at = None;
-        let snapshot_due = self.cql.is_some() && Instant::now() >= self.next_snapshot;
         telemetry::dirty_keys(self.partitions.dirty_len());
         telemetry::cursors_held(self.partitions.cursor_count());
-        let plan = flush::begin(&mut self.partitions.slots, snapshot_due);
-        if plan.is_empty() {
-            if snapshot_due {
-                self.next_snapshot = Instant::now() + self.snapshot_interval;
-            }
-            return;
+        let plan = flush::begin(&mut self.partitions.slots, false);
+        if !plan.is_empty() {
+            self.in_flight = Some(self.launch(plan));
         }
+    }
+
+    /// Starts a snapshot of every key published since the last one. Call
+    /// only with CQL on and no snapshot in flight.
+    pub(crate) fn start_snapshot(&mut self) {
+        debug_assert!(self.snapshot_in_flight.is_none(), "one snapshot at a time");
+        let plan = flush::begin_snapshot(&mut self.partitions.slots);
+        if plan.is_empty() {
+            self.snapshot_done(Instant::now());
+        } else {
+            self.snapshot_in_flight = Some(self.launch(plan));
+        }
+    }
+
+    /// Everything published before `began` is in CQL.
+    fn snapshot_done(&mut self, began: Instant) {
+        self.cql_covered_at = began;
+        self.next_snapshot = Instant::now() + self.snapshot_interval;
+    }
+
+    fn launch(&self, plan: FlushPlan<OutRecord>) -> InFlight {
         let writer = Writer {
             redis: self.redis.clone(),
             cql: self.cql.clone(),
@@ -88,12 +114,12 @@ impl Processor {
         };
         let group = rdkafka::consumer::Consumer::group_metadata(&self.consumer);
         let plan = Arc::new(plan);
-        self.in_flight = Some(InFlight {
+        InFlight {
             task: tokio::spawn(writer.write(Arc::clone(&plan), group)),
             plan,
             generation: self.partitions.generation,
             started: Instant::now(),
-        });
+        }
     }
 
     /// Settles the flush that was in flight with its outcome: on success
@@ -103,24 +129,34 @@ impl Processor {
         let elapsed = flight.started.elapsed();
         let plan = &flight.plan;
         match outcome {
+            Ok(()) if plan.snapshot.is_some() => {
+                telemetry::snapshot_written(elapsed, plan.snapshot_changes().count());
+                tracing::debug!(
+                    keys = plan.snapshot_changes().count(),
+                    elapsed_ms = elapsed.as_millis() as u64,
+                    "snapshot written"
+                );
+                self.snapshot_done(flight.started);
+                Ok(())
+            }
             Ok(()) => {
                 flush::committed(&mut self.partitions.slots, plan, self.cql.is_some());
-                if plan.snapshot.is_some() {
-                    self.next_snapshot = Instant::now() + self.snapshot_interval;
-                }
                 telemetry::flush_committed(elapsed, plan.changes.len(), plan.dead_letters.len());
                 telemetry::dirty_keys(self.partitions.dirty_len());
                 tracing::debug!(
                     changes = plan.changes.len(),
                     dead_letters = plan.dead_letters.len(),
-                    snapshot = plan.snapshot.is_some(),
                     elapsed_ms = elapsed.as_millis() as u64,
                     "flush committed"
                 );
                 Ok(())
             }
             Err(e) => {
-                telemetry::flush_failed(elapsed);
+                if plan.snapshot.is_some() {
+                    telemetry::snapshot_failed(elapsed);
+                } else {
+                    telemetry::flush_failed(elapsed);
+                }
                 let same_assignment = flight.generation == self.partitions.generation;
                 flush::failed(&mut self.partitions.slots, plan, same_assignment);
                 Err(e)
@@ -137,11 +173,27 @@ impl Processor {
         self.settle(flight, outcome)
     }
 
-    /// Flushes everything pending and waits for it: for shutdown.
+    /// Waits for the snapshot in flight, if any, and settles it.
+    pub(crate) async fn finish_snapshot(&mut self) -> Result<()> {
+        let Some(mut flight) = self.snapshot_in_flight.take() else {
+            return Ok(());
+        };
+        let outcome = flight.done().await;
+        self.settle(flight, outcome)
+    }
+
+    /// Flushes everything pending, then snapshots everything published not
+    /// yet in CQL, and waits for both: for shutdown.
     pub(crate) async fn flush_now(&mut self) -> Result<()> {
         self.finish_flush().await?;
         self.start_flush();
-        self.finish_flush().await
+        self.finish_flush().await?;
+        if self.cql.is_some() {
+            self.finish_snapshot().await?;
+            self.start_snapshot();
+            self.finish_snapshot().await?;
+        }
+        Ok(())
     }
 }
 
@@ -151,7 +203,7 @@ impl Writer {
         plan: Arc<FlushPlan<OutRecord>>,
         group: Option<ConsumerGroupMetadata>,
     ) -> Result<()> {
-        if let Some(redis) = &self.redis {
+        if let (false, Some(redis)) = (plan.changes.is_empty(), &self.redis) {
             let changes = || plan.changes.iter().map(|(_, c)| c);
             timed_write(
                 redis.as_ref(),

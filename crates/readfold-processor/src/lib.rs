@@ -56,6 +56,11 @@ pub struct Processor {
     redis: Option<Arc<RedisStore>>,
     cql: Option<Arc<CqlStore>>,
     in_flight: Option<InFlight>,
+    snapshot_in_flight: Option<InFlight>,
+    /// The start of the last snapshot that succeeded: everything the
+    /// changelog held then is in CQL.
+    cql_covered_at: Instant,
+    snapshot_retry: Backoff,
     /// When the next flush starts, if none is in flight (`flush.linger_ms`
     /// after the first change that waits for it).
     flush_at: Option<Instant>,
@@ -108,6 +113,9 @@ impl Processor {
             redis,
             cql,
             in_flight: None,
+            snapshot_in_flight: None,
+            cql_covered_at: Instant::now(),
+            snapshot_retry: Backoff::new(),
             flush_at: None,
             partitions: Partitions::default(),
             paused: false,
@@ -135,17 +143,20 @@ impl Processor {
             Tick,
             Linger,
             Flushed(Result<()>),
+            Snapshotted(Result<()>),
             Message(std::result::Result<OwnedMessage, KafkaError>),
         }
         loop {
             if *shutdown.borrow() {
                 break;
             }
-            let (consumer, in_flight) = (&self.consumer, &mut self.in_flight);
+            let (consumer, in_flight, snapshot_in_flight) =
+                (&self.consumer, &mut self.in_flight, &mut self.snapshot_in_flight);
             let linger_until = self.flush_at.map(tokio::time::Instant::from_std);
             let step = tokio::select! {
                 _ = shutdown.changed() => Step::Shutdown,
                 outcome = async { in_flight.as_mut().expect("guarded").done().await }, if in_flight.is_some() => Step::Flushed(outcome),
+                outcome = async { snapshot_in_flight.as_mut().expect("guarded").done().await }, if snapshot_in_flight.is_some() => Step::Snapshotted(outcome),
                 _ = tick.tick() => Step::Tick,
                 _ = tokio::time::sleep_until(linger_until.unwrap_or_else(tokio::time::Instant::now)), if linger_until.is_some() && in_flight.is_none() => Step::Linger,
                 m = consumer.recv() => Step::Message(m.map(|m| m.detach())),
@@ -165,19 +176,30 @@ impl Processor {
                         self.flush_when_due();
                     }
                 }
+                Step::Snapshotted(outcome) => {
+                    let flight = self.snapshot_in_flight.take().expect("a snapshot was in flight");
+                    let outcome = self.settle(flight, outcome);
+                    self.snapshot_settled(outcome)?;
+                    // Flushes may have waited for CQL.
+                    if self.has_pending() {
+                        self.flush_when_due();
+                    }
+                }
                 Step::Linger => self.flush_when_due(),
                 // A lingering flush starts on its own; the tick retries a
-                // failed one and takes snapshots when nothing else flushes.
-                Step::Tick if self.flush_at.is_none() => self.flush_when_due(),
-                Step::Tick => {}
+                // failed one, and takes snapshots.
+                Step::Tick => {
+                    if self.flush_at.is_none() {
+                        self.flush_when_due();
+                    }
+                    self.snapshot_when_due();
+                }
                 Step::Message(Ok(message)) => {
                     self.process(message).await?;
                     if self.in_flight.is_none() && self.flush_at.is_none() {
                         self.flush_at = Some(Instant::now() + linger);
                     }
-                    if self.in_flight.is_some() {
-                        self.apply_backpressure()?;
-                    }
+                    self.apply_backpressure()?;
                 }
                 Step::Message(Err(e)) => {
                     tracing::warn!(error = %e, "consumer error");
@@ -191,9 +213,11 @@ impl Processor {
         if let Err(e) = self.finish_flush().await {
             tracing::warn!(error = %e, "the flush in flight failed; its changes go into the final flush");
         }
+        if let Err(e) = self.finish_snapshot().await {
+            tracing::warn!(error = %e, "the snapshot in flight failed; its keys go into the final one");
+        }
         self.apply_group_events();
-        // Leave CQL as current as the changelog.
-        self.next_snapshot = Instant::now();
+        // flush_now leaves CQL as current as the changelog.
         if !self.partitions.suspended {
             for attempt in 0..3 {
                 match self.flush_now().await {
@@ -374,8 +398,43 @@ impl Processor {
     /// wait.
     fn flush_when_due(&mut self) {
         self.flush_at = None;
-        if self.in_flight.is_none() && !self.partitions.suspended && self.retry.ready(Instant::now()) {
+        if self.in_flight.is_none()
+            && !self.partitions.suspended
+            && self.retry.ready(Instant::now())
+            && self.cql_keeps_up()
+        {
             self.start_flush();
+        }
+    }
+
+    /// Starts a snapshot when one is due, none is in flight and no recent
+    /// failure asks to wait.
+    fn snapshot_when_due(&mut self) {
+        let now = Instant::now();
+        if self.cql.is_some()
+            && self.snapshot_in_flight.is_none()
+            && !self.partitions.suspended
+            && now >= self.next_snapshot
+            && self.snapshot_retry.ready(now)
+        {
+            self.start_snapshot();
+        }
+    }
+
+    /// After a snapshot settled: a failure is retried with backoff, and
+    /// meanwhile flushes wait once the changelog is too far ahead of CQL.
+    fn snapshot_settled(&mut self, outcome: Result<()>) -> Result<()> {
+        match outcome {
+            Ok(()) => {
+                self.snapshot_retry.succeeded();
+                Ok(())
+            }
+            Err(e) if e.is_retriable() => {
+                let delay = self.snapshot_retry.failed(Instant::now());
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "snapshot failed; will retry");
+                self.apply_backpressure()
+            }
+            Err(e) => Err(e),
         }
     }
 

@@ -30,6 +30,19 @@ pub fn flush_failed(elapsed: Duration) {
     histogram!("readfold_flush_duration_seconds").record(elapsed.as_secs_f64());
 }
 
+/// A CQL snapshot of `keys` keys was written.
+pub fn snapshot_written(elapsed: Duration, keys: usize) {
+    counter!("readfold_snapshots_total", "result" => "written").increment(1);
+    counter!("readfold_snapshot_keys_total").increment(keys as u64);
+    histogram!("readfold_snapshot_duration_seconds").record(elapsed.as_secs_f64());
+}
+
+/// A CQL snapshot failed and will be retried.
+pub fn snapshot_failed(elapsed: Duration) {
+    counter!("readfold_snapshots_total", "result" => "failed").increment(1);
+    histogram!("readfold_snapshot_duration_seconds").record(elapsed.as_secs_f64());
+}
+
 /// Keys waiting for the next flush, over all partitions.
 pub fn dirty_keys(n: usize) {
     gauge!("readfold_dirty_keys").set(n as f64);

@@ -1,0 +1,288 @@
+//! `readfold bench --latency-seconds S`: report-to-changelog and
+//! report-to-Redis latency at fixed offered rates, 10% to 90% of a maximum.
+//! `readfold run` (Redis and CQL on) is a child process on fresh topics;
+//! the bench produces the chat workload at each rate for S seconds, with
+//! every record stamped with its send time, and:
+//! - follows `read-cursors` (read_committed): a record's latency is its
+//!   arrival minus its `updated_at`, the send time of the newest input that
+//!   moved it;
+//! - sends 50 probe reports per second to conversations of their own and
+//!   polls Redis until each shows up.
+//!
+//! The maximum is `--latency-max-rate`, or, when that is 0, the rate at
+//! which `readfold run` catches up on a backlog of 500,000 records here.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use readfold_kafka::admin::{delete_topics, ensure_topics};
+use readfold_kafka::changelog::ChangelogReader;
+use readfold_kafka::producer::InputProducer;
+use readfold_store::redis::RedisStore;
+use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+use readfold_wire::codec::{ReadAction, ReadReportRecord};
+
+use super::child::{config_vars, free_addr, spawn};
+use super::percentile;
+use super::workload::{ChatWorkload, Generated};
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// The offered rates, as fractions of the maximum.
+const FRACTIONS: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
+/// Probe reports per second, each timed to Redis.
+const PROBES_PER_SEC: u64 = 50;
+/// Probe conversations (spread over the partitions).
+const PROBE_CONVERSATIONS: u64 = 12;
+
+/// One offered rate's figures.
+#[derive(Clone, Debug)]
+pub struct LatencyRow {
+    pub fraction: f64,
+    pub offered: f64,
+    pub achieved: f64,
+    /// Report-to-changelog, sorted, ms.
+    pub changelog_ms: Vec<f64>,
+    /// Report-to-Redis of the probes, sorted, ms.
+    pub redis_ms: Vec<f64>,
+}
+
+/// What a latency run measured.
+#[derive(Clone, Debug)]
+pub struct LatencyFigures {
+    pub max_rate: f64,
+    pub measured_max: bool,
+    pub rows: Vec<LatencyRow>,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<LatencyFigures> {
+    let (max_rate, measured_max) = if max_rate > 0.0 {
+        (max_rate, false)
+    } else {
+        let catch_up = super::throughput::throughput(config, 500_000).await?;
+        let on = catch_up
+            .rows
+            .last()
+            .ok_or_else(|| Error::Run("the catch-up run measured nothing".into()))?;
+        (on.records as f64 / on.secs.max(1e-9), true)
+    };
+
+    let config = super::on_fresh_topics(config, "latency");
+    let layout = ensure_topics(&config.kafka, &config.topics).await?;
+    let metrics = free_addr()?;
+    let mut vars = config_vars(&config);
+    vars.push(("READFOLD__METRICS__LISTEN".into(), metrics));
+    let child = spawn("run", &vars)?;
+
+    // Every changelog record from now on: (updated_at, arrival) in ms.
+    let arrivals: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
+    let following = Arc::new(AtomicBool::new(true));
+    let reader = ChangelogReader::new(
+        &config.kafka,
+        &format!("{}-watch", config.kafka.group_id),
+        &config.topics.read_cursors,
+        ChangelogKind::ByConversation,
+        config.input.max_id_bytes,
+    )?;
+    reader.follow(None)?;
+    let follower = {
+        let (arrivals, following) = (arrivals.clone(), following.clone());
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            while following.load(Ordering::Relaxed) {
+                reader.for_each_available(Duration::from_millis(50), |entry| {
+                    if let ChangelogEntry::Upsert(update) = entry {
+                        let arrived = now_ms();
+                        arrivals
+                            .lock()
+                            .expect("bench lock")
+                            .push((update.updated_at, arrived));
+                    }
+                })?;
+            }
+            Ok(())
+        })
+    };
+
+    let producer = Arc::new(InputProducer::new(
+        &config.kafka,
+        &config.topics,
+        layout.partitions,
+    )?);
+    let redis = Arc::new(RedisStore::connect(&config.redis).await?);
+    let mut probe_seq = 1i64;
+    // Warm up: the processor joins, restores, and a first probe lands.
+    probe(&producer, &redis, 0, &mut probe_seq, Duration::from_secs(120)).await?;
+
+    let mut workload = ChatWorkload::new("");
+    let mut rows = Vec::new();
+    for fraction in FRACTIONS {
+        let offered = max_rate * fraction;
+        let started = Instant::now();
+        let from = now_ms();
+        let (mut sent, mut next_probe) = (0u64, 0u64);
+        let mut probes = tokio::task::JoinSet::new();
+        let mut sends = tokio::task::JoinSet::new();
+        while started.elapsed() < Duration::from_secs(seconds) {
+            let elapsed = started.elapsed().as_secs_f64();
+            let due = (offered * elapsed) as u64;
+            let (mut reports, mut events) = (Vec::new(), Vec::new());
+            let at = now_ms();
+            while sent < due {
+                match workload.next(at) {
+                    Generated::Report(r) => reports.push(r),
+                    Generated::Event(e) => events.push(e),
+                }
+                sent += 1;
+            }
+            if !reports.is_empty() || !events.is_empty() {
+                let producer = producer.clone();
+                sends.spawn(async move { producer.send_many(&reports, &events).await });
+            }
+            if (elapsed * PROBES_PER_SEC as f64) as u64 >= next_probe {
+                next_probe += 1;
+                probe_seq += 1;
+                let (producer, redis, seq) = (producer.clone(), redis.clone(), probe_seq);
+                probes.spawn(async move {
+                    let mut seq_at = seq;
+                    probe(
+                        &producer,
+                        &redis,
+                        seq as u64 % PROBE_CONVERSATIONS,
+                        &mut seq_at,
+                        Duration::from_secs(60),
+                    )
+                    .await
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let achieved = sent as f64 / started.elapsed().as_secs_f64();
+        let to = now_ms();
+        while let Some(done) = sends.join_next().await {
+            done.map_err(|e| Error::Run(format!("send task: {e}")))??;
+        }
+        let mut redis_ms = Vec::new();
+        while let Some(done) = probes.join_next().await {
+            redis_ms.push(done.map_err(|e| Error::Run(format!("probe task: {e}")))??);
+        }
+        // Let the step's last flushes arrive before the next step starts.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let mut changelog_ms: Vec<f64> = arrivals
+            .lock()
+            .expect("bench lock")
+            .iter()
+            .filter(|(at, _)| (from..to).contains(at))
+            .map(|(at, arrived)| (arrived - at) as f64)
+            .collect();
+        changelog_ms.sort_by(f64::total_cmp);
+        redis_ms.sort_by(f64::total_cmp);
+        rows.push(LatencyRow {
+            fraction,
+            offered,
+            achieved,
+            changelog_ms,
+            redis_ms,
+        });
+    }
+    following.store(false, Ordering::Relaxed);
+    follower
+        .await
+        .map_err(|e| Error::Run(format!("follower: {e}")))??;
+    drop(child);
+    let names = config.topics.names();
+    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
+    delete_topics(&config.kafka, &names).await?;
+    Ok(LatencyFigures {
+        max_rate,
+        measured_max,
+        rows,
+    })
+}
+
+/// Sends probe report `seq` for probe conversation `k` and polls Redis
+/// every millisecond until it shows; returns the latency in ms.
+async fn probe(
+    producer: &InputProducer,
+    redis: &RedisStore,
+    k: u64,
+    seq: &mut i64,
+    within: Duration,
+) -> Result<f64> {
+    let conversation = format!("probe-{k}");
+    let report = ReadReportRecord {
+        conversation_id: conversation.clone(),
+        user_id: "prober".into(),
+        seq: *seq,
+        device_id: None,
+        reported_at: now_ms(),
+        private: false,
+        action: ReadAction::Read,
+    };
+    let user = "prober"
+        .parse()
+        .map_err(|e| Error::Run(format!("probe user: {e}")))?;
+    let sent = Instant::now();
+    producer.report(&report).await?;
+    loop {
+        if let Some(view) = redis.conversation(&conversation).await? {
+            if view.cursor(&user).get() as i64 >= *seq {
+                return Ok(sent.elapsed().as_secs_f64() * 1000.0);
+            }
+        }
+        if sent.elapsed() > within {
+            return Err(Error::Run(format!(
+                "probe {conversation} seq {seq} never reached Redis"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+pub fn print_latency(f: &LatencyFigures) {
+    println!(
+        "latency at fixed offered rates (records/s over both inputs; maximum {:.0}/s{}), Redis and CQL on:",
+        f.max_rate,
+        if f.measured_max {
+            ", from a catch-up of 500,000 records"
+        } else {
+            ", given"
+        }
+    );
+    println!(
+        "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6}",
+        "load",
+        "offered",
+        "achieved",
+        "report->changelog p50/p99/p99.9 ms",
+        "records",
+        "report->Redis p50/p99/p99.9 ms",
+        "probes"
+    );
+    for r in &f.rows {
+        let p = |v: &[f64]| {
+            format!(
+                "{:.0} / {:.0} / {:.0}",
+                percentile(v, 0.5),
+                percentile(v, 0.99),
+                percentile(v, 0.999)
+            )
+        };
+        println!(
+            "  {:>4.0}% {:>9.0} {:>9.0} | {:>35} {:>8} | {:>30} {:>6}",
+            r.fraction * 100.0,
+            r.offered,
+            r.achieved,
+            p(&r.changelog_ms),
+            r.changelog_ms.len(),
+            p(&r.redis_ms),
+            r.redis_ms.len()
+        );
+    }
+}
