@@ -112,7 +112,7 @@ impl Processor {
             out: self.out.clone(),
             topics: self.settings.topics.clone(),
         };
-        let group = rdkafka::consumer::Consumer::group_metadata(&self.consumer);
+        let group = rdkafka::consumer::Consumer::group_metadata(&*self.consumer);
         let plan = Arc::new(plan);
         InFlight {
             task: tokio::spawn(writer.write(Arc::clone(&plan), group)),

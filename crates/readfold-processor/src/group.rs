@@ -39,6 +39,11 @@ impl GroupEvents {
     pub fn take(&self) -> Vec<GroupEvent> {
         std::mem::take(&mut *self.0.lock().expect("group event lock"))
     }
+
+    /// Whether events wait to be taken.
+    pub fn pending(&self) -> bool {
+        !self.0.lock().expect("group event lock").is_empty()
+    }
 }
 
 impl ClientContext for GroupContext {

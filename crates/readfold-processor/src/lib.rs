@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::TopicPartitionList;
 use readfold_core::backoff::{self, Backoff};
 use readfold_core::flush::over_bound;
@@ -49,7 +49,10 @@ pub struct Processor {
     settings: Settings,
     layout: Layout,
     out: OutputTopics,
-    consumer: GroupConsumer,
+    /// Shared with the run loop, so that a fetched record can borrow it
+    /// while the loop folds it into `self`.
+    consumer: Arc<GroupConsumer>,
+    records_in: telemetry::RecordsIn,
     events: GroupEvents,
     transactions: Transactions,
     restorer: Arc<Restorer>,
@@ -73,6 +76,28 @@ pub struct Processor {
     recoveries: u32,
     /// Partitions the last assignment brought that have no state yet.
     to_restore: Vec<i32>,
+}
+
+/// Records folded per turn of the run loop at most, so that flushes,
+/// ticks and shutdown are still looked at often under load.
+const FOLD_BATCH: usize = 512;
+
+/// What [`Processor::fold_record`] did with a record.
+enum Folded {
+    Done,
+    /// Its partition has no state yet: restore it, then fold again.
+    Unrestored,
+}
+
+/// Polls `future` once, with a waker that does nothing: its output if it
+/// is ready now.
+fn poll_once<F: Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
 }
 
 /// How many times in a row the processor starts over with a new
@@ -106,7 +131,11 @@ impl Processor {
             snapshot_interval: Duration::from_millis(settings.snapshot.interval_ms),
             next_snapshot: Instant::now(),
             layout,
-            consumer,
+            consumer: Arc::new(consumer),
+            records_in: telemetry::RecordsIn::new(
+                &settings.topics.read_reports,
+                &settings.topics.conversation_events,
+            ),
             events,
             transactions,
             restorer: Arc::new(restorer),
@@ -138,28 +167,60 @@ impl Processor {
         let mut tick = tokio::time::interval(self.settings.flush.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let linger = self.settings.flush.linger();
+        let consumer = Arc::clone(&self.consumer);
+        // One timer for the linger, moved rather than made anew per loop.
+        let linger_sleep = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(linger_sleep);
+        let mut linger_armed: Option<Instant> = None;
+        /// What woke the loop; a fetched record still borrows the consumer.
+        enum Woke<'a> {
+            Shutdown,
+            Tick,
+            Linger,
+            Flushed(Result<()>),
+            Snapshotted(Result<()>),
+            Fetched(std::result::Result<BorrowedMessage<'a>, KafkaError>),
+        }
+        /// What to do about it, with no borrow of the consumer left.
         enum Step {
             Shutdown,
             Tick,
             Linger,
             Flushed(Result<()>),
             Snapshotted(Result<()>),
-            Message(std::result::Result<OwnedMessage, KafkaError>),
+            /// Folded, or deferred (copied) until a rebalance is applied or
+            /// its partition is restored.
+            Fetched(Option<OwnedMessage>),
+            FetchFailed(KafkaError),
         }
         loop {
             if *shutdown.borrow() {
                 break;
             }
-            let (consumer, in_flight, snapshot_in_flight) =
-                (&self.consumer, &mut self.in_flight, &mut self.snapshot_in_flight);
-            let linger_until = self.flush_at.map(tokio::time::Instant::from_std);
-            let step = tokio::select! {
-                _ = shutdown.changed() => Step::Shutdown,
-                outcome = async { in_flight.as_mut().expect("guarded").done().await }, if in_flight.is_some() => Step::Flushed(outcome),
-                outcome = async { snapshot_in_flight.as_mut().expect("guarded").done().await }, if snapshot_in_flight.is_some() => Step::Snapshotted(outcome),
-                _ = tick.tick() => Step::Tick,
-                _ = tokio::time::sleep_until(linger_until.unwrap_or_else(tokio::time::Instant::now)), if linger_until.is_some() && in_flight.is_none() => Step::Linger,
-                m = consumer.recv() => Step::Message(m.map(|m| m.detach())),
+            if self.flush_at != linger_armed {
+                if let Some(at) = self.flush_at {
+                    linger_sleep.as_mut().reset(tokio::time::Instant::from_std(at));
+                }
+                linger_armed = self.flush_at;
+            }
+            let lingering = self.flush_at.is_some();
+            let (in_flight, snapshot_in_flight) = (&mut self.in_flight, &mut self.snapshot_in_flight);
+            let woke = tokio::select! {
+                _ = shutdown.changed() => Woke::Shutdown,
+                outcome = async { in_flight.as_mut().expect("guarded").done().await }, if in_flight.is_some() => Woke::Flushed(outcome),
+                outcome = async { snapshot_in_flight.as_mut().expect("guarded").done().await }, if snapshot_in_flight.is_some() => Woke::Snapshotted(outcome),
+                _ = tick.tick() => Woke::Tick,
+                _ = &mut linger_sleep, if lingering && in_flight.is_none() => Woke::Linger,
+                m = consumer.recv() => Woke::Fetched(m),
+            };
+            let step = match woke {
+                Woke::Shutdown => Step::Shutdown,
+                Woke::Tick => Step::Tick,
+                Woke::Linger => Step::Linger,
+                Woke::Flushed(outcome) => Step::Flushed(outcome),
+                Woke::Snapshotted(outcome) => Step::Snapshotted(outcome),
+                Woke::Fetched(Ok(message)) => Step::Fetched(self.fold_or_defer(message)),
+                Woke::Fetched(Err(e)) => Step::FetchFailed(e),
             };
             // Rebalance callbacks ran inside recv(); apply them before
             // touching any partition's state.
@@ -194,19 +255,17 @@ impl Processor {
                     }
                     self.snapshot_when_due();
                 }
-                Step::Message(Ok(message)) => {
-                    self.process(message).await?;
+                Step::Fetched(deferred) => {
+                    if let Some(message) = deferred {
+                        self.process(message).await?;
+                    }
+                    self.fold_fetched(&consumer).await?;
                     if self.in_flight.is_none() && self.flush_at.is_none() {
                         self.flush_at = Some(Instant::now() + linger);
                     }
                     self.apply_backpressure()?;
                 }
-                Step::Message(Err(e)) => {
-                    tracing::warn!(error = %e, "consumer error");
-                    if matches!(e, KafkaError::MessageConsumptionFatal(_)) {
-                        return Err(Error::Consumer(e));
-                    }
-                }
+                Step::FetchFailed(e) => self.consumer_error(e)?,
             }
         }
         tracing::info!("shutting down: final flush");
@@ -306,7 +365,60 @@ impl Processor {
         );
     }
 
+    /// Folds the records the consumer has already fetched, up to
+    /// [`FOLD_BATCH`], without waiting for more: one turn of the run loop
+    /// per batch rather than per record.
+    async fn fold_fetched(&mut self, consumer: &GroupConsumer) -> Result<()> {
+        for _ in 1..FOLD_BATCH {
+            let deferred = match poll_once(consumer.recv()) {
+                None => return Ok(()),
+                Some(Err(e)) => return self.consumer_error(e),
+                Some(Ok(message)) => self.fold_or_defer(message),
+            };
+            if let Some(message) = deferred {
+                self.apply_group_events();
+                self.restore_assigned().await?;
+                self.process(message).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Folds a fetched record at once, in place, unless a rebalance waits
+    /// to be applied or its partition has no state yet: then it returns a
+    /// copy for [`Processor::process`], after the rebalance.
+    fn fold_or_defer(&mut self, message: BorrowedMessage<'_>) -> Option<OwnedMessage> {
+        if self.events.pending() {
+            return Some(message.detach());
+        }
+        match self.fold_record(&message) {
+            Folded::Done => None,
+            Folded::Unrestored => Some(message.detach()),
+        }
+    }
+
+    /// Folds a record, restoring its partition's state first if needed.
     async fn process(&mut self, message: OwnedMessage) -> Result<()> {
+        if let Folded::Unrestored = self.fold_record(&message) {
+            for (partition, slot) in self.restore(&[message.partition()]).await? {
+                self.partitions.slots.insert(partition, slot);
+            }
+            self.fold_record(&message);
+        }
+        Ok(())
+    }
+
+    fn consumer_error(&self, e: KafkaError) -> Result<()> {
+        tracing::warn!(error = %e, "consumer error");
+        if matches!(e, KafkaError::MessageConsumptionFatal(_)) {
+            return Err(Error::Consumer(e));
+        }
+        Ok(())
+    }
+
+    /// Folds one input record into its partition's state (or its dead
+    /// letters).
+    fn fold_record(&mut self, message: &impl Message) -> Folded {
         let topic = message.topic();
         let kind = if topic == self.settings.topics.read_reports {
             InputKind::ReadReports
@@ -314,27 +426,19 @@ impl Processor {
             InputKind::ConversationEvents
         } else {
             tracing::warn!(topic, "message from an unexpected topic");
-            return Ok(());
+            return Folded::Done;
         };
         let partition = message.partition();
-        telemetry::record_in(topic);
-        if !self.partitions.slots.contains_key(&partition) {
-            for (partition, slot) in self.restore(&[partition]).await? {
-                self.partitions.slots.insert(partition, slot);
-            }
-        }
+        let Some(slot) = self.partitions.slots.get_mut(&partition) else {
+            return Folded::Unrestored;
+        };
+        self.records_in.record(kind);
         let placement = Placement {
             key: message.key(),
             partition,
             partition_count: self.layout.partitions,
         };
-        let outcome = ingest(kind, message.payload(), placement, &self.settings.input);
-        let slot = self
-            .partitions
-            .slots
-            .get_mut(&partition)
-            .expect("slot restored above");
-        match outcome {
+        match ingest(kind, message.payload(), placement, &self.settings.input) {
             Ok(input) => {
                 slot.state.apply(&input);
             }
@@ -356,7 +460,7 @@ impl Processor {
             }
         }
         slot.processed(kind, message.offset());
-        Ok(())
+        Folded::Done
     }
 
     /// Rebuilds `partitions`' state from the changelogs, on a blocking

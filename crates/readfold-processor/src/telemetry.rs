@@ -2,13 +2,33 @@
 
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{counter, gauge, histogram, Counter};
+use readfold_core::fold::InputKind;
 
 use readfold_wire::RejectReason;
 
-/// A record was read from an input topic.
-pub fn record_in(topic: &str) {
-    counter!("readfold_records_in_total", "topic" => topic.to_owned()).increment(1);
+/// Counts records read from the two input topics; the handles are looked up
+/// once, not per record.
+pub struct RecordsIn {
+    read_reports: Counter,
+    conversation_events: Counter,
+}
+
+impl RecordsIn {
+    pub fn new(read_reports: &str, conversation_events: &str) -> Self {
+        RecordsIn {
+            read_reports: counter!("readfold_records_in_total", "topic" => read_reports.to_owned()),
+            conversation_events: counter!("readfold_records_in_total", "topic" => conversation_events.to_owned()),
+        }
+    }
+
+    /// A record was read from the input `kind`.
+    pub fn record(&self, kind: InputKind) {
+        match kind {
+            InputKind::ReadReports => self.read_reports.increment(1),
+            InputKind::ConversationEvents => self.conversation_events.increment(1),
+        }
+    }
 }
 
 /// A record went to the dead-letter topic.
