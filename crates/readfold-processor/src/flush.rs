@@ -98,10 +98,12 @@ impl Processor {
         }
     }
 
-    /// Everything published before `began` is in CQL.
+    /// Everything published before `began` is in CQL. The next snapshot
+    /// starts one interval after this one started, so that CQL's lag stays
+    /// under the interval plus one snapshot's duration.
     fn snapshot_done(&mut self, began: Instant) {
         self.cql_covered_at = began;
-        self.next_snapshot = Instant::now() + self.snapshot_interval;
+        self.next_snapshot = began + self.snapshot_interval;
     }
 
     fn launch(&self, plan: FlushPlan<OutRecord>) -> InFlight {
@@ -203,6 +205,7 @@ impl Writer {
         plan: Arc<FlushPlan<OutRecord>>,
         group: Option<ConsumerGroupMetadata>,
     ) -> Result<()> {
+        let started = Instant::now();
         if let (false, Some(redis)) = (plan.changes.is_empty(), &self.redis) {
             let changes = || plan.changes.iter().map(|(_, c)| c);
             timed_write(
@@ -225,6 +228,7 @@ impl Writer {
         if !plan.needs_transaction() {
             return Ok(());
         }
+        let stores = started.elapsed();
         let mut records = Vec::with_capacity(plan.changes.len() * 2 + plan.dead_letters.len());
         for (partition, change) in &plan.changes {
             records.extend(changelog_records(change, *partition, &self.out));
@@ -238,7 +242,15 @@ impl Writer {
             };
             offsets.add_partition_offset(topic, partition, Offset::Offset(offset))?;
         }
-        self.transactions.commit(records, offsets, group).await
+        let encoded = started.elapsed();
+        let committed = self.transactions.commit(records, offsets, group).await;
+        tracing::debug!(
+            stores_ms = stores.as_millis() as u64,
+            encode_ms = (encoded - stores).as_millis() as u64,
+            transaction_ms = (started.elapsed() - encoded).as_millis() as u64,
+            "flush phases"
+        );
+        committed
     }
 }
 

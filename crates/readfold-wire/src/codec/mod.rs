@@ -6,6 +6,7 @@
 //! Outputs are plain Avro binary.
 
 mod fast;
+mod fast_encode;
 mod records;
 #[cfg(test)]
 mod tests;
@@ -282,7 +283,7 @@ pub fn decode_cursor_key(bytes: &[u8]) -> Result<CursorKeyRecord, DecodeError> {
 }
 
 pub fn encode_cursor_key(record: &CursorKeyRecord) -> Vec<u8> {
-    encode_value(&codecs().cursor_key, record.to_value())
+    fast_encode::cursor_key(record)
 }
 
 pub fn decode_user_cursor_key(bytes: &[u8]) -> Result<UserCursorKeyRecord, DecodeError> {
@@ -290,7 +291,7 @@ pub fn decode_user_cursor_key(bytes: &[u8]) -> Result<UserCursorKeyRecord, Decod
 }
 
 pub fn encode_user_cursor_key(record: &UserCursorKeyRecord) -> Vec<u8> {
-    encode_value(&codecs().user_cursor_key, record.to_value())
+    fast_encode::user_cursor_key(record)
 }
 
 pub fn decode_cursor_update(bytes: &[u8]) -> Result<CursorUpdateRecord, DecodeError> {
@@ -298,7 +299,7 @@ pub fn decode_cursor_update(bytes: &[u8]) -> Result<CursorUpdateRecord, DecodeEr
 }
 
 pub fn encode_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
-    encode_value(&codecs().cursor_update, record.to_value())
+    fast_encode::cursor_update(record)
 }
 
 pub fn decode_member_state(bytes: &[u8]) -> Result<MemberStateRecord, DecodeError> {
@@ -306,7 +307,7 @@ pub fn decode_member_state(bytes: &[u8]) -> Result<MemberStateRecord, DecodeErro
 }
 
 pub fn encode_member_state(record: &MemberStateRecord) -> Vec<u8> {
-    encode_value(&codecs().member_state, record.to_value())
+    fast_encode::member_state(record)
 }
 
 /// Encodes a read report as v1.0 did: for tests that old records still decode.

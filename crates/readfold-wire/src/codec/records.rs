@@ -303,6 +303,8 @@ impl CursorKeyRecord {
         })
     }
 
+    /// The generic writer's input, to hold the hand-written encoder to.
+    #[cfg(test)]
     pub(super) fn to_value(&self) -> Value {
         record(vec![
             ("conversation_id", Value::String(self.conversation_id.clone())),
@@ -320,6 +322,8 @@ impl UserCursorKeyRecord {
         })
     }
 
+    /// The generic writer's input, to hold the hand-written encoder to.
+    #[cfg(test)]
     pub(super) fn to_value(&self) -> Value {
         record(vec![
             ("user_id", Value::String(self.user_id.clone())),
@@ -374,6 +378,8 @@ impl MemberStateRecord {
         })
     }
 
+    /// The generic writer's input, to hold the hand-written encoder to.
+    #[cfg(test)]
     pub(super) fn to_value(&self) -> Value {
         record(vec![
             ("conversation_id", Value::String(self.conversation_id.clone())),
