@@ -279,7 +279,10 @@ pub fn encode_conversation_event(record: &ConversationEventRecord) -> Vec<u8> {
 }
 
 pub fn decode_cursor_key(bytes: &[u8]) -> Result<CursorKeyRecord, DecodeError> {
-    CursorKeyRecord::from_value(decode_value(&codecs().cursor_key, bytes)?)
+    match fast::cursor_key(bytes) {
+        Some(record) => Ok(record),
+        None => CursorKeyRecord::from_value(decode_value(&codecs().cursor_key, bytes)?),
+    }
 }
 
 pub fn encode_cursor_key(record: &CursorKeyRecord) -> Vec<u8> {
@@ -287,7 +290,10 @@ pub fn encode_cursor_key(record: &CursorKeyRecord) -> Vec<u8> {
 }
 
 pub fn decode_user_cursor_key(bytes: &[u8]) -> Result<UserCursorKeyRecord, DecodeError> {
-    UserCursorKeyRecord::from_value(decode_value(&codecs().user_cursor_key, bytes)?)
+    match fast::user_cursor_key(bytes) {
+        Some(record) => Ok(record),
+        None => UserCursorKeyRecord::from_value(decode_value(&codecs().user_cursor_key, bytes)?),
+    }
 }
 
 pub fn encode_user_cursor_key(record: &UserCursorKeyRecord) -> Vec<u8> {
@@ -295,7 +301,10 @@ pub fn encode_user_cursor_key(record: &UserCursorKeyRecord) -> Vec<u8> {
 }
 
 pub fn decode_cursor_update(bytes: &[u8]) -> Result<CursorUpdateRecord, DecodeError> {
-    CursorUpdateRecord::from_value(decode_value(&codecs().cursor_update, bytes)?)
+    match fast::cursor_update(bytes) {
+        Some(record) => Ok(record),
+        None => CursorUpdateRecord::from_value(decode_value(&codecs().cursor_update, bytes)?),
+    }
 }
 
 pub fn encode_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
@@ -303,7 +312,10 @@ pub fn encode_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
 }
 
 pub fn decode_member_state(bytes: &[u8]) -> Result<MemberStateRecord, DecodeError> {
-    MemberStateRecord::from_value(decode_value(&codecs().member_state, bytes)?)
+    match fast::member_state(bytes) {
+        Some(record) => Ok(record),
+        None => MemberStateRecord::from_value(decode_value(&codecs().member_state, bytes)?),
+    }
 }
 
 pub fn encode_member_state(record: &MemberStateRecord) -> Vec<u8> {
