@@ -63,20 +63,20 @@ impl<D> PartitionSlot<D> {
     }
 }
 
-/// What one flush publishes.
+/// What one flush ([`begin`]) or one snapshot ([`begin_snapshot`])
+/// publishes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FlushPlan<D> {
-    /// The partitions this flush covers.
+    /// The partitions this plan covers.
     pub partitions: Vec<i32>,
-    /// The current value of every dirty key, with its input partition: the
-    /// changelog records and the Redis writes.
+    /// A flush's current value of every dirty key, with its input
+    /// partition: the changelog records and the Redis writes.
     pub changes: Vec<(i32, Change)>,
-    /// When a snapshot is due, what CQL gets: the whole current state
-    /// (public, and private where there is any) of every key changed since
-    /// the last snapshot, the dirty ones and those published by earlier
-    /// flushes. Whole, because an earlier flush may have published only
-    /// part of a key's state (a private change) that CQL has not seen.
-    /// `None` when no snapshot is due.
+    /// A snapshot's rows for CQL: the whole current state (public, and
+    /// private where there is any) of every key published since the last
+    /// snapshot. Whole, because a flush may have published only part of a
+    /// key's state (a private change) that CQL has not seen. `None` in a
+    /// flush.
     pub snapshot: Option<Vec<Change>>,
     /// Rejected records, with their input partition.
     pub dead_letters: Vec<(i32, D)>,
@@ -104,33 +104,24 @@ impl<D> FlushPlan<D> {
     }
 }
 
-/// Begins a flush of every partition with work (with `snapshot_due`, also
-/// of every partition with keys not yet snapshotted): takes the pending
-/// changes, dead letters and offsets out of the slots into the plan, so
-/// that what is folded while the plan is written waits for the next flush.
-/// Settle the plan with [`committed`] or [`failed`].
-pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, snapshot_due: bool) -> FlushPlan<D> {
+/// Begins a flush of every partition with work: takes the pending changes,
+/// dead letters and offsets out of the slots into the plan, so that what is
+/// folded while the plan is written waits for the next flush. Settle the
+/// plan with [`committed`] or [`failed`].
+pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
     let mut plan = FlushPlan {
         partitions: Vec::new(),
         changes: Vec::new(),
-        snapshot: snapshot_due.then(Vec::new),
+        snapshot: None,
         dead_letters: Vec::new(),
         offsets: Vec::new(),
         unsnapshotted: Vec::new(),
     };
     for (&partition, slot) in slots.iter_mut() {
-        let snapshot_work = snapshot_due && !slot.unsnapshotted.is_empty();
-        if !slot.has_work() && !snapshot_work {
+        if !slot.has_work() {
             continue;
         }
         plan.partitions.push(partition);
-        if let Some(snapshot) = &mut plan.snapshot {
-            let dirty = slot.state.dirty_keys();
-            let earlier = slot.unsnapshotted.iter().filter(|k| !slot.state.is_dirty(k));
-            snapshot.extend(dirty.chain(earlier).filter_map(|k| slot.state.current(k)));
-            plan.unsnapshotted
-                .push((partition, std::mem::take(&mut slot.unsnapshotted)));
-        }
         plan.changes
             .extend(slot.state.drain().into_iter().map(|change| (partition, change)));
         plan.dead_letters
@@ -440,7 +431,7 @@ mod tests {
         ]);
         slots.get_mut(&1).unwrap().dead_letters.push("bad");
         slots.insert(2, PartitionSlot::restored(PartitionState::new(), true));
-        let plan = begin(&mut slots, false);
+        let plan = begin(&mut slots);
         assert_eq!(plan.partitions, [0, 1], "partition 2 has nothing to do");
         assert_eq!(plan.changes.len(), 3);
         assert_eq!(plan.dead_letters, [(1, "bad")]);
@@ -454,14 +445,14 @@ mod tests {
             slots.values().all(|s| !s.has_work()),
             "the plan took the work out of the slots"
         );
-        assert!(begin(&mut slots, false).is_empty());
+        assert!(begin(&mut slots).is_empty());
     }
 
     #[test]
     fn a_failed_flush_gives_its_work_back_and_is_planned_again_with_newer_values() {
         let mut slots = slots_with(&[(0, report("C", "u", 3)), (0, report("C", "v", 1))]);
         slots.get_mut(&0).unwrap().dead_letters.push("first");
-        let first = begin(&mut slots, false);
+        let first = begin(&mut slots);
         // In flight; more input arrives, for one of the keys.
         let slot = slots.get_mut(&0).unwrap();
         slot.state.apply_report(&report("C", "u", 7));
@@ -476,7 +467,7 @@ mod tests {
             21,
             "newer input moved the offset on"
         );
-        let second = begin(&mut slots, false);
+        let second = begin(&mut slots);
         let mut changes = second.changes.clone();
         changes.sort_by(|a, b| a.1.key.user_id.cmp(&b.1.key.user_id));
         assert_eq!(changes, [(0, up("C", "u", 7, 0)), (0, up("C", "v", 1, 0))]);
@@ -485,7 +476,7 @@ mod tests {
     #[test]
     fn a_failed_flush_keeps_its_offset_when_nothing_newer_arrived() {
         let mut slots = slots_with(&[(0, report("C", "u", 3))]);
-        let first = begin(&mut slots, false);
+        let first = begin(&mut slots);
         failed(&mut slots, &first, true);
         assert_eq!(slots[&0].offsets[&InputKind::ReadReports], 11);
     }
@@ -494,7 +485,7 @@ mod tests {
     fn after_a_rebalance_a_failed_flush_gives_back_state_but_not_input_progress() {
         let mut slots = slots_with(&[(0, report("C", "u", 3))]);
         slots.get_mut(&0).unwrap().dead_letters.push("bad");
-        let first = begin(&mut slots, false);
+        let first = begin(&mut slots);
         slots.get_mut(&0).unwrap().forget_uncommitted();
         failed(&mut slots, &first, false);
         let slot = &slots[&0];
@@ -505,7 +496,7 @@ mod tests {
     #[test]
     fn a_failed_flush_skips_partitions_no_longer_held() {
         let mut slots = slots_with(&[(0, report("C", "u", 3))]);
-        let first = begin(&mut slots, false);
+        let first = begin(&mut slots);
         slots.clear();
         failed(&mut slots, &first, true);
         assert!(slots.is_empty());
@@ -515,14 +506,14 @@ mod tests {
     fn commit_clears_work_and_tracks_keys_until_the_next_snapshot() {
         let mut slots = slots_with(&[(0, report("C", "u", 3))]);
         slots.get_mut(&0).unwrap().unsnapshotted.clear();
-        let p = begin(&mut slots, false);
+        let p = begin(&mut slots);
         committed(&mut slots, &p, true);
         let slot = &slots[&0];
         assert!(!slot.has_work());
         assert_eq!(slot.unsnapshotted.len(), 1, "published, not yet in CQL");
 
         // The snapshot tick writes the backlog although nothing is dirty.
-        let snap = begin(&mut slots, true);
+        let snap = begin_snapshot(&mut slots);
         assert_eq!(snap.partitions, [0]);
         assert!(snap.changes.is_empty());
         assert_eq!(snap.snapshot.as_ref().unwrap().len(), 1);
@@ -533,20 +524,20 @@ mod tests {
         assert_eq!(snap.snapshot_changes().count(), 1);
         committed(&mut slots, &snap, true);
         assert!(slots[&0].unsnapshotted.is_empty());
-        assert!(begin(&mut slots, true).is_empty());
+        assert!(begin_snapshot(&mut slots).is_empty());
     }
 
     #[test]
     fn a_failed_snapshot_gives_its_backlog_back() {
         let mut slots = slots_with(&[(0, report("C", "u", 3))]);
         slots.get_mut(&0).unwrap().unsnapshotted.clear();
-        let p = begin(&mut slots, false);
+        let p = begin(&mut slots);
         committed(&mut slots, &p, true);
-        let snap = begin(&mut slots, true);
+        let snap = begin_snapshot(&mut slots);
         assert!(slots[&0].unsnapshotted.is_empty(), "taken by the snapshot");
         failed(&mut slots, &snap, true);
         assert_eq!(slots[&0].unsnapshotted.len(), 1);
-        assert_eq!(begin(&mut slots, true).snapshot_changes().count(), 1);
+        assert_eq!(begin_snapshot(&mut slots).snapshot_changes().count(), 1);
     }
 
     #[test]
@@ -555,7 +546,7 @@ mod tests {
         for slot in slots.values_mut() {
             slot.unsnapshotted.clear();
         }
-        let p = begin(&mut slots, false);
+        let p = begin(&mut slots);
         committed(&mut slots, &p, true);
         slots
             .get_mut(&0)
@@ -578,29 +569,31 @@ mod tests {
 
     #[test]
     fn a_snapshot_writes_the_whole_state_of_a_key_only_partly_published() {
-        // A private receipt published by an earlier flush, then a public
-        // one in the snapshot's own flush: CQL must get both.
+        // A private receipt published by one flush, then a public one by
+        // the next: the snapshot gives CQL both.
         let mut slots = slots_with(&[(0, report("C", "u", 1))]);
         slots.get_mut(&0).unwrap().unsnapshotted.clear();
-        let p = begin(&mut slots, false);
+        let p = begin(&mut slots);
         committed(&mut slots, &p, true);
         let private = ReadReport {
             private: true,
             ..report("C", "u", 5)
         };
         slots.get_mut(&0).unwrap().state.apply_report(&private);
-        let p = begin(&mut slots, false);
+        let p = begin(&mut slots);
         committed(&mut slots, &p, true);
         slots
             .get_mut(&0)
             .unwrap()
             .state
             .apply_report(&report("C", "u", 2));
-        let snap = begin(&mut slots, true);
+        let p = begin(&mut slots);
         assert!(
-            !snap.changes[0].1.outputs.state,
+            !p.changes[0].1.outputs.state,
             "the dirty change itself is public only"
         );
+        committed(&mut slots, &p, true);
+        let snap = begin_snapshot(&mut slots);
         let cql: Vec<&Change> = snap.snapshot_changes().collect();
         assert_eq!(cql.len(), 1);
         assert!(
@@ -614,7 +607,7 @@ mod tests {
     fn without_snapshots_nothing_is_tracked() {
         let mut slots = slots_with(&[(0, report("C", "u", 3))]);
         slots.get_mut(&0).unwrap().unsnapshotted.clear();
-        let p = begin(&mut slots, false);
+        let p = begin(&mut slots);
         committed(&mut slots, &p, false);
         assert!(slots[&0].unsnapshotted.is_empty());
     }

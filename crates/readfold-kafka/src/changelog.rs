@@ -58,16 +58,10 @@ impl Restorer {
         })
     }
 
-    /// `partition`'s state as the committed changelogs hold it.
-    pub fn restore(&self, partition: i32) -> Result<(PartitionState, RestoreStats)> {
-        let (mut states, stats) = self.restore_many(&[partition])?;
-        let state = states.remove(&partition).unwrap_or_default();
-        Ok((state, stats))
-    }
-
-    /// The states of `partitions`, in one read of each changelog with all
-    /// of them assigned at once: a rebalance that hands over several
-    /// partitions pays each topic's round trips once, not per partition.
+    /// The states of `partitions` as the committed changelogs hold them, in
+    /// one read of each changelog with all of them assigned at once: a
+    /// rebalance that hands over several partitions pays each topic's round
+    /// trips once, not per partition.
     pub fn restore_many(&self, partitions: &[i32]) -> Result<(BTreeMap<i32, PartitionState>, RestoreStats)> {
         let started = Instant::now();
         let mut states: BTreeMap<i32, PartitionState> =

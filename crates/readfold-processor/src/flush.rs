@@ -80,7 +80,7 @@ impl Processor {
         self.flush_at = None;
         telemetry::dirty_keys(self.partitions.dirty_len());
         telemetry::cursors_held(self.partitions.cursor_count());
-        let plan = flush::begin(&mut self.partitions.slots, false);
+        let plan = flush::begin(&mut self.partitions.slots);
         if !plan.is_empty() {
             self.in_flight = Some(self.launch(plan));
         }
@@ -132,12 +132,9 @@ impl Processor {
         let plan = &flight.plan;
         match outcome {
             Ok(()) if plan.snapshot.is_some() => {
-                telemetry::snapshot_written(elapsed, plan.snapshot_changes().count());
-                tracing::debug!(
-                    keys = plan.snapshot_changes().count(),
-                    elapsed_ms = elapsed.as_millis() as u64,
-                    "snapshot written"
-                );
+                let keys = plan.snapshot_changes().count();
+                telemetry::snapshot_written(elapsed, keys);
+                tracing::debug!(keys, elapsed_ms = elapsed.as_millis() as u64, "snapshot written");
                 self.snapshot_done(flight.started);
                 Ok(())
             }

@@ -332,7 +332,7 @@ impl Processor {
             return Ok(());
         }
         let partitions = std::mem::take(&mut self.to_restore);
-        self.wait_for_stable_offsets(&partitions).await;
+        self.wait_for_stable_offsets(&partitions);
         for (partition, slot) in self.restore(&partitions).await? {
             self.partitions.slots.insert(partition, slot);
         }
@@ -343,8 +343,9 @@ impl Processor {
     /// previous owner may still be committing its last flush, and a restore
     /// must see it (read_committed reads stop at an open transaction).
     /// librdkafka asks for stable offsets under read_committed (KIP-447), so
-    /// fetching the committed offsets waits for exactly that.
-    async fn wait_for_stable_offsets(&self, partitions: &[i32]) {
+    /// fetching the committed offsets waits for exactly that. It blocks the
+    /// calling worker, but only at a rebalance, and briefly.
+    fn wait_for_stable_offsets(&self, partitions: &[i32]) {
         let mut tpl = TopicPartitionList::new();
         for topic in [
             &self.settings.topics.read_reports,
@@ -355,7 +356,6 @@ impl Processor {
             }
         }
         let started = Instant::now();
-        // A blocking call, but only at a rebalance, and short.
         if let Err(e) = self.consumer.committed_offsets(tpl, Duration::from_secs(30)) {
             tracing::warn!(error = %e, "could not fetch the committed offsets before restoring; restoring anyway");
         }

@@ -576,16 +576,6 @@ impl PartitionState {
         changes
     }
 
-    /// Whether a key changed since the last flush.
-    pub fn is_dirty(&self, key: &CursorKey) -> bool {
-        self.dirty.contains_key(key)
-    }
-
-    /// The keys changed since the last flush.
-    pub fn dirty_keys(&self) -> impl Iterator<Item = &CursorKey> {
-        self.dirty.keys()
-    }
-
     /// Every (conversation, user) held.
     pub fn keys(&self) -> impl Iterator<Item = CursorKey> + '_ {
         self.conversations.iter().flat_map(|(c, conv)| {
