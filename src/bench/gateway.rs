@@ -11,11 +11,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
-use readfold_kafka::admin::{delete_topics, ensure_topics};
+use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_store::redis::RedisStore;
 use readfold_wire::codec::{ConversationEventRecord, EventRecord};
@@ -27,7 +27,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
 use super::child::{config_vars, free_addr, rss_of, spawn};
-use super::percentile;
+use super::{now_ms, percentile};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -51,12 +51,6 @@ type Sink = SplitSink<WebSocketStream<MaybeTlsStream<TcpStream>>, Message>;
 
 /// (conversation, seq) -> when the receipt was sent, and by which user.
 type Sent = HashMap<(usize, u64), (Instant, String)>;
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
 
 async fn open(addr: &str, user: &str) -> Result<WebSocketStream<MaybeTlsStream<TcpStream>>> {
     let mut request = format!("ws://{addr}/ws?user={user}")
@@ -252,16 +246,7 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
     latencies.sort_by(f64::total_cmp);
     drop(sinks);
     drop(gateway);
-    delete_topics(
-        &config.kafka,
-        &config
-            .topics
-            .names()
-            .iter()
-            .map(|s| s.as_str())
-            .collect::<Vec<_>>(),
-    )
-    .await?;
+    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
     Ok(GatewayFigures {
         connections,
         rss_before,

@@ -16,16 +16,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use readfold_kafka::admin::{delete_topics, ensure_topics};
-use readfold_kafka::changelog::ChangelogReader;
+use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_store::redis::RedisStore;
-use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use super::child::{config_vars, free_addr, spawn};
-use super::percentile;
 use super::workload::{ChatWorkload, Generated};
+use super::{now_ms, percentile};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -56,12 +55,6 @@ pub struct LatencyFigures {
     pub rows: Vec<LatencyRow>,
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
 pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<LatencyFigures> {
     let (max_rate, measured_max) = if max_rate > 0.0 {
         (max_rate, false)
@@ -84,13 +77,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     // Every changelog record from now on: (updated_at, arrival) in ms.
     let arrivals: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
     let following = Arc::new(AtomicBool::new(true));
-    let reader = ChangelogReader::new(
-        &config.kafka,
-        &format!("{}-watch", config.kafka.group_id),
-        &config.topics.read_cursors,
-        ChangelogKind::ByConversation,
-        config.input.max_id_bytes,
-    )?;
+    let reader = super::changelog_watcher(&config)?;
     reader.follow(None)?;
     let follower = {
         let (arrivals, following) = (arrivals.clone(), following.clone());
@@ -196,9 +183,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
         .await
         .map_err(|e| Error::Run(format!("follower: {e}")))??;
     drop(child);
-    let names = config.topics.names();
-    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
-    delete_topics(&config.kafka, &names).await?;
+    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
     Ok(LatencyFigures {
         max_rate,
         measured_max,

@@ -27,14 +27,41 @@ pub use restore::{print_restore, restore, RestoreFigures};
 pub use serve::{print_serve, serve, ServeRow};
 pub use throughput::{print_throughput, throughput, ThroughputFigures, ThroughputRow};
 
+/// Milliseconds since the Unix epoch, as records are stamped.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Deletes a bench run's topics.
+async fn delete_bench_topics<'a>(
+    kafka: &readfold_kafka::KafkaConfig,
+    names: impl IntoIterator<Item = &'a String>,
+) -> crate::error::Result<()> {
+    let names: Vec<&str> = names.into_iter().map(String::as_str).collect();
+    Ok(readfold_kafka::admin::delete_topics(kafka, &names).await?)
+}
+
+/// A read_committed reader of `config`'s `read-cursors` changelog, in a
+/// group of its own, for a bench that watches what the processor publishes.
+fn changelog_watcher(
+    config: &crate::config::Config,
+) -> crate::error::Result<readfold_kafka::changelog::ChangelogReader> {
+    Ok(readfold_kafka::changelog::ChangelogReader::new(
+        &config.kafka,
+        &format!("{}-watch", config.kafka.group_id),
+        &config.topics.read_cursors,
+        readfold_wire::changelog::ChangelogKind::ByConversation,
+        config.input.max_id_bytes,
+    )?)
+}
+
 /// `config` on topics, a group, a Redis key prefix and a CQL keyspace of
 /// their own, named `readfold.bench-<tag>-<ms>`, so that a bench run
 /// disturbs nothing else.
 pub fn on_fresh_topics(config: &crate::config::Config, tag: &str) -> crate::config::Config {
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let name = format!("readfold-bench-{tag}-{stamp}");
+    let name = format!("readfold-bench-{tag}-{}", now_ms());
     let mut config = config.clone();
     let t = &mut config.topics;
     for (topic, role) in [

@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use readfold_kafka::admin::{delete_topics, ensure_topics};
-use readfold_kafka::changelog::ChangelogReader;
+use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_processor::Processor;
-use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
+use super::now_ms;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -32,12 +32,6 @@ impl PipelineFigures {
             .copied()
             .unwrap_or(0)
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// Produces `reports` reports as fast as it can, and reads the changelog
@@ -75,13 +69,7 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
     }
     producer.send_many(&batch, &[]).await?;
 
-    let reader = ChangelogReader::new(
-        &config.kafka,
-        &format!("{}-watch", config.kafka.group_id),
-        &config.topics.read_cursors,
-        ChangelogKind::ByConversation,
-        config.input.max_id_bytes,
-    )?;
+    let reader = super::changelog_watcher(&config)?;
     let (latencies_ms, elapsed_secs) = tokio::task::spawn_blocking(move || -> Result<(Vec<i64>, f64)> {
         reader.follow(None)?;
         let mut latencies_ms = Vec::new();
@@ -109,9 +97,7 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
     .await??;
     let _ = stop.send(true);
     handle.await??;
-    let names = config.topics.names();
-    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
-    delete_topics(&config.kafka, &names).await?;
+    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
     Ok(PipelineFigures {
         reports,
         elapsed_secs,

@@ -8,12 +8,13 @@
 
 use std::time::{Duration, Instant};
 
-use readfold_kafka::admin::{delete_topics, ensure_topics};
+use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_replay::source::{sources, KafkaInputs, Polled};
 use readfold_replay::{Format, ProgressMode, ReplayOptions, TableKind};
 
 use super::child::cpu_secs_of;
+use super::now_ms;
 use super::workload::{ChatWorkload, Generated};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -47,9 +48,7 @@ pub async fn replay(config: &Config, records: u64) -> Result<Vec<ReplayRow>> {
     })
     .await
     .map_err(|e| Error::Run(format!("replay bench: {e}")))??;
-    let names = config.topics.names();
-    let names: Vec<&str> = names.iter().map(|s| s.as_str()).collect();
-    delete_topics(&config.kafka, &names).await?;
+    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
     Ok(rows)
 }
 
@@ -142,12 +141,6 @@ pub(super) async fn produce(producer: &InputProducer, records: u64) -> Result<(u
         report_count + reports.len() as u64,
         event_count + events.len() as u64,
     ))
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 pub fn print_replay(rows: &[ReplayRow]) {

@@ -24,10 +24,7 @@ pub struct RestoreFigures {
 }
 
 pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
-    let topic = format!("readfold.bench-restore.{stamp}");
+    let topic = format!("readfold.bench-restore.{}", super::now_ms());
     create_topic(&config.kafka, &topic, 1, config.topics.replication_factor, true).await?;
     let producer: FutureProducer = config
         .kafka

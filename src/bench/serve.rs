@@ -3,7 +3,7 @@
 //! through the store's write half, under a key prefix of its own), with the
 //! client load generated in the same process.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use readfold_core::flush::{ConversationBatch, MemberWrite, PrivateWrite, UserBatch};
 use readfold_core::Seq;
@@ -217,12 +217,7 @@ async fn drive(
 }
 
 pub async fn serve(config: &Config, seconds: u64, connections: usize) -> Result<Vec<ServeRow>> {
-    let run = format!(
-        "bench-serve-{}",
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis())
-    );
+    let run = format!("bench-serve-{}", super::now_ms());
     let mut config = config.clone();
     config.redis.key_prefix = run.clone();
     config.cql.enabled = false;

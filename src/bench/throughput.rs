@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
-use readfold_kafka::admin::{delete_topics, ensure_topics};
+use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 
 use super::child::{config_vars, cpu_secs_of, free_addr, peak_rss_of, spawn};
@@ -89,8 +89,7 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
     }
     topics_made.sort();
     topics_made.dedup();
-    let names: Vec<&str> = topics_made.iter().map(|s| s.as_str()).collect();
-    delete_topics(&config.kafka, &names).await?;
+    super::delete_bench_topics(&config.kafka, &topics_made).await?;
     Ok(ThroughputFigures {
         reports,
         events,
