@@ -88,6 +88,17 @@ pub struct FlushPlan<D> {
 }
 
 impl<D> FlushPlan<D> {
+    fn empty() -> Self {
+        FlushPlan {
+            partitions: Vec::new(),
+            changes: Vec::new(),
+            snapshot: None,
+            dead_letters: Vec::new(),
+            offsets: Vec::new(),
+            unsnapshotted: Vec::new(),
+        }
+    }
+
     /// Nothing to publish and nothing to snapshot.
     pub fn is_empty(&self) -> bool {
         self.partitions.is_empty()
@@ -109,14 +120,7 @@ impl<D> FlushPlan<D> {
 /// folded while the plan is written waits for the next flush. Settle the
 /// plan with [`committed`] or [`failed`].
 pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
-    let mut plan = FlushPlan {
-        partitions: Vec::new(),
-        changes: Vec::new(),
-        snapshot: None,
-        dead_letters: Vec::new(),
-        offsets: Vec::new(),
-        unsnapshotted: Vec::new(),
-    };
+    let mut plan = FlushPlan::empty();
     for (&partition, slot) in slots.iter_mut() {
         if !slot.has_work() {
             continue;
@@ -141,14 +145,7 @@ pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
 /// [`committed`] or [`failed`] like any plan.
 pub fn begin_snapshot<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
     let mut snapshot = Vec::new();
-    let mut plan = FlushPlan {
-        partitions: Vec::new(),
-        changes: Vec::new(),
-        snapshot: None,
-        dead_letters: Vec::new(),
-        offsets: Vec::new(),
-        unsnapshotted: Vec::new(),
-    };
+    let mut plan = FlushPlan::empty();
     for (&partition, slot) in slots.iter_mut() {
         if slot.unsnapshotted.is_empty() {
             continue;
