@@ -65,7 +65,24 @@ pub struct Config {
     pub auth: AuthConfig,
     pub gateway: GatewayConfig,
     pub metrics: MetricsConfig,
+    pub log: LogConfig,
     pub shutdown: ShutdownConfig,
+}
+
+/// How log lines are written (to stderr).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    pub format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event, colored on a terminal.
+    Text,
+    /// One JSON object per line, for log shippers.
+    Json,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -11,11 +11,12 @@ use readfold_kafka::producer::InputProducer;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::ops::StoreProbes;
 
 /// Connects everything and starts the changelog followers.
-pub async fn build(config: &Config) -> Result<Arc<Gateway>> {
+pub async fn build(config: &Config) -> Result<(Arc<Gateway>, StoreProbes)> {
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
-    let api = crate::serve::state(config).await?;
+    let (api, probes) = crate::serve::state(config).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
     let gateway = Arc::new(Gateway::new(
         config.gateway.clone(),
@@ -30,13 +31,14 @@ pub async fn build(config: &Config) -> Result<Arc<Gateway>> {
         gateway.hub.clone(),
         gateway.stop.clone(),
     )?;
-    Ok(gateway)
+    Ok((gateway, probes))
 }
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn gateway(config: Config) -> Result<()> {
-    crate::run::serve_metrics(&config)?;
-    let gateway = build(&config).await?;
+    let ops = crate::ops::start(&config).await?;
+    let (gateway, probes) = build(&config).await?;
+    ops.set_readiness(probes);
     if config.gateway.demo {
         tracing::info!(url = %format!("http://{}/demo/", config.gateway.listen), "demo page on");
     }
@@ -54,7 +56,7 @@ pub async fn gateway(config: Config) -> Result<()> {
 /// Serves in the background on `listen` (port 0: any free port), for the
 /// demo and the benches. Returns the bound address.
 pub async fn spawn(config: &Config, listen: &str) -> Result<(Arc<Gateway>, SocketAddr)> {
-    let gateway = build(config).await?;
+    let (gateway, _) = build(config).await?;
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (g, listen) = (gateway.clone(), listen.to_owned());
     tokio::spawn(async move {

@@ -9,6 +9,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod gateway;
+pub mod ops;
 pub mod run;
 pub mod serve;
 pub mod tail;

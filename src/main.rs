@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use readfold::config::Config;
+use readfold::config::{Config, LogFormat};
 use readfold::error::{Error, Result};
 
 #[derive(Parser)]
@@ -151,27 +151,43 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let config = match Config::load(cli.config.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("readfold: {}", Error::from(e));
+            return ExitCode::FAILURE;
+        }
+    };
     let demo = matches!(cli.command, Command::Demo);
-    tracing_subscriber::fmt()
-        .with_max_level(if demo && cli.log == tracing::Level::INFO {
-            tracing::Level::WARN
-        } else {
-            cli.log
-        })
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match real_main(cli) {
+    let level = if demo && cli.log == tracing::Level::INFO {
+        tracing::Level::WARN
+    } else {
+        cli.log
+    };
+    let logs = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr);
+    let format = config.log.format;
+    match format {
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
+    match real_main(cli, config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("readfold: {e}");
+            // Shippers of JSON logs get the reason as one more JSON line.
+            match format {
+                LogFormat::Json => tracing::error!(error = %e, "exiting"),
+                LogFormat::Text => eprintln!("readfold: {e}"),
+            }
             ExitCode::FAILURE
         }
     }
 }
 
-fn real_main(cli: Cli) -> Result<()> {
-    let config = Config::load(cli.config.as_deref())?;
+fn real_main(cli: Cli, config: Config) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -1,5 +1,5 @@
-//! `readfold run`: the processor until SIGTERM or SIGINT, with its metrics
-//! endpoint.
+//! `readfold run`: the processor until SIGTERM or SIGINT, with its ops
+//! endpoints (metrics, health, readiness).
 
 use std::time::Duration;
 
@@ -7,31 +7,12 @@ use readfold_kafka::admin::ensure_topics;
 use readfold_processor::Processor;
 use tokio::sync::watch;
 
-use crate::config::{Config, ConfigError};
-use crate::error::{Error, Result};
-
-/// Serves Prometheus metrics on `metrics.listen` (nothing when empty).
-pub fn serve_metrics(config: &Config) -> Result<()> {
-    let listen = &config.metrics.listen;
-    if listen.is_empty() {
-        return Ok(());
-    }
-    let addr: std::net::SocketAddr = listen
-        .parse()
-        .map_err(|e| ConfigError::Invalid(format!("metrics.listen {listen:?}: {e}")))?;
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
-        .map_err(|source| Error::Metrics {
-            addr: addr.to_string(),
-            source,
-        })?;
-    tracing::info!(%addr, "serving Prometheus metrics on /metrics");
-    Ok(())
-}
+use crate::config::Config;
+use crate::error::Result;
+use crate::ops::{ProcessorReadiness, StoreProbes};
 
 pub async fn run(config: Config) -> Result<()> {
-    serve_metrics(&config)?;
+    let ops = crate::ops::start(&config).await?;
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     tracing::info!(partitions = layout.partitions, "topic layout checked");
     let (stop, stopped) = watch::channel(false);
@@ -50,10 +31,13 @@ pub async fn run(config: Config) -> Result<()> {
         }
         std::process::exit(130);
     });
-    Processor::new(config.processor_settings(), layout)
-        .await?
-        .run(stopped)
-        .await?;
+    let processor = Processor::new(config.processor_settings(), layout).await?;
+    let (redis, cql) = processor.stores();
+    ops.set_readiness(ProcessorReadiness {
+        health: processor.health(),
+        stores: StoreProbes { redis, cql },
+    });
+    processor.run(stopped).await?;
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! `readfold serve`: the query API over the configured Redis and CQL.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use readfold_processor::connect_with_retry;
@@ -11,10 +12,11 @@ use readfold_store::redis::RedisStore;
 
 use crate::config::{Config, ConfigError};
 use crate::error::{Error, Result};
+use crate::ops::StoreProbes;
 
 /// Connects the enabled stores (waiting for unreachable ones) and builds
-/// the API's state.
-pub async fn state(config: &Config) -> Result<readfold_serve::AppState> {
+/// the API's state, with probes of the same stores for readiness.
+pub async fn state(config: &Config) -> Result<(readfold_serve::AppState, StoreProbes)> {
     let auth = Authenticator::from_config(&config.auth)?;
     if auth.is_on() {
         tracing::info!(algorithm = %config.auth.algorithm, "access control is on: JWT bearer tokens");
@@ -39,7 +41,11 @@ pub async fn state(config: &Config) -> Result<readfold_serve::AppState> {
     } else {
         None
     };
-    Ok(readfold_serve::state(
+    let probes = StoreProbes {
+        redis: redis.clone().map(Arc::new),
+        cql: cql.clone().map(Arc::new),
+    };
+    let state = readfold_serve::state(
         ReadSource::new(redis, cql),
         auth,
         ApiLimits {
@@ -52,13 +58,15 @@ pub async fn state(config: &Config) -> Result<readfold_serve::AppState> {
             Duration::from_millis(config.serve.cache_ms),
             config.serve.cache_entries,
         ),
-    ))
+    );
+    Ok((state, probes))
 }
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn serve(config: Config) -> Result<()> {
-    crate::run::serve_metrics(&config)?;
-    let state = state(&config).await?;
+    let ops = crate::ops::start(&config).await?;
+    let (state, probes) = state(&config).await?;
+    ops.set_readiness(probes);
     readfold_serve::serve(&config.serve.listen, state, |_| {}, crate::run::wait_for_signal())
         .await
         .map_err(|e| Error::Run(format!("serve.listen {:?}: {e}", config.serve.listen)))
@@ -67,7 +75,7 @@ pub async fn serve(config: Config) -> Result<()> {
 /// Serves in the background on `listen` (port 0: any free port); for the
 /// demo and the benches. Returns the bound address.
 pub async fn spawn(config: &Config, listen: &str) -> Result<SocketAddr> {
-    let state = state(config).await?;
+    let (state, _) = state(config).await?;
     let (tx, rx) = tokio::sync::oneshot::channel();
     let listen = listen.to_owned();
     tokio::spawn(async move {

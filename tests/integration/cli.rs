@@ -1,7 +1,5 @@
 //! The command line as an operator meets it: refusals, metrics, tail.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -61,19 +59,6 @@ async fn refuses_inputs_that_are_not_co_partitioned() {
     assert!(!out.status.success(), "must refuse to start");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("co-partitioned") && err.contains(&reports), "{err}");
-}
-
-fn scrape(addr: &str) -> Option<String> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).ok()?;
-    Some(body)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@ mod cql_sink;
 mod dead_letters;
 mod faults;
 mod gateway;
+mod health;
 mod pipeline;
 mod private_receipts;
 mod redis_outage;

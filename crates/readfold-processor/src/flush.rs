@@ -139,6 +139,7 @@ impl Processor {
                 Ok(())
             }
             Ok(()) => {
+                self.health.flush_outcome(true);
                 flush::committed(&mut self.partitions.slots, plan, self.cql.is_some());
                 telemetry::flush_committed(elapsed, plan.changes.len(), plan.dead_letters.len());
                 telemetry::dirty_keys(self.partitions.dirty_len());
@@ -154,6 +155,7 @@ impl Processor {
                 if plan.snapshot.is_some() {
                     telemetry::snapshot_failed(elapsed);
                 } else {
+                    self.health.flush_outcome(false);
                     telemetry::flush_failed(elapsed);
                 }
                 let same_assignment = flight.generation == self.partitions.generation;

@@ -4,6 +4,7 @@
 //!
 //! - [`group`]: the consumer and its rebalance events.
 //! - [`partitions`]: the assigned partitions' state.
+//! - [`health`]: what readiness probes learn of the processor.
 //! - `flush`: executing the pure flush plan of `readfold_core::flush`, one
 //!   flush in flight at a time while folding goes on.
 //! - [`transaction`]: the transactional producer, on a blocking thread.
@@ -12,6 +13,7 @@ pub mod config;
 pub mod error;
 mod flush;
 pub mod group;
+pub mod health;
 pub mod partitions;
 pub mod telemetry;
 pub mod transaction;
@@ -41,6 +43,7 @@ pub use error::{Error, Result};
 
 use flush::InFlight;
 use group::{GroupConsumer, GroupEvents};
+use health::Health;
 use partitions::{Partitions, Slot};
 use transaction::Transactions;
 
@@ -76,6 +79,7 @@ pub struct Processor {
     recoveries: u32,
     /// Partitions the last assignment brought that have no state yet.
     to_restore: Vec<i32>,
+    health: Arc<Health>,
 }
 
 /// Records folded per turn of the run loop at most, so that flushes,
@@ -151,8 +155,20 @@ impl Processor {
             retry: Backoff::new(),
             recoveries: 0,
             to_restore: Vec::new(),
+            health: Arc::new(Health::default()),
             settings,
         })
+    }
+
+    /// The processor's health, for readiness probes; it stays current
+    /// while the processor runs.
+    pub fn health(&self) -> Arc<Health> {
+        Arc::clone(&self.health)
+    }
+
+    /// The stores the processor writes, for probes of their reachability.
+    pub fn stores(&self) -> (Option<Arc<RedisStore>>, Option<Arc<CqlStore>>) {
+        (self.redis.clone(), self.cql.clone())
     }
 
     /// Runs until `shutdown` turns true, then flushes, commits and leaves
@@ -164,6 +180,7 @@ impl Processor {
         ];
         self.consumer.subscribe(&topics)?;
         tracing::info!(group = %self.settings.kafka.group_id, ?topics, "subscribed");
+        self.health.set_running(true);
         let mut tick = tokio::time::interval(self.settings.flush.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let linger = self.settings.flush.linger();
@@ -290,6 +307,7 @@ impl Processor {
             }
         }
         self.consumer.unsubscribe();
+        self.health.set_running(false);
         tracing::info!("left the group");
         Ok(())
     }
@@ -303,6 +321,7 @@ impl Processor {
             // Paused partitions are resumed by the next assignment anyway.
             self.paused = false;
             let Some(assignment) = self.partitions.apply(event, inputs) else {
+                self.report_partitions(self.to_restore.len());
                 continue;
             };
             for p in &assignment.one_sided {
@@ -312,6 +331,7 @@ impl Processor {
                 );
             }
             tracing::info!(read_reports = ?assignment.read_reports, conversation_events = ?assignment.conversation_events, "partitions assigned");
+            self.health.joined();
             telemetry::paused(false);
             self.to_restore = assignment
                 .read_reports
@@ -322,7 +342,14 @@ impl Processor {
                 .collect();
             self.to_restore.sort_unstable();
             self.to_restore.dedup();
+            self.report_partitions(self.to_restore.len());
         }
+    }
+
+    /// Tells readiness probes how many partitions are owned and how many
+    /// are still to be restored.
+    fn report_partitions(&self, restoring: usize) {
+        self.health.set_partitions(self.partitions.slots.len(), restoring);
     }
 
     /// Restores the partitions the last assignment brought, all in one read
@@ -336,6 +363,7 @@ impl Processor {
         for (partition, slot) in self.restore(&partitions).await? {
             self.partitions.slots.insert(partition, slot);
         }
+        self.report_partitions(self.to_restore.len());
         Ok(())
     }
 
@@ -403,6 +431,7 @@ impl Processor {
             for (partition, slot) in self.restore(&[message.partition()]).await? {
                 self.partitions.slots.insert(partition, slot);
             }
+            self.report_partitions(self.to_restore.len());
             self.fold_record(&message);
         }
         Ok(())

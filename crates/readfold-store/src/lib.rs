@@ -37,4 +37,8 @@ pub trait CursorStore {
         &self,
         conversation: &ConversationId,
     ) -> impl Future<Output = Result<Option<ConversationView>>> + Send;
+
+    /// One cheap round trip to the server: whether it answers now (for
+    /// readiness checks).
+    fn ping(&self) -> impl Future<Output = Result<()>> + Send;
 }

@@ -143,6 +143,28 @@ pub fn free_port() -> u16 {
 
 /// An address on loopback nobody listens on (for a spawned processor's
 /// metrics endpoint).
+/// `GET path` on a local HTTP listener: the status and the whole response
+/// (headers and body); `None` while nothing listens.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    Some((status, response))
+}
+
+/// The Prometheus text of the metrics listener at `addr`.
+pub fn scrape(addr: &str) -> Option<String> {
+    http_get(addr, "/metrics").map(|(_, body)| body)
+}
+
 pub fn free_local_addr() -> String {
     format!("127.0.0.1:{}", free_port())
 }

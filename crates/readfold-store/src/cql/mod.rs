@@ -48,7 +48,9 @@ struct Statements {
     mark: PreparedStatement,
 }
 
-/// A session on the CQL cluster that holds the cursor snapshots.
+/// A session on the CQL cluster that holds the cursor snapshots. Clones
+/// share the session.
+#[derive(Clone)]
 pub struct CqlStore {
     session: Arc<Session>,
     /// Present when connected as a writer.
@@ -154,5 +156,12 @@ impl CursorStore for CqlStore {
 
     async fn read(&self, conversation: &ConversationId) -> Result<Option<ConversationView>> {
         self.conversation(conversation.as_str()).await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        self.session
+            .query_unpaged("SELECT release_version FROM system.local", &[])
+            .await?;
+        Ok(())
     }
 }

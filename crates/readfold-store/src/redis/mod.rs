@@ -53,7 +53,9 @@ pub fn user_keys(prefix: &str, user_id: &str) -> [String; 2] {
     ]
 }
 
-/// A connection to the Redis that holds the hot cursors.
+/// A connection to the Redis that holds the hot cursors. Clones share the
+/// connection.
+#[derive(Clone)]
 pub struct RedisStore {
     conn: ConnectionManager,
     script: redis::Script,
@@ -108,5 +110,11 @@ impl CursorStore for RedisStore {
 
     async fn read(&self, conversation: &ConversationId) -> Result<Option<ConversationView>> {
         self.conversation(conversation.as_str()).await
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let mut conn = self.conn.clone();
+        redis::cmd("PING").query_async::<()>(&mut conn).await?;
+        Ok(())
     }
 }
