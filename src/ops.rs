@@ -33,6 +33,13 @@ use crate::error::{Error, Result};
 /// How long one store may take to answer a readiness ping.
 const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Histogram buckets (seconds) of every latency readfold records: flushes,
+/// sink writes, snapshots, restores, API requests. Buckets rather than
+/// summaries, so that Prometheus can add them up across instances.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 /// One readiness check's outcome.
 #[derive(Debug, Clone, Serialize)]
 pub struct Check {
@@ -79,6 +86,8 @@ pub async fn start(config: &Config) -> Result<Ops> {
         .parse()
         .map_err(|e| ConfigError::Invalid(format!("metrics.listen {listen:?}: {e}")))?;
     let metrics = PrometheusBuilder::new()
+        .set_buckets(LATENCY_BUCKETS)
+        .expect("the buckets are not empty")
         .install_recorder()
         .map_err(|source| Error::Metrics {
             addr: addr.to_string(),

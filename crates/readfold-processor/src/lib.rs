@@ -113,6 +113,7 @@ impl Processor {
     /// stores (waiting for unreachable ones). Call after
     /// [`readfold_kafka::admin::ensure_topics`] produced `layout`.
     pub async fn new(settings: Settings, layout: Layout) -> Result<Self> {
+        telemetry::register();
         let (consumer, events) = group::consumer(&settings.kafka, &settings.topics)?;
         let transactions = init_producer(&settings).await?;
         let restorer = Restorer::new(&settings.kafka, &settings.topics, settings.input.max_id_bytes)?;

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram, Counter};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter, Unit,
+};
 use readfold_core::fold::InputKind;
 
 use readfold_wire::RejectReason;
@@ -29,6 +31,118 @@ impl RecordsIn {
             InputKind::ConversationEvents => self.conversation_events.increment(1),
         }
     }
+}
+
+/// Describes every metric of the processor and starts each labelled
+/// counter at zero, so that dashboards and alerts find every series from
+/// the first scrape, not only after the first failure.
+pub fn register() {
+    describe_counter!(
+        "readfold_records_in_total",
+        "Input records read, per input topic."
+    );
+    describe_counter!(
+        "readfold_dlq_records_total",
+        "Input records rejected to the dead-letter topic, per reason."
+    );
+    describe_counter!("readfold_dlq_published_total", "Dead-letter records committed.");
+    describe_counter!(
+        "readfold_flushes_total",
+        "Flushes, per result (committed, failed)."
+    );
+    describe_histogram!(
+        "readfold_flush_duration_seconds",
+        Unit::Seconds,
+        "Time from a flush's start until it committed or failed."
+    );
+    describe_counter!(
+        "readfold_changelog_updates_total",
+        "Cursor changes committed to the changelogs."
+    );
+    describe_counter!(
+        "readfold_snapshots_total",
+        "CQL snapshots, per result (written, failed)."
+    );
+    describe_counter!("readfold_snapshot_keys_total", "Keys written by CQL snapshots.");
+    describe_histogram!(
+        "readfold_snapshot_duration_seconds",
+        Unit::Seconds,
+        "Duration of one CQL snapshot."
+    );
+    describe_gauge!(
+        "readfold_dirty_keys",
+        "(conversation, user) keys waiting for the next flush."
+    );
+    describe_gauge!("readfold_cursors", "Cursors held in memory.");
+    describe_gauge!(
+        "readfold_consumer_paused",
+        "1 while backpressure pauses the consumer."
+    );
+    describe_gauge!(
+        "readfold_consumer_lag",
+        "Input records not yet processed (end offset minus position), per partition."
+    );
+    describe_counter!(
+        "readfold_restores_total",
+        "Restores of partition state from the changelogs."
+    );
+    describe_counter!(
+        "readfold_restored_records_total",
+        "Changelog records read by restores."
+    );
+    describe_histogram!(
+        "readfold_restore_duration_seconds",
+        Unit::Seconds,
+        "Duration of one restore."
+    );
+    describe_counter!(
+        "readfold_rebalances_total",
+        "Consumer group rebalances, per kind (assign, revoke)."
+    );
+    describe_counter!(
+        "readfold_sink_calls_total",
+        "Script calls (Redis) or statements (CQL) sent, per sink."
+    );
+    describe_counter!(
+        "readfold_sink_raised_total",
+        "Stored values actually raised, per sink."
+    );
+    describe_histogram!(
+        "readfold_sink_write_seconds",
+        Unit::Seconds,
+        "Duration of one flush's write to a sink."
+    );
+    describe_counter!(
+        "readfold_sink_failures_total",
+        "Failed sink writes (retried by the next flush), per sink."
+    );
+    for reason in RejectReason::ALL {
+        counter!("readfold_dlq_records_total", "reason" => reason.as_str()).absolute(0);
+    }
+    for result in ["committed", "failed"] {
+        counter!("readfold_flushes_total", "result" => result).absolute(0);
+    }
+    for result in ["written", "failed"] {
+        counter!("readfold_snapshots_total", "result" => result).absolute(0);
+    }
+    for kind in ["assign", "revoke"] {
+        counter!("readfold_rebalances_total", "kind" => kind).absolute(0);
+    }
+    for sink in ["redis", "cql"] {
+        counter!("readfold_sink_failures_total", "sink" => sink).absolute(0);
+    }
+    for name in [
+        "readfold_dlq_published_total",
+        "readfold_changelog_updates_total",
+        "readfold_snapshot_keys_total",
+        "readfold_restores_total",
+        "readfold_restored_records_total",
+    ] {
+        counter!(name).absolute(0);
+    }
+    dirty_keys(0);
+    cursors_held(0);
+    paused(false);
 }
 
 /// A record went to the dead-letter topic.
