@@ -3,7 +3,11 @@
 #
 #   scripts/services.sh up|down|status [SERVICE...]
 #
-# SERVICE is one of: kafka redis cassandra (default: all of them). Each is
+# SERVICE is one of: kafka redis cassandra, or their second instances for the
+# authenticated, encrypted connection tests: kafka-secure (SASL/SCRAM over
+# TLS), redis-secure (ACL user over TLS), cassandra-secure
+# (PasswordAuthenticator over TLS), with certificates made by
+# services/secure-certs.sh (default: all of them). Each is
 # handled by scripts/services/<name>.sh up|down|status; a service whose
 # script does not exist is skipped with a message.
 #   up      start each (idempotent: a service already answering is left alone);
@@ -17,7 +21,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SVC_DIR="$ROOT/services"
-ALL=(kafka redis cassandra)
+ALL=(kafka redis cassandra kafka-secure redis-secure cassandra-secure)
 
 usage() {
   echo "usage: $0 up|down|status [${ALL[*]}]" >&2

@@ -19,5 +19,6 @@ mod redis_sink;
 mod replay;
 mod restart;
 mod scale;
+mod secure;
 mod serve;
 mod three_stores;

@@ -5,13 +5,14 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, ResourceSpecifier, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::types::RDKafkaErrorCode;
 
 use readfold_wire::{OutputLayout, OutputTopics};
 
 use crate::config::{KafkaConfig, TopicsConfig};
+use crate::context::{CheckedContext, LogContext};
 use crate::error::{Error, Result};
+use rdkafka::producer::{BaseProducer, Producer};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -126,7 +127,7 @@ pub fn check_layout(t: &TopicsConfig, facts: &HashMap<String, TopicFacts>) -> Re
 
 /// Creates missing topics (if allowed) and checks the layout.
 pub async fn ensure_topics(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<Layout> {
-    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
+    let admin = connect(kafka).await?;
     let specs = specs(topics);
     if topics.create {
         let existing = partition_counts(&admin)?;
@@ -141,7 +142,7 @@ pub async fn ensure_topics(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result
 
 /// Deletes topics, for benches and tests that made their own.
 pub async fn delete_topics(kafka: &KafkaConfig, names: &[&str]) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
+    let admin = connect(kafka).await?;
     for result in admin.delete_topics(names, &AdminOptions::new()).await? {
         if let Err((name, code)) = result {
             tracing::warn!(topic = %name, %code, "cannot delete topic");
@@ -159,7 +160,7 @@ pub async fn create_topic(
     replication_factor: i32,
     compacted: bool,
 ) -> Result<()> {
-    let admin: AdminClient<DefaultClientContext> = kafka.client_config().create()?;
+    let admin = connect(kafka).await?;
     let spec = TopicSpec {
         name: name.to_owned(),
         compacted,
@@ -167,7 +168,42 @@ pub async fn create_topic(
     create(&admin, &[&spec], partitions, replication_factor).await
 }
 
-fn partition_counts(admin: &AdminClient<DefaultClientContext>) -> Result<HashMap<String, i32>> {
+/// An admin client, once the brokers have answered: fails at once, with
+/// librdkafka's reason, when they reject the credentials or TLS fails, and
+/// after [`TIMEOUT`] when none answers.
+pub async fn connect(kafka: &KafkaConfig) -> Result<AdminClient<LogContext>> {
+    check_reachable(kafka).await?;
+    Ok(kafka.client_config().create_with_context(LogContext)?)
+}
+
+/// Waits until the brokers answer a metadata request. librdkafka reports
+/// connection errors only to the error callback, served by polling the
+/// client, so a producer (whose `poll` serves it) asks.
+pub async fn check_reachable(kafka: &KafkaConfig) -> Result<()> {
+    let context = CheckedContext::default();
+    let probe: BaseProducer<CheckedContext> = kafka.client_config().create_with_context(context.clone())?;
+    let started = std::time::Instant::now();
+    loop {
+        // Short attempts, so that a setup error ends the wait early.
+        let attempt = probe.client().fetch_metadata(None, Duration::from_millis(500));
+        probe.poll(Duration::ZERO);
+        if let Some(reason) = context.setup_error() {
+            return Err(Error::Setup {
+                bootstrap: kafka.bootstrap_servers.clone(),
+                reason,
+            });
+        }
+        match attempt {
+            Ok(_) => return Ok(()),
+            Err(e) if started.elapsed() >= TIMEOUT => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn partition_counts<C: rdkafka::client::ClientContext>(
+    admin: &AdminClient<C>,
+) -> Result<HashMap<String, i32>> {
     let metadata = admin.inner().fetch_metadata(None, TIMEOUT)?;
     Ok(metadata
         .topics()
@@ -178,7 +214,7 @@ fn partition_counts(admin: &AdminClient<DefaultClientContext>) -> Result<HashMap
 }
 
 async fn create(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &AdminClient<LogContext>,
     missing: &[&TopicSpec],
     partitions: i32,
     replication_factor: i32,
@@ -210,7 +246,7 @@ async fn create(
 }
 
 async fn describe(
-    admin: &AdminClient<DefaultClientContext>,
+    admin: &AdminClient<LogContext>,
     specs: &[TopicSpec],
 ) -> Result<HashMap<String, TopicFacts>> {
     // Freshly created topics can take a moment to show up in metadata.

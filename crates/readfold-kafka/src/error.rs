@@ -18,6 +18,10 @@ pub enum Error {
     Timeout { topic: String, within: Duration },
     #[error("the producer dropped a delivery report")]
     DeliveryCanceled,
+    /// The brokers refused the connection for good: wrong credentials,
+    /// or a TLS setup that cannot work.
+    #[error("kafka: cannot connect to {bootstrap}: {reason} (check kafka.properties: security.protocol, sasl.*, ssl.*)")]
+    Setup { bootstrap: String, reason: String },
 }
 
 impl Error {
@@ -29,7 +33,7 @@ impl Error {
             Error::Kafka(e) => {
                 !is_fatal(e) && !matches!(e, KafkaError::ClientCreation(_) | KafkaError::ClientConfig(..))
             }
-            Error::Topology(_) | Error::NoSuchTopic(_) => false,
+            Error::Topology(_) | Error::NoSuchTopic(_) | Error::Setup { .. } => false,
             Error::Timeout { .. } | Error::DeliveryCanceled => true,
         }
     }

@@ -1,6 +1,8 @@
 //! readfold's Kafka adapters, around the pure core and wire crates:
 //!
 //! - [`config`]: the `[kafka]` and `[topics]` sections, client settings.
+//! - [`context`]: librdkafka's logs and errors into `tracing`; start-up
+//!   errors that retrying will not cure.
 //! - [`admin`]: topic creation and the layout checks the fold relies on.
 //! - [`producer`]: a producer of the inputs, placed as readfold expects.
 //! - [`reader`]: committed-record readers (tail, changelogs).
@@ -9,6 +11,7 @@
 pub mod admin;
 pub mod changelog;
 pub mod config;
+pub mod context;
 pub mod error;
 pub mod producer;
 pub mod reader;

@@ -13,10 +13,11 @@ use readfold_core::partitioner::partition_for_key;
 use readfold_wire::codec::{self, ConversationEventRecord, ReadReportRecord};
 
 use crate::config::{KafkaConfig, TopicsConfig};
+use crate::context::LogContext;
 use crate::error::{Error, Result};
 
 pub struct InputProducer {
-    producer: FutureProducer,
+    producer: FutureProducer<LogContext>,
     read_reports: String,
     conversation_events: String,
     partitions: i32,
@@ -33,7 +34,7 @@ impl InputProducer {
             .set("linger.ms", "5")
             .set("partitioner", "murmur2_random")
             .set("message.max.bytes", "2000000")
-            .create()?;
+            .create_with_context(LogContext)?;
         Ok(InputProducer {
             producer,
             read_reports: topics.read_reports.clone(),

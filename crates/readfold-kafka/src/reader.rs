@@ -12,6 +12,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::KafkaConfig;
+use crate::context::LogContext;
 use crate::error::{Error, Result};
 
 /// How long to read for.
@@ -26,7 +27,7 @@ pub enum Until {
 
 /// A reader of committed records.
 pub struct TopicReader {
-    consumer: BaseConsumer,
+    consumer: BaseConsumer<LogContext>,
 }
 
 impl TopicReader {
@@ -51,7 +52,7 @@ impl TopicReader {
                 .set("fetch.wait.max.ms", "20");
         }
         Ok(TopicReader {
-            consumer: client.create()?,
+            consumer: client.create_with_context(LogContext)?,
         })
     }
 
@@ -156,7 +157,10 @@ impl TopicReader {
 
 /// The partition ids of `topic`, as `consumer` sees them; an error if it
 /// does not exist.
-pub fn partition_ids(consumer: &impl Consumer, topic: &str) -> Result<Vec<i32>> {
+pub fn partition_ids<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &impl Consumer<C>,
+    topic: &str,
+) -> Result<Vec<i32>> {
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let partitions: Vec<i32> = metadata
         .topics()

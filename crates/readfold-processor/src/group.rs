@@ -47,6 +47,14 @@ impl GroupEvents {
 }
 
 impl ClientContext for GroupContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
+        readfold_kafka::context::log_line(level, facility, message);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        tracing::warn!(target: "librdkafka", %error, "{reason}");
+    }
+
     fn stats(&self, statistics: Statistics) {
         for (name, topic) in &statistics.topics {
             if !self.inputs.contains(name) {

@@ -119,7 +119,7 @@ impl Processor {
         let restorer = Restorer::new(&settings.kafka, &settings.topics, settings.input.max_id_bytes)?;
         let redis = if settings.redis.enabled {
             let store = connect_with_retry("redis", || RedisStore::connect_writer(&settings.redis)).await?;
-            tracing::info!(url = %settings.redis.url, "redis store ready");
+            tracing::info!(url = %settings.redis.url_for_logs(), "redis store ready");
             Some(Arc::new(store))
         } else {
             None

@@ -11,6 +11,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::TopicPartitionList;
+use readfold_kafka::context::LogContext;
 use readfold_kafka::{is_fatal, KafkaConfig};
 use readfold_wire::OutRecord;
 
@@ -21,7 +22,7 @@ const TXN_TIMEOUT: Duration = Duration::from_secs(60);
 /// The processor's transactional producer.
 #[derive(Clone)]
 pub struct Transactions {
-    producer: FutureProducer,
+    producer: FutureProducer<LogContext>,
 }
 
 impl Transactions {
@@ -29,7 +30,7 @@ impl Transactions {
     /// transactional id, aborting whatever it left open. Blocks.
     pub fn init(kafka: &KafkaConfig) -> Result<Self> {
         let transactional_id = kafka.transactional_id();
-        let producer: FutureProducer = kafka
+        let producer: FutureProducer<LogContext> = kafka
             .client_config()
             .set("transactional.id", &transactional_id)
             .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
@@ -43,7 +44,7 @@ impl Transactions {
             .set("queue.buffering.max.messages", "1000000")
             // Dead letters keep records of up to MAX_DEAD_LETTER_BYTES.
             .set("message.max.bytes", "2000000")
-            .create()?;
+            .create_with_context(LogContext)?;
         producer.init_transactions(TXN_TIMEOUT)?;
         tracing::info!(%transactional_id, "transactional producer ready");
         Ok(Transactions { producer })

@@ -61,9 +61,14 @@ impl Error {
     pub fn is_retriable(&self) -> bool {
         match self {
             Error::Config(_) | Error::SeqOverflow(_) | Error::EpochOverflow(_) => false,
-            Error::Redis(e) => !matches!(e.kind(), redis::ErrorKind::InvalidClientConfig),
-            Error::CqlConnect(_)
-            | Error::CqlExecute(_)
+            Error::Redis(e) => !matches!(
+                e.kind(),
+                redis::ErrorKind::InvalidClientConfig
+                    | redis::ErrorKind::AuthenticationFailed
+                    | redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+            ),
+            Error::CqlConnect(e) => !cql_refused_login(e),
+            Error::CqlExecute(_)
             | Error::CqlPrepare(_)
             | Error::CqlSchemaAgreement(_)
             | Error::CqlResult(_)
@@ -74,6 +79,26 @@ impl Error {
     pub(crate) fn cql_result(e: impl std::error::Error + Send + Sync + 'static) -> Self {
         Error::CqlResult(Box::new(e))
     }
+}
+
+/// Whether the CQL server refused the login (bad credentials, or none given
+/// where it wants some): the same credentials will not do better later.
+fn cql_refused_login(e: &scylla::errors::NewSessionError) -> bool {
+    use scylla::errors::{
+        ConnectionError, ConnectionPoolError, ConnectionSetupRequestErrorKind, DbError, MetadataError,
+        NewSessionError,
+    };
+    let NewSessionError::MetadataError(MetadataError::ConnectionPoolError(ConnectionPoolError::Broken {
+        last_connection_error: ConnectionError::ConnectionSetupRequestError(setup),
+    })) = e
+    else {
+        return false;
+    };
+    matches!(
+        setup.error,
+        ConnectionSetupRequestErrorKind::DbError(DbError::AuthenticationError, _)
+            | ConnectionSetupRequestErrorKind::MissingAuthentication
+    )
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -18,6 +18,15 @@ pub mod redis;
 
 pub use error::{Error, Result};
 
+/// How a secret shows in `Debug` output: whether it is set, never what.
+pub(crate) fn redacted(secret: &str) -> &'static str {
+    if secret.is_empty() {
+        ""
+    } else {
+        "***"
+    }
+}
+
 /// A store of cursors: what the processor writes and readers read.
 pub trait CursorStore {
     /// The store's name in metrics and logs.

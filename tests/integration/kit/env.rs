@@ -34,7 +34,22 @@ impl TestEnv {
         Self::with_services(test, partitions, exclusive_services().await).await
     }
 
+    /// On the secure instances: every connection logs in, over TLS.
+    pub async fn secure(test: &str, partitions: i32, secure: &SecureServices) -> TestEnv {
+        Self::with_overrides(test, partitions, shared_services().await, secure.readfold_vars()).await
+    }
+
     async fn with_services(test: &str, partitions: i32, services: ServicesGuard) -> TestEnv {
+        Self::with_overrides(test, partitions, services, Vec::new()).await
+    }
+
+    /// The test's settings, with `overrides` replacing or adding variables.
+    async fn with_overrides(
+        test: &str,
+        partitions: i32,
+        services: ServicesGuard,
+        overrides: Vec<(String, String)>,
+    ) -> TestEnv {
         let prefix = unique(&format!("it.{test}"));
         let vars: Vec<(String, String)> = [
             ("READFOLD__KAFKA__BOOTSTRAP_SERVERS", bootstrap()),
@@ -63,6 +78,8 @@ impl TestEnv {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
+        .filter(|(k, _)| !overrides.iter().any(|(o, _)| o == k))
+        .chain(overrides.iter().cloned())
         .collect();
         let config = Config::from_sources(None, vars.clone()).expect("test config");
         let layout = ensure_topics(&config.kafka, &config.topics)

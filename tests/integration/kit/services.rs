@@ -141,8 +141,6 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// An address on loopback nobody listens on (for a spawned processor's
-/// metrics endpoint).
 /// `GET path` on a local HTTP listener: the status and the whole response
 /// (headers and body); `None` while nothing listens.
 pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
@@ -165,6 +163,8 @@ pub fn scrape(addr: &str) -> Option<String> {
     http_get(addr, "/metrics").map(|(_, body)| body)
 }
 
+/// An address on loopback nobody listens on (for a spawned processor's
+/// metrics endpoint).
 pub fn free_local_addr() -> String {
     format!("127.0.0.1:{}", free_port())
 }
@@ -186,6 +186,115 @@ pub fn keyspace_name(prefix: &str) -> String {
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .take(48)
         .collect()
+}
+
+/// The second instances of the services that want logins over TLS (Kafka
+/// SASL/SCRAM-SHA-512, a Redis ACL user, Cassandra's PasswordAuthenticator),
+/// as `scripts/services/<name>-secure.sh env` describes them.
+pub struct SecureServices {
+    vars: std::collections::BTreeMap<String, String>,
+}
+
+impl SecureServices {
+    /// Reads their settings; fails the test, saying how to start them, when
+    /// one is not up.
+    pub fn load() -> SecureServices {
+        let root = env!("CARGO_MANIFEST_DIR");
+        let mut vars = std::collections::BTreeMap::new();
+        for service in ["kafka-secure", "redis-secure", "cassandra-secure"] {
+            let script = format!("{root}/scripts/services/{service}.sh");
+            let status = Command::new("bash").arg(&script).arg("status").output().unwrap();
+            assert!(
+                status.status.success(),
+                "{service} is not up: {}{} Start it with `scripts/dev test` or `scripts/services.sh up {service}`.",
+                String::from_utf8_lossy(&status.stdout),
+                String::from_utf8_lossy(&status.stderr)
+            );
+            let env = Command::new("bash").arg(&script).arg("env").output().unwrap();
+            for line in String::from_utf8_lossy(&env.stdout).lines() {
+                let Some((key, value)) = line.strip_prefix("export ").and_then(|l| l.split_once('=')) else {
+                    continue;
+                };
+                vars.insert(key.to_owned(), value.trim_matches('\'').to_owned());
+            }
+        }
+        SecureServices { vars }
+    }
+
+    /// One setting, by the name `env` prints.
+    pub fn get(&self, name: &str) -> &str {
+        self.vars
+            .get(name)
+            .unwrap_or_else(|| panic!("the secure services' env lacks {name}: {:?}", self.vars.keys()))
+    }
+
+    /// The three passwords readfold logs in with.
+    pub fn passwords(&self) -> [&str; 3] {
+        [
+            self.get("READFOLD_KAFKA_SECURE_PASSWORD"),
+            self.get("READFOLD_REDIS_SECURE_PASSWORD"),
+            self.get("READFOLD_CQL_SECURE_PASSWORD"),
+        ]
+    }
+
+    /// readfold's settings for all three, as environment variables.
+    pub fn readfold_vars(&self) -> Vec<(String, String)> {
+        let ca = self.get("READFOLD_KAFKA_SECURE_CA");
+        [
+            (
+                "READFOLD__KAFKA__BOOTSTRAP_SERVERS",
+                self.get("READFOLD_TEST_KAFKA_SECURE"),
+            ),
+            ("READFOLD__KAFKA__PROPERTIES__SECURITY_PROTOCOL", "SASL_SSL"),
+            ("READFOLD__KAFKA__PROPERTIES__SASL_MECHANISM", "SCRAM-SHA-512"),
+            (
+                "READFOLD__KAFKA__PROPERTIES__SASL_USERNAME",
+                self.get("READFOLD_KAFKA_SECURE_USER"),
+            ),
+            (
+                "READFOLD__KAFKA__PROPERTIES__SASL_PASSWORD",
+                self.get("READFOLD_KAFKA_SECURE_PASSWORD"),
+            ),
+            ("READFOLD__KAFKA__PROPERTIES__SSL_CA_LOCATION", ca),
+            (
+                "READFOLD__REDIS__URL",
+                &format!(
+                    "rediss://{}:{}/",
+                    self.get("READFOLD_REDIS_SECURE_HOST"),
+                    self.get("READFOLD_REDIS_SECURE_PORT")
+                ),
+            ),
+            (
+                "READFOLD__REDIS__USERNAME",
+                self.get("READFOLD_REDIS_SECURE_USER"),
+            ),
+            (
+                "READFOLD__REDIS__PASSWORD",
+                self.get("READFOLD_REDIS_SECURE_PASSWORD"),
+            ),
+            (
+                "READFOLD__REDIS__TLS_CA_FILE",
+                self.get("READFOLD_REDIS_SECURE_CA"),
+            ),
+            // The driver checks the certificate against the node's IP.
+            (
+                "READFOLD__CQL__CONTACT_POINTS",
+                &self
+                    .get("READFOLD_TEST_CQL_SECURE")
+                    .replace("localhost", "127.0.0.1"),
+            ),
+            ("READFOLD__CQL__USERNAME", self.get("READFOLD_CQL_SECURE_USER")),
+            (
+                "READFOLD__CQL__PASSWORD",
+                self.get("READFOLD_CQL_SECURE_PASSWORD"),
+            ),
+            ("READFOLD__CQL__TLS", "true"),
+            ("READFOLD__CQL__TLS_CA_FILE", self.get("READFOLD_CQL_SECURE_CA")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+    }
 }
 
 /// A private redis-server, so stopping it disturbs no other test.

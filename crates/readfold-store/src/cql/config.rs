@@ -1,7 +1,7 @@
 //! The `[cql]` section; defaults and documentation are in
 //! `config/default.toml`.
 
-#[derive(Clone, Debug, serde::Deserialize)]
+#[derive(Clone, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CqlConfig {
     pub enabled: bool,
@@ -19,6 +19,33 @@ pub struct CqlConfig {
     pub max_batch_rows: usize,
     /// Connection and per-request timeout.
     pub timeout_ms: u64,
+    /// PasswordAuthenticator credentials; empty username: no login.
+    pub username: String,
+    pub password: String,
+    /// Connect over TLS, checking the server's certificate.
+    pub tls: bool,
+    /// PEM file of the CAs that sign the servers' certificates; empty: the
+    /// system's.
+    pub tls_ca_file: String,
+}
+
+/// Never prints the password.
+impl std::fmt::Debug for CqlConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CqlConfig")
+            .field("enabled", &self.enabled)
+            .field("contact_points", &self.contact_points)
+            .field("keyspace", &self.keyspace)
+            .field("replication", &self.replication)
+            .field("concurrency", &self.concurrency)
+            .field("max_batch_rows", &self.max_batch_rows)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("username", &self.username)
+            .field("password", &crate::redacted(&self.password))
+            .field("tls", &self.tls)
+            .field("tls_ca_file", &self.tls_ca_file)
+            .finish()
+    }
 }
 
 impl CqlConfig {
@@ -45,6 +72,12 @@ impl CqlConfig {
         }
         if self.concurrency == 0 || self.max_batch_rows == 0 || self.timeout_ms == 0 {
             return bad("cql.concurrency, cql.max_batch_rows and cql.timeout_ms must be positive".into());
+        }
+        if !self.tls_ca_file.is_empty() && !self.tls {
+            return bad("cql.tls_ca_file is set but cql.tls is false".into());
+        }
+        if self.username.is_empty() != self.password.is_empty() {
+            return bad("cql.username and cql.password go together: set both or neither".into());
         }
         Ok(())
     }

@@ -71,12 +71,17 @@ impl CqlStore {
             .request_timeout(Some(timeout))
             .build()
             .into_handle();
-        let session = SessionBuilder::new()
+        let mut builder = SessionBuilder::new()
             .known_nodes(config.contact_points())
             .connection_timeout(timeout)
-            .default_execution_profile_handle(profile)
-            .build()
-            .await?;
+            .default_execution_profile_handle(profile);
+        if !config.username.is_empty() {
+            builder = builder.user(&config.username, &config.password);
+        }
+        if config.tls {
+            builder = builder.tls_context(Some(tls_config(config)?));
+        }
+        let session = builder.build().await?;
         Ok(CqlStore {
             session: Arc::new(session),
             statements: None,
@@ -141,6 +146,28 @@ impl CqlStore {
     pub fn keyspace(&self) -> &str {
         &self.keyspace
     }
+}
+
+/// OpenSSL, checking the servers' certificates against `tls_ca_file` (or
+/// the system's CAs). The driver checks each node's certificate against the
+/// address it connects to, so certificates need the nodes' IPs as SANs.
+fn tls_config(config: &CqlConfig) -> Result<scylla::client::session::OpenSsl010Config> {
+    use openssl::ssl::{SslConnector, SslMethod};
+    let bad = |what: &str, e: &dyn std::fmt::Display| {
+        Error::Config(format!("cql.tls_ca_file {:?}: {what}: {e}", config.tls_ca_file))
+    };
+    let mut builder = SslConnector::builder(SslMethod::tls()).map_err(|e| bad("OpenSSL", &e))?;
+    if !config.tls_ca_file.is_empty() {
+        let pem = std::fs::read(&config.tls_ca_file).map_err(|e| bad("cannot read", &e))?;
+        let mut store = openssl::x509::store::X509StoreBuilder::new().map_err(|e| bad("OpenSSL", &e))?;
+        for cert in openssl::x509::X509::stack_from_pem(&pem).map_err(|e| bad("not PEM certificates", &e))? {
+            store
+                .add_cert(cert)
+                .map_err(|e| bad("cannot add a certificate", &e))?;
+        }
+        builder.set_cert_store(store.build());
+    }
+    Ok(scylla::client::session::OpenSsl010Config::new(builder))
 }
 
 impl CursorStore for CqlStore {

@@ -3,16 +3,37 @@
 
 use serde::Deserialize;
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisConfig {
     pub enabled: bool,
     /// `redis://[user:password@]host:port/db`, or `rediss://` for TLS.
     pub url: String,
+    /// ACL user and password; when set, they win over the URL's.
+    pub username: String,
+    pub password: String,
+    /// PEM file of the CAs that sign the server's certificate (`rediss://`);
+    /// empty: the system's.
+    pub tls_ca_file: String,
     /// First part of every key.
     pub key_prefix: String,
     /// Connect and response timeout of one call.
     pub timeout_ms: u64,
+}
+
+/// Never prints the password, in the URL or apart.
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("enabled", &self.enabled)
+            .field("url", &self.url_for_logs())
+            .field("username", &self.username)
+            .field("password", &crate::redacted(&self.password))
+            .field("tls_ca_file", &self.tls_ca_file)
+            .field("key_prefix", &self.key_prefix)
+            .field("timeout_ms", &self.timeout_ms)
+            .finish()
+    }
 }
 
 impl RedisConfig {
@@ -23,6 +44,63 @@ impl RedisConfig {
         if self.timeout_ms == 0 {
             return Err("redis.timeout_ms must be positive".into());
         }
+        if !self.tls_ca_file.is_empty() && !self.url.starts_with("rediss://") {
+            return Err("redis.tls_ca_file is set but redis.url is not rediss:// (TLS)".into());
+        }
         Ok(())
+    }
+
+    /// The URL with any password in it replaced by `***`, for logs.
+    pub fn url_for_logs(&self) -> String {
+        redact_url(&self.url)
+    }
+}
+
+/// `scheme://user:secret@host` -> `scheme://user:***@host`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            let hidden = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                "***".to_owned()
+            };
+            // A bare `user@` in redis URLs is a password (AUTH <password>).
+            format!("{scheme}://{hidden}@{host}{path}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_logs() {
+        assert_eq!(redact_url("redis://127.0.0.1:6379/"), "redis://127.0.0.1:6379/");
+        assert_eq!(redact_url("rediss://rf:s3cret@h:1/0"), "rediss://rf:***@h:1/0");
+        assert_eq!(redact_url("redis://:s3cret@h:1"), "redis://:***@h:1");
+        assert_eq!(redact_url("redis://s3cret@h:1"), "redis://***@h:1");
+        assert_eq!(redact_url("redis://u:p@ss@h:1/"), "redis://u:***@h:1/");
+        let config = RedisConfig {
+            enabled: true,
+            url: "rediss://rf:s3cret@h:1/".into(),
+            username: "rf".into(),
+            password: "t0psecret".into(),
+            tls_ca_file: String::new(),
+            key_prefix: "p".into(),
+            timeout_ms: 1,
+        };
+        let debug = format!("{config:?}");
+        assert!(
+            !debug.contains("s3cret") && !debug.contains("t0psecret"),
+            "{debug}"
+        );
     }
 }

@@ -68,8 +68,7 @@ impl RedisStore {
     /// [`RedisStore::connect_writer`], which also loads the script.
     pub async fn connect(config: &RedisConfig) -> Result<Self> {
         config.check().map_err(Error::Config)?;
-        let client =
-            redis::Client::open(config.url.as_str()).map_err(|e| Error::Config(format!("redis.url: {e}")))?;
+        let client = client(config)?;
         let timeout = Duration::from_millis(config.timeout_ms);
         let manager_config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -95,6 +94,35 @@ impl RedisStore {
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
+}
+
+/// The client for `config`: its URL, the user and password apart from it
+/// if given, and the CA file for TLS.
+fn client(config: &RedisConfig) -> Result<redis::Client> {
+    // The redis crate's URL errors never echo the URL, so no password leaks.
+    let mut info = redis::IntoConnectionInfo::into_connection_info(config.url.as_str())
+        .map_err(|e| Error::Config(format!("redis.url {}: {e}", config.url_for_logs())))?;
+    if !config.username.is_empty() || !config.password.is_empty() {
+        let mut settings = info.redis_settings().clone();
+        if !config.username.is_empty() {
+            settings = settings.set_username(&config.username);
+        }
+        if !config.password.is_empty() {
+            settings = settings.set_password(&config.password);
+        }
+        info = info.set_redis_settings(settings);
+    }
+    if config.tls_ca_file.is_empty() {
+        return redis::Client::open(info).map_err(|e| Error::Config(format!("redis.url: {e}")));
+    }
+    let root_cert = std::fs::read(&config.tls_ca_file)
+        .map_err(|e| Error::Config(format!("redis.tls_ca_file {:?}: {e}", config.tls_ca_file)))?;
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    };
+    redis::Client::build_with_tls(info, certificates)
+        .map_err(|e| Error::Config(format!("redis.tls_ca_file {:?}: {e}", config.tls_ca_file)))
 }
 
 impl CursorStore for RedisStore {
