@@ -7,7 +7,8 @@
 # authenticated, encrypted connection tests: kafka-secure (SASL/SCRAM over
 # TLS), redis-secure (ACL user over TLS), cassandra-secure
 # (PasswordAuthenticator over TLS), with certificates made by
-# services/secure-certs.sh (default: all of them). Each is
+# services/secure-certs.sh; and schema-registry, a Confluent-compatible
+# registry (Apicurio, in memory) (default: all of them). Each is
 # handled by scripts/services/<name>.sh up|down|status; a service whose
 # script does not exist is skipped with a message.
 #   up      start each (idempotent: a service already answering is left alone);
@@ -21,7 +22,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 SVC_DIR="$ROOT/services"
-ALL=(kafka redis cassandra kafka-secure redis-secure cassandra-secure)
+ALL=(kafka redis cassandra kafka-secure redis-secure cassandra-secure schema-registry)
 
 usage() {
   echo "usage: $0 up|down|status [${ALL[*]}]" >&2

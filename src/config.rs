@@ -6,6 +6,7 @@ use std::path::Path;
 use readfold_gateway::GatewayConfig;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_processor::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig};
+use readfold_registry::RegistryConfig;
 use readfold_serve::{AuthConfig, ServeConfig};
 use readfold_store::cql::CqlConfig;
 use readfold_store::redis::RedisConfig;
@@ -64,6 +65,7 @@ pub struct Config {
     pub serve: ServeConfig,
     pub auth: AuthConfig,
     pub gateway: GatewayConfig,
+    pub schema_registry: RegistryConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
     pub shutdown: ShutdownConfig,
@@ -162,6 +164,7 @@ impl Config {
         self.cql.check().map_err(ConfigError::Invalid)?;
         self.serve.check().map_err(ConfigError::Invalid)?;
         self.auth.check().map_err(ConfigError::Invalid)?;
+        self.schema_registry.check().map_err(ConfigError::Invalid)?;
         if self.cql.enabled && self.input.max_seq > readfold_store::cql::write::MAX_CURSOR {
             return Err(ConfigError::Invalid(format!(
                 "input.max_seq {} is above {}, the highest cursor the CQL store can order \
@@ -183,6 +186,7 @@ impl Config {
             snapshot: self.snapshot.clone(),
             redis: self.redis.clone(),
             cql: self.cql.clone(),
+            schema_registry: self.schema_registry.clone(),
         }
     }
 }

@@ -16,6 +16,7 @@ mod pipeline;
 mod private_receipts;
 mod redis_outage;
 mod redis_sink;
+mod registry;
 mod replay;
 mod restart;
 mod scale;

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_registry::RegistryConfig;
 use readfold_store::cql::CqlConfig;
 use readfold_store::redis::RedisConfig;
 use readfold_wire::Limits;
@@ -60,4 +61,5 @@ pub struct Settings {
     pub snapshot: SnapshotConfig,
     pub redis: RedisConfig,
     pub cql: CqlConfig,
+    pub schema_registry: RegistryConfig,
 }

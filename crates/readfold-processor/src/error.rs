@@ -20,6 +20,8 @@ pub enum Error {
     Consumer(#[source] KafkaError),
     #[error("a background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Registry(#[from] readfold_registry::Error),
 }
 
 impl From<KafkaError> for Error {
@@ -35,6 +37,7 @@ impl Error {
             Error::Kafka(e) => e.is_retriable(),
             Error::Store(e) => e.is_retriable(),
             Error::Transaction(_) => true,
+            Error::Registry(e) => e.is_retriable(),
             Error::FatalTransaction(_) | Error::Consumer(_) | Error::Task(_) => false,
         }
     }

@@ -30,6 +30,7 @@ use readfold_store::cql::CqlStore;
 use readfold_store::redis::RedisStore;
 use readfold_store::CursorStore;
 use readfold_wire::changelog::changelog_records;
+use readfold_wire::confluent::Framing;
 use readfold_wire::{OutRecord, OutputTopics};
 use tokio::task::JoinHandle;
 
@@ -60,6 +61,7 @@ struct Writer {
     transactions: Transactions,
     out: OutputTopics,
     topics: TopicsConfig,
+    framing: Option<Arc<Framing>>,
 }
 
 impl Processor {
@@ -113,6 +115,7 @@ impl Processor {
             transactions: self.transactions.clone(),
             out: self.out.clone(),
             topics: self.settings.topics.clone(),
+            framing: self.framing.clone(),
         };
         let group = rdkafka::consumer::Consumer::group_metadata(&*self.consumer);
         let plan = Arc::new(plan);
@@ -233,6 +236,9 @@ impl Writer {
             records.extend(changelog_records(change, *partition, &self.out));
         }
         records.extend(plan.dead_letters.iter().map(|(_, d)| d.clone()));
+        if let Some(framing) = &self.framing {
+            records = records.into_iter().map(|r| framing.frame(r)).collect();
+        }
         let mut offsets = TopicPartitionList::new();
         for &(kind, partition, offset) in &plan.offsets {
             let topic = match kind {

@@ -15,6 +15,7 @@ mod flush;
 pub mod group;
 pub mod health;
 pub mod partitions;
+mod schemas;
 pub mod telemetry;
 pub mod transaction;
 
@@ -45,6 +46,9 @@ use flush::InFlight;
 use group::{GroupConsumer, GroupEvents};
 use health::Health;
 use partitions::{Partitions, Slot};
+use readfold_wire::confluent::Framing;
+use readfold_wire::validate::{RejectReason, Rejection};
+use schemas::{InputSchemas, SchemaCheck};
 use transaction::Transactions;
 
 /// A running member of the processor's consumer group.
@@ -80,6 +84,10 @@ pub struct Processor {
     /// Partitions the last assignment brought that have no state yet.
     to_restore: Vec<i32>,
     health: Arc<Health>,
+    /// With a schema registry: the ids that frame the output, and the
+    /// verdicts on framed input's schema ids.
+    framing: Option<Arc<Framing>>,
+    input_schemas: Option<InputSchemas>,
 }
 
 /// Records folded per turn of the run loop at most, so that flushes,
@@ -91,6 +99,9 @@ enum Folded {
     Done,
     /// Its partition has no state yet: restore it, then fold again.
     Unrestored,
+    /// Framed with a schema id not yet checked: ask the registry, then
+    /// fold again.
+    UnknownSchema(InputKind, u32),
 }
 
 /// Polls `future` once, with a waker that does nothing: its output if it
@@ -131,8 +142,19 @@ impl Processor {
         } else {
             None
         };
+        let out = layout.output_topics(&settings.topics);
+        let (framing, input_schemas) = if settings.schema_registry.is_on() {
+            let registry = readfold_registry::Registry::new(&settings.schema_registry)?;
+            let framing = schemas::register_outputs(&registry, &out).await?;
+            tracing::info!(url = %registry.url(), "writing the Confluent wire format; framed input is checked against the registry");
+            (Some(framing), Some(InputSchemas::new(registry)))
+        } else {
+            (None, None)
+        };
         Ok(Processor {
-            out: layout.output_topics(&settings.topics),
+            out,
+            framing,
+            input_schemas,
             snapshot_interval: Duration::from_millis(settings.snapshot.interval_ms),
             next_snapshot: Instant::now(),
             layout,
@@ -422,20 +444,28 @@ impl Processor {
         }
         match self.fold_record(&message) {
             Folded::Done => None,
-            Folded::Unrestored => Some(message.detach()),
+            Folded::Unrestored | Folded::UnknownSchema(..) => Some(message.detach()),
         }
     }
 
-    /// Folds a record, restoring its partition's state first if needed.
+    /// Folds a record, first restoring its partition's state or asking the
+    /// registry about its schema id if needed.
     async fn process(&mut self, message: OwnedMessage) -> Result<()> {
-        if let Folded::Unrestored = self.fold_record(&message) {
-            for (partition, slot) in self.restore(&[message.partition()]).await? {
-                self.partitions.slots.insert(partition, slot);
+        loop {
+            match self.fold_record(&message) {
+                Folded::Done => return Ok(()),
+                Folded::Unrestored => {
+                    for (partition, slot) in self.restore(&[message.partition()]).await? {
+                        self.partitions.slots.insert(partition, slot);
+                    }
+                    self.report_partitions(self.to_restore.len());
+                }
+                Folded::UnknownSchema(kind, id) => {
+                    let schemas = self.input_schemas.as_mut().expect("only checked with a registry");
+                    schemas.learn(kind, id).await?;
+                }
             }
-            self.report_partitions(self.to_restore.len());
-            self.fold_record(&message);
         }
-        Ok(())
     }
 
     fn consumer_error(&self, e: KafkaError) -> Result<()> {
@@ -462,13 +492,27 @@ impl Processor {
         let Some(slot) = self.partitions.slots.get_mut(&partition) else {
             return Folded::Unrestored;
         };
+        let schema = match &self.input_schemas {
+            None => SchemaCheck::Accepted,
+            Some(schemas) => schemas.check(kind, message.payload(), self.settings.input.format),
+        };
+        if let SchemaCheck::Unknown(id) = schema {
+            return Folded::UnknownSchema(kind, id);
+        }
         self.records_in.record(kind);
         let placement = Placement {
             key: message.key(),
             partition,
             partition_count: self.layout.partitions,
         };
-        match ingest(kind, message.payload(), placement, &self.settings.input) {
+        let ingested = match schema {
+            SchemaCheck::Refused(detail) => Err(Rejection {
+                reason: RejectReason::UnknownSchema,
+                detail,
+            }),
+            _ => ingest(kind, message.payload(), placement, &self.settings.input),
+        };
+        match ingested {
             Ok(input) => {
                 slot.state.apply(&input);
             }

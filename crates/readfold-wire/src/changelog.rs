@@ -17,6 +17,7 @@ use readfold_core::{ConversationId, CursorKey, IdError, Seq, UserId};
 use crate::codec::{
     self, CursorKeyRecord, CursorUpdateRecord, DecodeError, MemberStateRecord, UserCursorKeyRecord,
 };
+use crate::confluent::strip_changelog_frame;
 
 /// One record to produce, partition chosen by readfold.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -218,7 +219,9 @@ pub fn decode_changelog(
     value: Option<&[u8]>,
     max_id_bytes: usize,
 ) -> Result<ChangelogEntry, ChangelogError> {
-    let key = key.ok_or(ChangelogError::MissingKey)?;
+    // Written with or without a schema registry: both read the same.
+    let key = strip_changelog_frame(key.ok_or(ChangelogError::MissingKey)?);
+    let value = value.map(strip_changelog_frame);
     let (conversation_id, user_id) = match kind {
         ChangelogKind::ByConversation | ChangelogKind::MemberState => {
             let k = codec::decode_cursor_key(key).map_err(ChangelogError::Key)?;

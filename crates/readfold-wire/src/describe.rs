@@ -4,6 +4,7 @@
 use serde_json::{json, Value};
 
 use crate::codec::{self, WireFormat};
+use crate::confluent::strip_changelog_frame as strip;
 
 /// Which schema a topic's records follow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,17 +50,21 @@ pub fn describe(
             }),
         ),
         TopicRole::ReadCursors => (
-            key.map_or(Value::Null, |k| decoded(codec::decode_cursor_key(k))),
-            value.map_or(Value::Null, |v| decoded(codec::decode_cursor_update(v))),
+            key.map_or(Value::Null, |k| decoded(codec::decode_cursor_key(strip(k)))),
+            value.map_or(Value::Null, |v| decoded(codec::decode_cursor_update(strip(v)))),
         ),
         TopicRole::UserReadCursors => (
-            key.map_or(Value::Null, |k| decoded(codec::decode_user_cursor_key(k))),
-            value.map_or(Value::Null, |v| decoded(codec::decode_cursor_update(v))),
+            key.map_or(Value::Null, |k| decoded(codec::decode_user_cursor_key(strip(k)))),
+            value.map_or(Value::Null, |v| decoded(codec::decode_cursor_update(strip(v)))),
         ),
-        TopicRole::DeadLetters => (
-            lossy(key),
-            json!({ "bytes": value.map(<[u8]>::len), "text": lossy(value) }),
-        ),
+        TopicRole::DeadLetters => match value.and_then(crate::confluent::describe_dead_letter) {
+            // Written for a schema registry: the original bytes are inside.
+            Some(dead_letter) => (dead_letter["key"].clone(), dead_letter),
+            None => (
+                lossy(key),
+                json!({ "bytes": value.map(<[u8]>::len), "text": lossy(value) }),
+            ),
+        },
     };
     let mut out = json!({ "key": key, "value": value });
     if !headers.is_empty() {

@@ -5,10 +5,13 @@
 //! - [`changelog`]: the changelog records a flush produces, and the one
 //!   changelog decoder every reader uses.
 //! - [`dead_letter`]: the dead-letter record of a rejected input.
+//! - [`confluent`]: the output in the Confluent wire format, for consumers
+//!   that use a schema registry.
 //! - [`describe`]: any topic's records as JSON.
 
 pub mod changelog;
 pub mod codec;
+pub mod confluent;
 pub mod dead_letter;
 pub mod describe;
 pub mod validate;

@@ -57,10 +57,13 @@ pub enum RejectReason {
     KeyMismatch,
     /// The record is not on the partition murmur2(conversation_id) picks.
     WrongPartition,
+    /// Framed with a schema id the registry does not know, or whose schema
+    /// is not one of readfold's versions of the topic's schema.
+    UnknownSchema,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 7] = [
+    pub const ALL: [RejectReason; 8] = [
         RejectReason::MissingValue,
         RejectReason::Decode,
         RejectReason::EmptyId,
@@ -68,6 +71,7 @@ impl RejectReason {
         RejectReason::SeqOutOfRange,
         RejectReason::KeyMismatch,
         RejectReason::WrongPartition,
+        RejectReason::UnknownSchema,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -79,6 +83,7 @@ impl RejectReason {
             RejectReason::SeqOutOfRange => "seq_out_of_range",
             RejectReason::KeyMismatch => "key_mismatch",
             RejectReason::WrongPartition => "wrong_partition",
+            RejectReason::UnknownSchema => "unknown_schema",
         }
     }
 }

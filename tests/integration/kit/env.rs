@@ -15,6 +15,9 @@ use super::reference::{Feed, Reference};
 use super::services::*;
 use readfold_wire::changelog::ChangelogKind;
 
+/// A record's key and value bytes, as stored.
+pub type RawRecord = (Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// One test's topics, group and configuration.
 pub struct TestEnv {
     pub config: Config,
@@ -32,6 +35,35 @@ impl TestEnv {
     /// For tests that stop or restart a shared service.
     pub async fn exclusive(test: &str, partitions: i32) -> TestEnv {
         Self::with_services(test, partitions, exclusive_services().await).await
+    }
+
+    /// With `vars` added to (or replacing) the test's settings.
+    pub async fn with_vars(test: &str, partitions: i32, vars: &[(&str, &str)]) -> TestEnv {
+        let overrides = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Self::with_overrides(test, partitions, shared_services().await, overrides).await
+    }
+
+    /// Every record of `topic`, raw, as committed.
+    pub fn raw_records(&self, topic: &str) -> Vec<RawRecord> {
+        use rdkafka::Message;
+        let reader = readfold_kafka::reader::TopicReader::new(&self.config.kafka, &unique("it.raw"), false)
+            .expect("raw reader");
+        let assigned = reader.assign_from_beginning(topic, None).expect("assign");
+        let mut records = Vec::new();
+        reader
+            .read(
+                topic,
+                &assigned,
+                readfold_kafka::reader::Until::End {
+                    within: Duration::from_secs(30),
+                },
+                |m| {
+                    records.push((m.key().map(<[u8]>::to_vec), m.payload().map(<[u8]>::to_vec)));
+                    std::ops::ControlFlow::Continue(())
+                },
+            )
+            .expect("read raw records");
+        records
     }
 
     /// On the secure instances: every connection logs in, over TLS.

@@ -297,6 +297,23 @@ impl SecureServices {
     }
 }
 
+/// The Confluent-compatible API of the schema registry the tests use
+/// (`scripts/services/schema-registry.sh`); fails the test, saying how to
+/// start it, when it is not up.
+pub fn schema_registry_url() -> String {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let script = format!("{root}/scripts/services/schema-registry.sh");
+    let status = Command::new("bash").arg(&script).arg("status").output().unwrap();
+    assert!(
+        status.status.success(),
+        "the schema registry is not up: {}{} Start it with `scripts/dev test` or `scripts/services.sh up schema-registry`.",
+        String::from_utf8_lossy(&status.stdout),
+        String::from_utf8_lossy(&status.stderr)
+    );
+    std::env::var("READFOLD_TEST_SCHEMA_REGISTRY")
+        .unwrap_or_else(|_| "http://127.0.0.1:8081/apis/ccompat/v7".into())
+}
+
 /// A private redis-server, so stopping it disturbs no other test.
 pub struct PrivateRedis {
     port: u16,

@@ -1,0 +1,410 @@
+//! readfold's output in the Confluent wire format (magic byte 0, 4-byte
+//! schema id, Avro binary), for consumers that decode through a schema
+//! registry (`KafkaAvroDeserializer`, Kafka Connect, ksqlDB). Pure: the ids
+//! come from the registry adapter; here records are only re-framed.
+//!
+//! Subjects follow the TopicNameStrategy, `<topic>-key` and
+//! `<topic>-value`. The changelogs keep their Avro bytes behind the header.
+//! A dead letter becomes a `DeadLetter` record (schemas/DeadLetter.avsc)
+//! that carries the original bytes, keyed by the original key as Avro
+//! `bytes`, since a rejected record is by definition not of its topic's
+//! schema.
+
+use std::collections::HashMap;
+
+use crate::changelog::{OutRecord, OutputTopics};
+use crate::codec::{self, frame_confluent};
+use crate::dead_letter::headers;
+
+pub const DEAD_LETTER_AVSC: &str = include_str!("../../../schemas/DeadLetter.avsc");
+/// The dead-letter key: the original key's bytes (written as Confluent's
+/// serializers write `bytes`: raw, behind the header).
+pub const DEAD_LETTER_KEY_AVSC: &str = r#""bytes""#;
+
+/// Every subject readfold writes under, with its schema (Avro JSON).
+pub fn output_subjects(out: &OutputTopics) -> Vec<(String, &'static str)> {
+    let subject = |topic: &str, part: &str| format!("{topic}-{part}");
+    vec![
+        (subject(&out.read_cursors, "key"), codec::CURSOR_KEY_AVSC),
+        (subject(&out.read_cursors, "value"), codec::CURSOR_UPDATE_AVSC),
+        (
+            subject(&out.user_read_cursors, "key"),
+            codec::USER_CURSOR_KEY_AVSC,
+        ),
+        (
+            subject(&out.user_read_cursors, "value"),
+            codec::CURSOR_UPDATE_AVSC,
+        ),
+        (subject(&out.member_state, "key"), codec::CURSOR_KEY_AVSC),
+        (subject(&out.member_state, "value"), codec::MEMBER_STATE_AVSC),
+        (subject(&out.dlq, "key"), DEAD_LETTER_KEY_AVSC),
+        (subject(&out.dlq, "value"), DEAD_LETTER_AVSC),
+    ]
+}
+
+/// The schema ids of each output topic's keys and values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Framing {
+    ids: HashMap<String, (u32, u32)>,
+    dlq: String,
+}
+
+impl Framing {
+    /// From the ids the registry gave each of [`output_subjects`].
+    pub fn new(out: &OutputTopics, ids: &HashMap<String, u32>) -> Result<Framing, String> {
+        let mut topics = HashMap::new();
+        for topic in [
+            &out.read_cursors,
+            &out.user_read_cursors,
+            &out.member_state,
+            &out.dlq,
+        ] {
+            let id = |part: &str| {
+                let subject = format!("{topic}-{part}");
+                ids.get(&subject)
+                    .copied()
+                    .ok_or(format!("no schema id for subject {subject}"))
+            };
+            topics.insert(topic.clone(), (id("key")?, id("value")?));
+        }
+        Ok(Framing {
+            ids: topics,
+            dlq: out.dlq.clone(),
+        })
+    }
+
+    /// `record` as registry-aware consumers read it. Tombstones stay
+    /// tombstones; a topic without ids is left as it is.
+    pub fn frame(&self, mut record: OutRecord) -> OutRecord {
+        let Some(&(key_id, value_id)) = self.ids.get(&record.topic) else {
+            return record;
+        };
+        if record.topic == self.dlq {
+            let value = dead_letter_value(&record);
+            // Confluent's serializers write a primitive `bytes` value as the
+            // bytes themselves, without Avro's length prefix, and their
+            // deserializers read it so.
+            record.key = record.key.map(|k| frame_confluent(key_id, &k));
+            record.value = Some(frame_confluent(value_id, &value));
+        } else {
+            record.key = record.key.map(|k| frame_confluent(key_id, &k));
+            record.value = record.value.map(|v| frame_confluent(value_id, &v));
+        }
+        record
+    }
+}
+
+/// Whether a writer schema fetched from the registry is one readfold reads
+/// `kind` with: the current or an earlier version of the topic's schema,
+/// compared in Avro's Parsing Canonical Form (docs and order of attributes
+/// do not matter; names, types and fields do).
+pub fn accepts_input_schema(kind: readfold_core::fold::InputKind, writer_schema: &str) -> Result<(), String> {
+    use readfold_core::fold::InputKind;
+    let writer = apache_avro::Schema::parse_str(writer_schema)
+        .map_err(|e| format!("the registered schema is not Avro: {e}"))?;
+    let writer = normal_form(&writer);
+    let schemas = codec::schemas();
+    let (name, known): (&str, Vec<&apache_avro::Schema>) = match kind {
+        InputKind::ReadReports => (
+            "ReadReport",
+            std::iter::once(&schemas.read_report)
+                .chain(&schemas.read_report_history)
+                .collect(),
+        ),
+        InputKind::ConversationEvents => ("ConversationEvent", vec![&schemas.conversation_event]),
+    };
+    if known.iter().any(|s| normal_form(s) == writer) {
+        Ok(())
+    } else {
+        Err(format!(
+            "the registered schema is not a version of readfold's {name} schema"
+        ))
+    }
+}
+
+/// The Parsing Canonical Form, made stable: apache-avro writes a logical
+/// type's base as `{"type":"long"}` and a re-parsed one as `"long"`, so
+/// one more round makes two equal schemas compare equal.
+fn normal_form(schema: &apache_avro::Schema) -> String {
+    let canonical = schema.canonical_form();
+    apache_avro::Schema::parse_str(&canonical).map_or(canonical, |s| s.canonical_form())
+}
+
+/// The Confluent header's schema id, and the Avro bytes behind it, when
+/// `bytes` is framed.
+pub fn unframe(bytes: &[u8]) -> Option<(u32, &[u8])> {
+    match bytes {
+        [0, a, b, c, d, rest @ ..] => Some((u32::from_be_bytes([*a, *b, *c, *d]), rest)),
+        _ => None,
+    }
+}
+
+/// A changelog key or value without its Confluent header, if it has one.
+/// Unambiguous: every changelog key and value schema starts with a
+/// non-empty string, whose length prefix is never the byte 0.
+pub fn strip_changelog_frame(bytes: &[u8]) -> &[u8] {
+    match unframe(bytes) {
+        Some((_, avro)) => avro,
+        None => bytes,
+    }
+}
+
+fn header<'a>(record: &'a OutRecord, name: &str) -> Option<&'a str> {
+    record
+        .headers
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// The `DeadLetter` record of a dead letter, from its headers and bytes.
+fn dead_letter_value(record: &OutRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(
+        64 + record.key.as_ref().map_or(0, Vec::len) + record.value.as_ref().map_or(0, Vec::len),
+    );
+    let text = |name| header(record, name).unwrap_or_default();
+    put_string(&mut out, text(headers::REASON));
+    put_string(&mut out, text(headers::DETAIL));
+    put_string(&mut out, text(headers::SOURCE_TOPIC));
+    put_long(&mut out, text(headers::SOURCE_PARTITION).parse().unwrap_or(-1));
+    put_long(&mut out, text(headers::SOURCE_OFFSET).parse().unwrap_or(-1));
+    for bytes in [&record.key, &record.value] {
+        match bytes {
+            None => put_long(&mut out, 0),
+            Some(b) => {
+                put_long(&mut out, 1);
+                put_bytes(&mut out, b);
+            }
+        }
+    }
+    match header(record, headers::TRUNCATED) {
+        None => put_long(&mut out, 0),
+        Some(t) => {
+            put_long(&mut out, 1);
+            put_string(&mut out, t);
+        }
+    }
+    out
+}
+
+/// A dead letter as JSON, when `value` is a framed `DeadLetter`: what
+/// `readfold tail` prints.
+pub fn describe_dead_letter(value: &[u8]) -> Option<serde_json::Value> {
+    let (_, mut avro) = unframe(value)?;
+    let reason = take_string(&mut avro)?;
+    let detail = take_string(&mut avro)?;
+    let source_topic = take_string(&mut avro)?;
+    let source_partition = take_long(&mut avro)?;
+    let source_offset = take_long(&mut avro)?;
+    let mut optional_bytes = || match take_long(&mut avro)? {
+        0 => Some(None),
+        1 => take_bytes(&mut avro).map(Some),
+        _ => None,
+    };
+    let key = optional_bytes()?;
+    let original = optional_bytes()?;
+    let truncated = match take_long(&mut avro)? {
+        0 => None,
+        1 => Some(take_string(&mut avro)?),
+        _ => return None,
+    };
+    if !avro.is_empty() {
+        return None;
+    }
+    let lossy = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
+    Some(serde_json::json!({
+        "reason": reason,
+        "detail": detail,
+        "source_topic": source_topic,
+        "source_partition": source_partition,
+        "source_offset": source_offset,
+        "key": lossy(key),
+        "value_bytes": original.map(<[u8]>::len),
+        "value_text": lossy(original),
+        "truncated": truncated,
+    }))
+}
+
+fn put_long(out: &mut Vec<u8>, n: i64) {
+    let mut z = ((n << 1) ^ (n >> 63)) as u64;
+    while z >= 0x80 {
+        out.push((z as u8) | 0x80);
+        z >>= 7;
+    }
+    out.push(z as u8);
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_long(out, b.len() as i64);
+    out.extend_from_slice(b);
+}
+
+fn put_string(out: &mut Vec<u8>, s: &str) {
+    put_bytes(out, s.as_bytes());
+}
+
+fn take_long(input: &mut &[u8]) -> Option<i64> {
+    let mut z: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = input.split_first()?;
+        *input = rest;
+        z |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some((z >> 1) as i64 ^ -((z & 1) as i64));
+        }
+    }
+    None
+}
+
+fn take_bytes<'a>(input: &mut &'a [u8]) -> Option<&'a [u8]> {
+    let len = usize::try_from(take_long(input)?).ok()?;
+    if len > input.len() {
+        return None;
+    }
+    let (bytes, rest) = input.split_at(len);
+    *input = rest;
+    Some(bytes)
+}
+
+fn take_string(input: &mut &[u8]) -> Option<String> {
+    take_bytes(input).and_then(|b| String::from_utf8(b.to_vec()).ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::changelog::OutputLayout;
+    use crate::codec::{decode_cursor_key, encode_cursor_key, CursorKeyRecord};
+
+    fn out() -> OutputTopics {
+        OutputTopics {
+            read_cursors: "c".into(),
+            user_read_cursors: "u".into(),
+            member_state: "m".into(),
+            dlq: "d".into(),
+            layout: OutputLayout {
+                user_read_cursors_partitions: 1,
+                dlq_partitions: 1,
+            },
+        }
+    }
+
+    fn framing() -> Framing {
+        let ids = output_subjects(&out())
+            .into_iter()
+            .enumerate()
+            .map(|(i, (subject, _))| (subject, 100 + i as u32))
+            .collect();
+        Framing::new(&out(), &ids).unwrap()
+    }
+
+    #[test]
+    fn every_output_schema_parses_and_every_subject_needs_an_id() {
+        for (subject, schema) in output_subjects(&out()) {
+            apache_avro::Schema::parse_str(schema).unwrap_or_else(|e| panic!("{subject}: {e}"));
+        }
+        assert!(Framing::new(&out(), &HashMap::new()).is_err());
+    }
+
+    #[test]
+    fn changelog_records_keep_their_avro_behind_the_header() {
+        let key = encode_cursor_key(&CursorKeyRecord {
+            conversation_id: "G".into(),
+            user_id: "u".into(),
+        });
+        let record = OutRecord {
+            topic: "c".into(),
+            partition: 0,
+            key: Some(key.clone()),
+            value: None,
+            headers: vec![],
+        };
+        let framed = framing().frame(record);
+        let framed_key = framed.key.unwrap();
+        assert_eq!(unframe(&framed_key), Some((100, key.as_slice())));
+        assert_eq!(framed.value, None, "a tombstone stays one");
+        assert_eq!(
+            decode_cursor_key(strip_changelog_frame(&framed_key))
+                .unwrap()
+                .conversation_id,
+            "G"
+        );
+        assert_eq!(strip_changelog_frame(&key), key.as_slice(), "plain stays plain");
+    }
+
+    #[test]
+    fn a_dead_letter_becomes_a_dead_letter_record_with_the_original_bytes() {
+        let record = OutRecord {
+            topic: "d".into(),
+            partition: 0,
+            key: Some(b"C".to_vec()),
+            value: Some(vec![0, 1, 2, 0xff]),
+            headers: vec![
+                (headers::REASON, "decode_error".into()),
+                (headers::DETAIL, "bad".into()),
+                (headers::SOURCE_TOPIC, "in".into()),
+                (headers::SOURCE_PARTITION, "3".into()),
+                (headers::SOURCE_OFFSET, "123456789".into()),
+            ],
+        };
+        let framed = framing().frame(record);
+        assert_eq!(
+            unframe(framed.key.as_ref().unwrap()),
+            Some((106, b"C".as_slice()))
+        );
+        let value = framed.value.unwrap();
+        assert_eq!(unframe(&value).unwrap().0, 107);
+        let json = describe_dead_letter(&value).unwrap();
+        assert_eq!(json["reason"], "decode_error");
+        assert_eq!(json["source_partition"], 3);
+        assert_eq!(json["source_offset"], 123456789);
+        assert_eq!(json["key"], "C");
+        assert_eq!(json["value_bytes"], 4);
+        assert_eq!(json["truncated"], serde_json::Value::Null);
+        // The generic Avro reader agrees with the hand-written encoding.
+        let schema = apache_avro::Schema::parse_str(DEAD_LETTER_AVSC).unwrap();
+        let reader = apache_avro::reader::datum::GenericDatumReader::builder(&schema)
+            .build()
+            .unwrap();
+        let decoded = reader.read_value(&mut &unframe(&value).unwrap().1[..]).unwrap();
+        let apache_avro::types::Value::Record(fields) = decoded else {
+            panic!()
+        };
+        assert_eq!(
+            fields[5].1,
+            apache_avro::types::Value::Union(1, Box::new(apache_avro::types::Value::Bytes(b"C".to_vec())))
+        );
+        assert_eq!(
+            fields[6].1,
+            apache_avro::types::Value::Union(
+                1,
+                Box::new(apache_avro::types::Value::Bytes(vec![0, 1, 2, 0xff]))
+            )
+        );
+    }
+
+    #[test]
+    fn input_schemas_are_accepted_by_canonical_form() {
+        use readfold_core::fold::InputKind;
+        accepts_input_schema(InputKind::ReadReports, codec::READ_REPORT_AVSC).unwrap();
+        accepts_input_schema(InputKind::ReadReports, codec::READ_REPORT_V1_0_AVSC).unwrap();
+        // Docs do not matter.
+        let canonical = codec::schemas().read_report.canonical_form();
+        accepts_input_schema(InputKind::ReadReports, &canonical).unwrap();
+        assert!(accepts_input_schema(InputKind::ReadReports, codec::CONVERSATION_EVENT_AVSC).is_err());
+        assert!(accepts_input_schema(InputKind::ConversationEvents, codec::READ_REPORT_AVSC).is_err());
+        assert!(accepts_input_schema(InputKind::ReadReports, "not json").is_err());
+        accepts_input_schema(InputKind::ConversationEvents, codec::CONVERSATION_EVENT_AVSC).unwrap();
+    }
+
+    #[test]
+    fn longs_round_trip() {
+        for n in [0, 1, -1, 63, -64, 64, i64::MAX, i64::MIN, 1 << 40] {
+            let mut out = Vec::new();
+            put_long(&mut out, n);
+            assert_eq!(take_long(&mut out.as_slice()), Some(n));
+        }
+        assert_eq!(take_long(&mut [0x80u8; 11].as_slice()), None, "overlong varint");
+        assert_eq!(take_bytes(&mut [0x7eu8].as_slice()), None, "length past the end");
+    }
+}
