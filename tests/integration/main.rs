@@ -8,6 +8,7 @@ mod kit;
 
 mod cli;
 mod cql_sink;
+mod dashboard;
 mod dead_letters;
 mod faults;
 mod gateway;

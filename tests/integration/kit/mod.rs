@@ -6,6 +6,7 @@
 pub mod browser;
 pub mod changelog;
 pub mod checks;
+pub mod dashboard;
 pub mod env;
 pub mod load;
 pub mod reference;
@@ -15,6 +16,7 @@ pub mod ws;
 
 pub use changelog::Changelog;
 pub use checks::*;
+pub use dashboard::*;
 pub use env::*;
 pub use load::*;
 pub use reference::*;
