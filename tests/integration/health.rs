@@ -129,3 +129,30 @@ async fn ready_once_restored_and_not_while_a_sink_is_down() {
         "{lines:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_query_api_is_ready_when_its_stores_answer() {
+    let env = TestEnv::new("health-serve", 1).await;
+    let mut redis = PrivateRedis::fresh();
+    redis.up();
+    let url = redis.url();
+    let (ops, api) = (free_local_addr(), free_local_addr());
+    let mut serve = env.spawn_command(
+        "serve",
+        "api",
+        &[
+            ("READFOLD__METRICS__LISTEN", ops.as_str()),
+            ("READFOLD__SERVE__LISTEN", api.as_str()),
+            ("READFOLD__REDIS__URL", url.as_str()),
+        ],
+    );
+    let ready = wait_readyz(&ops, Duration::from_secs(60), "ready", |status, _| status == 200).await;
+    assert_eq!(check(&ready, "redis")["ok"], true, "{ready}");
+    assert_eq!(check(&ready, "cql")["ok"], true, "{ready}");
+    redis.stop();
+    wait_readyz(&ops, Duration::from_secs(30), "Redis down", |status, body| {
+        status == 503 && check(body, "redis")["ok"] == false
+    })
+    .await;
+    assert!(serve.terminate(Duration::from_secs(30)));
+}
