@@ -5,7 +5,7 @@ use std::path::Path;
 
 use readfold_gateway::GatewayConfig;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
-use readfold_processor::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig};
+use readfold_processor::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig, StateConfig};
 use readfold_registry::RegistryConfig;
 use readfold_serve::{AuthConfig, ServeConfig};
 use readfold_store::cql::CqlConfig;
@@ -66,6 +66,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub gateway: GatewayConfig,
     pub schema_registry: RegistryConfig,
+    pub state: StateConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
     pub shutdown: ShutdownConfig,
@@ -187,6 +188,7 @@ impl Config {
             redis: self.redis.clone(),
             cql: self.cql.clone(),
             schema_registry: self.schema_registry.clone(),
+            state: self.state.clone(),
         }
     }
 }

@@ -86,7 +86,7 @@ pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
         let mut states = std::collections::BTreeMap::from([(0, readfold_core::fold::PartitionState::new())]);
         let mut stats = RestoreStats::default();
         let started = std::time::Instant::now();
-        reader.restore_into(&[0], &mut states, &mut stats)?;
+        reader.restore_into(&[(0, rdkafka::Offset::Beginning)], &mut states, &mut stats)?;
         stats.elapsed = started.elapsed();
         Ok::<_, readfold_kafka::Error>((states.remove(&0).unwrap_or_default(), stats))
     })

@@ -6,6 +6,7 @@
 
 mod kit;
 
+mod checkpoint;
 mod cli;
 mod cql_sink;
 mod dashboard;

@@ -10,8 +10,10 @@ use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::Offset;
 use readfold_core::fold::PartitionState;
 use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind};
+use readfold_wire::checkpoint::member_states as member_states_of;
 
 use crate::config::{KafkaConfig, TopicsConfig};
 use crate::error::Result;
@@ -27,6 +29,8 @@ pub struct RestoreStats {
     pub cursors: usize,
     /// Records that could not be decoded and were skipped (with a warning).
     pub skipped: u64,
+    /// Cursors loaded from local checkpoints, before the changelog tails.
+    pub from_checkpoint: usize,
     pub elapsed: Duration,
 }
 
@@ -63,20 +67,72 @@ impl Restorer {
     /// rebalance that hands over several partitions pays each topic's round
     /// trips once, not per partition.
     pub fn restore_many(&self, partitions: &[i32]) -> Result<(BTreeMap<i32, PartitionState>, RestoreStats)> {
+        self.restore_many_from(partitions, BTreeMap::new())
+    }
+
+    /// Like [`Restorer::restore_many`], but a partition with a local
+    /// checkpoint starts from it and reads only the changelogs' tails from
+    /// the checkpoint's offsets (see `readfold_wire::checkpoint`).
+    pub fn restore_many_from(
+        &self,
+        partitions: &[i32],
+        mut checkpoints: BTreeMap<i32, LocalCheckpoint>,
+    ) -> Result<(BTreeMap<i32, PartitionState>, RestoreStats)> {
         let started = Instant::now();
-        let mut states: BTreeMap<i32, PartitionState> =
-            partitions.iter().map(|&p| (p, PartitionState::new())).collect();
         let mut stats = RestoreStats::default();
+        let mut states = BTreeMap::new();
+        let (mut public_from, mut state_from, mut member_states) = (Vec::new(), Vec::new(), BTreeMap::new());
+        for &p in partitions {
+            match checkpoints.remove(&p) {
+                Some(checkpoint) => {
+                    stats.from_checkpoint += checkpoint.state.cursor_count();
+                    member_states.insert(p, member_states_of(&checkpoint.state));
+                    states.insert(p, checkpoint.state);
+                    public_from.push((p, Offset::Offset(checkpoint.public_offset)));
+                    state_from.push((p, Offset::Offset(checkpoint.state_offset)));
+                }
+                None => {
+                    states.insert(p, PartitionState::new());
+                    public_from.push((p, Offset::Beginning));
+                    state_from.push((p, Offset::Beginning));
+                }
+            }
+        }
         if partitions.is_empty() {
             return Ok((states, stats));
         }
-        self.public.restore_into(partitions, &mut states, &mut stats)?;
+        self.public.restore_into(&public_from, &mut states, &mut stats)?;
+        // A restore applies member-state records after the public ones,
+        // checkpointed ones included.
+        for (p, updates) in member_states {
+            let state = states.get_mut(&p).expect("restored partition");
+            updates.iter().for_each(|u| state.restore_state(u));
+        }
         self.member_state
-            .restore_into(partitions, &mut states, &mut stats)?;
+            .restore_into(&state_from, &mut states, &mut stats)?;
         stats.cursors = states.values().map(PartitionState::cursor_count).sum();
         stats.elapsed = started.elapsed();
         Ok((states, stats))
     }
+
+    /// The (log start, end) offsets of a partition of the public changelog
+    /// and of the member-state topic, for checking a checkpoint against.
+    pub fn watermarks(&self, partition: i32) -> Result<((i64, i64), (i64, i64))> {
+        Ok((
+            self.public.reader.watermarks(&self.public.topic, partition)?,
+            self.member_state
+                .reader
+                .watermarks(&self.member_state.topic, partition)?,
+        ))
+    }
+}
+
+/// A partition's state loaded from a local checkpoint, and the changelog
+/// offsets from which it is to be brought up to date.
+pub struct LocalCheckpoint {
+    pub state: PartitionState,
+    pub public_offset: i64,
+    pub state_offset: i64,
 }
 
 /// Reads one changelog topic.
@@ -110,16 +166,16 @@ impl ChangelogReader {
         &self.topic
     }
 
-    /// Applies `partitions` of this changelog, from the beginning up to
-    /// their end (the last stable offset, since this reader is
+    /// Applies the given partitions of this changelog, each from its start
+    /// offset up to its end (the last stable offset, since this reader is
     /// read_committed), each to its own state in `states`.
     pub fn restore_into(
         &self,
-        partitions: &[i32],
+        starts: &[(i32, Offset)],
         states: &mut BTreeMap<i32, PartitionState>,
         stats: &mut RestoreStats,
     ) -> Result<()> {
-        stats.records += self.read_partitions(Some(partitions), |partition, entry| {
+        stats.records += self.read_from(starts, |partition, entry| {
             match (entry, states.get_mut(&partition)) {
                 (Some(entry), Some(state)) => entry.restore_into(state),
                 _ => stats.skipped += 1,
@@ -175,13 +231,27 @@ impl ChangelogReader {
     fn read_partitions(
         &self,
         partitions: Option<&[i32]>,
+        each: impl FnMut(i32, Option<ChangelogEntry>) -> ControlFlow<()>,
+    ) -> Result<u64> {
+        let partitions = match partitions {
+            Some(p) => p.to_vec(),
+            None => self.reader.partitions(&self.topic)?,
+        };
+        let starts: Vec<_> = partitions.into_iter().map(|p| (p, Offset::Beginning)).collect();
+        self.read_from(&starts, each)
+    }
+
+    /// Reads each partition from its start offset to its end.
+    fn read_from(
+        &self,
+        starts: &[(i32, Offset)],
         mut each: impl FnMut(i32, Option<ChangelogEntry>) -> ControlFlow<()>,
     ) -> Result<u64> {
         // Know the leaders before assigning: a consumer that learns them
         // only after the assignment waits out an offset-query timer (about
         // 500 ms) before its first fetch.
         self.reader.partitions(&self.topic)?;
-        let assigned = self.reader.assign_from_beginning(&self.topic, partitions)?;
+        let assigned = self.reader.assign_at(&self.topic, starts)?;
         let result = self.reader.read(
             &self.topic,
             &assigned,

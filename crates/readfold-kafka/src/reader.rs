@@ -86,6 +86,23 @@ impl TopicReader {
         Ok(partitions)
     }
 
+    /// Starts reading each `(partition, offset)` of `topic` there.
+    pub fn assign_at(&self, topic: &str, starts: &[(i32, Offset)]) -> Result<Vec<i32>> {
+        let mut tpl = TopicPartitionList::new();
+        for &(p, offset) in starts {
+            tpl.add_partition_offset(topic, p, offset)?;
+        }
+        self.consumer.assign(&tpl)?;
+        Ok(starts.iter().map(|&(p, _)| p).collect())
+    }
+
+    /// The (log start, end) offsets of a partition.
+    pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
+        Ok(self
+            .consumer
+            .fetch_watermarks(topic, partition, Duration::from_secs(10))?)
+    }
+
     pub fn unassign(&self) -> Result<()> {
         Ok(self.consumer.unassign()?)
     }

@@ -27,6 +27,14 @@ pub struct SnapshotConfig {
     pub interval_ms: u64,
 }
 
+/// `[state]`: local state checkpoints.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    pub dir: String,
+    pub max_checkpoint_age_ms: u64,
+}
+
 /// `[shutdown]`: the bound on a graceful stop.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -62,4 +70,5 @@ pub struct Settings {
     pub redis: RedisConfig,
     pub cql: CqlConfig,
     pub schema_registry: RegistryConfig,
+    pub state: StateConfig,
 }

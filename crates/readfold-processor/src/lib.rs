@@ -9,6 +9,7 @@
 //!   flush in flight at a time while folding goes on.
 //! - [`transaction`]: the transactional producer, on a blocking thread.
 
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 mod flush;
@@ -39,9 +40,10 @@ use readfold_wire::validate::{ingest, Placement};
 use readfold_wire::OutputTopics;
 use tokio::sync::watch;
 
-pub use config::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig};
+pub use config::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig, StateConfig};
 pub use error::{Error, Result};
 
+use checkpoint::Checkpoints;
 use flush::InFlight;
 use group::{GroupConsumer, GroupEvents};
 use health::Health;
@@ -88,6 +90,8 @@ pub struct Processor {
     /// verdicts on framed input's schema ids.
     framing: Option<Arc<Framing>>,
     input_schemas: Option<InputSchemas>,
+    /// Local state checkpoints (`state.dir`), if on.
+    checkpoints: Option<Arc<Checkpoints>>,
 }
 
 /// Records folded per turn of the run loop at most, so that flushes,
@@ -151,10 +155,15 @@ impl Processor {
         } else {
             (None, None)
         };
+        let checkpoints = Checkpoints::new(&settings, layout.partitions).map(Arc::new);
+        if let Some(c) = &checkpoints {
+            tracing::info!(dir = %c.dir().display(), "local state checkpoints on");
+        }
         Ok(Processor {
             out,
             framing,
             input_schemas,
+            checkpoints,
             snapshot_interval: Duration::from_millis(settings.snapshot.interval_ms),
             next_snapshot: Instant::now(),
             layout,
@@ -329,10 +338,28 @@ impl Processor {
                 }
             }
         }
+        self.write_checkpoints();
         self.consumer.unsubscribe();
         self.health.set_running(false);
         tracing::info!("left the group");
         Ok(())
+    }
+
+    /// At a clean stop, with everything flushed: a checkpoint of every
+    /// owned partition. A failure only costs the next start a full restore.
+    fn write_checkpoints(&self) {
+        let Some(checkpoints) = &self.checkpoints else {
+            return;
+        };
+        if self.partitions.suspended || self.has_pending() {
+            tracing::warn!("not everything is flushed: no checkpoint written");
+            return;
+        }
+        for (&partition, slot) in &self.partitions.slots {
+            if let Err(e) = checkpoints.save(partition, &slot.state, &self.restorer) {
+                tracing::warn!(partition, error = %e, "cannot write the checkpoint");
+            }
+        }
     }
 
     fn apply_group_events(&mut self) {
@@ -544,8 +571,16 @@ impl Processor {
         let mut failures = 0;
         let (states, stats) = loop {
             let restorer = Arc::clone(&self.restorer);
+            let checkpoints = self.checkpoints.clone();
             let wanted = partitions.to_vec();
-            match tokio::task::spawn_blocking(move || restorer.restore_many(&wanted)).await? {
+            let restore = move || {
+                let loaded = checkpoints
+                    .iter()
+                    .flat_map(|c| wanted.iter().filter_map(|&p| Some((p, c.load(p, &restorer)?))))
+                    .collect();
+                restorer.restore_many_from(&wanted, loaded)
+            };
+            match tokio::task::spawn_blocking(restore).await? {
                 Ok(restored) => break restored,
                 Err(e) if e.is_retriable() => {
                     failures += 1;
@@ -561,6 +596,7 @@ impl Processor {
             ?partitions,
             records = stats.records,
             cursors = stats.cursors,
+            from_checkpoint = stats.from_checkpoint,
             skipped = stats.skipped,
             elapsed_ms = stats.elapsed.as_millis() as u64,
             "restored partition state from the changelog"

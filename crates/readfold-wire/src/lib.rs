@@ -4,12 +4,14 @@
 //! - [`validate`]: input bytes to a fold input, or a dead-letter reason.
 //! - [`changelog`]: the changelog records a flush produces, and the one
 //!   changelog decoder every reader uses.
+//! - [`checkpoint`]: the local state checkpoint of a partition.
 //! - [`dead_letter`]: the dead-letter record of a rejected input.
 //! - [`confluent`]: the output in the Confluent wire format, for consumers
 //!   that use a schema registry.
 //! - [`describe`]: any topic's records as JSON.
 
 pub mod changelog;
+pub mod checkpoint;
 pub mod codec;
 pub mod confluent;
 pub mod dead_letter;

@@ -513,6 +513,12 @@ impl PartitionState {
         member.updated_at = member.updated_at.max(update.updated_at);
     }
 
+    /// Puts back a conversation whole, as a local checkpoint kept it
+    /// (replacing any state of it). Marks nothing dirty.
+    pub fn restore_conversation(&mut self, id: ConversationId, conversation: Conversation) {
+        self.conversations.insert(id, conversation);
+    }
+
     /// Applies a public changelog tombstone (restore): the member has left.
     pub fn restore_tombstone(&mut self, key: &CursorKey) {
         let conv = self.conversations.entry(key.conversation_id.clone()).or_default();

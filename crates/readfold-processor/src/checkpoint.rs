@@ -1,0 +1,229 @@
+//! Local state checkpoints on disk (`state.dir`): written for every owned
+//! partition at a clean stop, once the last flush has committed; loaded at
+//! the next restore of that partition, which then reads only the
+//! changelogs' tails. A checkpoint that cannot be trusted is set aside, with
+//! a warning, for a full restore: never loaded into wrong cursors.
+//!
+//! Trusted means: it decodes and its checksum holds; it was written by this
+//! group for these changelog topics and partition count; it is younger than
+//! `state.max_checkpoint_age_ms` (older ones may predate tombstones that
+//! compaction has since deleted); and its offsets lie within the changelog
+//! partitions' current [log start, end] (a changelog truncated, compacted
+//! past them or recreated fails that).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use readfold_core::fold::PartitionState;
+use readfold_kafka::changelog::{LocalCheckpoint, Restorer};
+use readfold_wire::checkpoint::{self, CheckpointMeta};
+
+use crate::config::Settings;
+
+/// Where and how this instance keeps its checkpoints.
+pub struct Checkpoints {
+    dir: PathBuf,
+    max_age: Duration,
+    group_id: String,
+    public_topic: String,
+    state_topic: String,
+    partition_count: i32,
+    max_id_bytes: usize,
+}
+
+impl Checkpoints {
+    /// `None` when `state.dir` is empty (no checkpoints).
+    pub fn new(settings: &Settings, partition_count: i32) -> Option<Checkpoints> {
+        if settings.state.dir.is_empty() {
+            return None;
+        }
+        // One folder per instance: two instances on one machine never
+        // share a file.
+        let dir = Path::new(&settings.state.dir)
+            .join(path_segment(&settings.kafka.group_id))
+            .join(path_segment(&settings.kafka.instance_id()));
+        Some(Checkpoints {
+            dir,
+            max_age: Duration::from_millis(settings.state.max_checkpoint_age_ms),
+            group_id: settings.kafka.group_id.clone(),
+            public_topic: settings.topics.read_cursors.clone(),
+            state_topic: settings.topics.member_state.clone(),
+            partition_count,
+            max_id_bytes: settings.input.max_id_bytes,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, partition: i32) -> PathBuf {
+        self.dir.join(format!("partition-{partition}.checkpoint"))
+    }
+
+    /// The partition's checkpoint if there is one that can be trusted.
+    /// Blocking (file and broker I/O).
+    pub fn load(&self, partition: i32, restorer: &Restorer) -> Option<LocalCheckpoint> {
+        let path = self.path(partition);
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read the checkpoint; restoring from the changelog");
+                return None;
+            }
+        };
+        match self.check(partition, &bytes, restorer) {
+            Ok(checkpoint) => Some(checkpoint),
+            Err(why) => {
+                tracing::warn!(path = %path.display(), partition, reason = %why, "checkpoint not used; restoring the whole changelog");
+                self.set_aside(&path);
+                None
+            }
+        }
+    }
+
+    fn check(&self, partition: i32, bytes: &[u8], restorer: &Restorer) -> Result<LocalCheckpoint, String> {
+        let meta = checkpoint::decode_meta(bytes).map_err(|e| format!("corrupt: {e}"))?;
+        let expected = (
+            self.group_id.as_str(),
+            self.public_topic.as_str(),
+            self.state_topic.as_str(),
+            partition,
+            self.partition_count,
+        );
+        let found = (
+            meta.group_id.as_str(),
+            meta.public_topic.as_str(),
+            meta.state_topic.as_str(),
+            meta.partition,
+            meta.partition_count,
+        );
+        if found != expected {
+            return Err(format!("written for {found:?}, not {expected:?}"));
+        }
+        let age_ms = now_ms().saturating_sub(meta.written_at_ms);
+        if age_ms < 0 || age_ms as u128 > self.max_age.as_millis() {
+            return Err(format!(
+                "stale: written {age_ms} ms ago, beyond state.max_checkpoint_age_ms ({} ms)",
+                self.max_age.as_millis()
+            ));
+        }
+        let ((public_start, public_end), (state_start, state_end)) = restorer
+            .watermarks(partition)
+            .map_err(|e| format!("cannot check its offsets: {e}"))?;
+        for (topic, offset, start, end) in [
+            (&self.public_topic, meta.public_offset, public_start, public_end),
+            (&self.state_topic, meta.state_offset, state_start, state_end),
+        ] {
+            if offset < start || offset > end {
+                return Err(format!(
+                    "stale: it covers {topic}[{partition}] up to offset {offset}, outside the changelog's [{start}, {end}] \
+                     (truncated, compacted past it, or recreated)"
+                ));
+            }
+        }
+        let (_, state) = checkpoint::decode(bytes, self.max_id_bytes).map_err(|e| format!("corrupt: {e}"))?;
+        Ok(LocalCheckpoint {
+            state,
+            public_offset: meta.public_offset,
+            state_offset: meta.state_offset,
+        })
+    }
+
+    /// Moves an untrusted checkpoint out of the way (kept for a look, not
+    /// loaded again).
+    fn set_aside(&self, path: &Path) {
+        let aside = path.with_extension("rejected");
+        if let Err(e) = std::fs::rename(path, &aside) {
+            tracing::warn!(path = %path.display(), error = %e, "cannot set the checkpoint aside");
+        }
+    }
+
+    /// Writes the partition's checkpoint: its state, which must be wholly
+    /// flushed, up to the changelogs' current ends. Blocking.
+    pub fn save(&self, partition: i32, state: &PartitionState, restorer: &Restorer) -> Result<(), String> {
+        let started = Instant::now();
+        let ((_, public_end), (_, state_end)) = restorer
+            .watermarks(partition)
+            .map_err(|e| format!("cannot read the changelogs' ends: {e}"))?;
+        let meta = CheckpointMeta {
+            group_id: self.group_id.clone(),
+            public_topic: self.public_topic.clone(),
+            state_topic: self.state_topic.clone(),
+            partition,
+            partition_count: self.partition_count,
+            public_offset: public_end,
+            state_offset: state_end,
+            written_at_ms: now_ms(),
+        };
+        let bytes = checkpoint::encode(&meta, state);
+        let path = self.path(partition);
+        write_atomically(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        tracing::info!(
+            partition,
+            cursors = state.cursor_count(),
+            bytes = bytes.len(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            path = %path.display(),
+            "checkpoint written"
+        );
+        Ok(())
+    }
+}
+
+/// Write to a temporary file, sync, rename: a crash leaves the old file or
+/// the new one, never half of one.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A group or instance name as a file name: anything but letters, digits,
+/// `.`, `_` and `-` becomes `_`.
+fn path_segment(name: &str) -> String {
+    let segment: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    match segment.as_str() {
+        "" | "." | ".." => format!("_{segment}"),
+        _ => segment,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_become_safe_file_names() {
+        assert_eq!(path_segment("readfold"), "readfold");
+        assert_eq!(path_segment("a/b c"), "a_b_c");
+        assert_eq!(path_segment(".."), "_..");
+        assert_eq!(path_segment(""), "_");
+    }
+}

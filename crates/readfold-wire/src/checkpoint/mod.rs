@@ -1,0 +1,317 @@
+//! The local state checkpoint of one partition: what a restart on the same
+//! machine loads instead of reading the whole changelog, as Kafka Streams
+//! keeps a local store with a `.checkpoint` of changelog offsets.
+//!
+//! A checkpoint holds the partition's state exactly as the processor held
+//! it (every conversation's latest seq, every member's every field), taken
+//! when everything was flushed, and the changelog offsets that state
+//! covers. Loading it and then applying the changelogs from those offsets,
+//! as a restore applies them, answers every read as a full restore would:
+//! each changelog record is a member's whole state, not a delta. (Where a
+//! restore cannot know the live state, such as the cursor of a member who
+//! left, the checkpoint keeps what the live processor had.) Pure: the
+//! processor reads and writes the file and checks the offsets against the
+//! broker.
+//!
+//! Layout: the magic `RFCKPT`, a format version (u16), the header, the
+//! conversations, then a CRC-32 of all that came before. Integers are
+//! little-endian; strings are a u32 length and UTF-8 bytes.
+
+use std::collections::HashMap;
+
+use readfold_core::fold::{
+    Conversation, Member, MemberStateUpdate, MembershipVersion, PartitionState, UnreadMark,
+};
+use readfold_core::{ConversationId, Seq, UserId};
+
+const MAGIC: &[u8; 6] = b"RFCKPT";
+const VERSION: u16 = 1;
+
+/// What a checkpoint was taken of, and up to where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointMeta {
+    pub group_id: String,
+    pub public_topic: String,
+    pub state_topic: String,
+    pub partition: i32,
+    pub partition_count: i32,
+    /// The next offset of each changelog partition not in the checkpoint.
+    pub public_offset: i64,
+    pub state_offset: i64,
+    /// When it was written (ms since the epoch): a checkpoint older than
+    /// the changelogs' `delete.retention.ms` may miss deleted tombstones.
+    pub written_at_ms: i64,
+}
+
+/// Why a checkpoint cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("not a readfold checkpoint (bad magic)")]
+    Magic,
+    #[error("checkpoint format version {0}, this readfold reads {VERSION}")]
+    Version(u16),
+    #[error("checksum mismatch: the file is corrupt")]
+    Checksum,
+    #[error("truncated or malformed checkpoint")]
+    Malformed,
+    #[error("invalid id: {0}")]
+    Id(String),
+}
+
+/// The checkpoint of `state`, taken at `meta`'s offsets. Call only when
+/// every change is flushed, so that the state is what the changelogs hold.
+pub fn encode(meta: &CheckpointMeta, state: &PartitionState) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + 72 * state.cursor_count());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    put_str(&mut out, &meta.group_id);
+    put_str(&mut out, &meta.public_topic);
+    put_str(&mut out, &meta.state_topic);
+    out.extend_from_slice(&meta.partition.to_le_bytes());
+    out.extend_from_slice(&meta.partition_count.to_le_bytes());
+    out.extend_from_slice(&meta.public_offset.to_le_bytes());
+    out.extend_from_slice(&meta.state_offset.to_le_bytes());
+    out.extend_from_slice(&meta.written_at_ms.to_le_bytes());
+    let conversations: Vec<_> = state.conversations().collect();
+    out.extend_from_slice(&(conversations.len() as u64).to_le_bytes());
+    for (id, conversation) in conversations {
+        put_str(&mut out, id.as_str());
+        out.extend_from_slice(&conversation.latest_seq.get().to_le_bytes());
+        out.extend_from_slice(&(conversation.members.len() as u32).to_le_bytes());
+        for (user, member) in &conversation.members {
+            put_str(&mut out, user.as_str());
+            put_member(&mut out, member);
+        }
+    }
+    let crc = crc32(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Only the header: whether a checkpoint is worth decoding whole.
+pub fn decode_meta(bytes: &[u8]) -> Result<CheckpointMeta, CheckpointError> {
+    let mut input = check_frame(bytes)?;
+    meta(&mut input)
+}
+
+/// The whole checkpoint: its header and the state it holds. Ids are checked
+/// as input ids are (`max_id_bytes`).
+pub fn decode(
+    bytes: &[u8],
+    max_id_bytes: usize,
+) -> Result<(CheckpointMeta, PartitionState), CheckpointError> {
+    let mut input = check_frame(bytes)?;
+    let meta = meta(&mut input)?;
+    let mut state = PartitionState::new();
+    let conversations = take_u64(&mut input)?;
+    for _ in 0..conversations {
+        let id = ConversationId::parse(take_str(&mut input)?, max_id_bytes)
+            .map_err(|e| CheckpointError::Id(e.to_string()))?;
+        let latest_seq = Seq(take_u64(&mut input)?);
+        let count = u32::from_le_bytes(take_array(&mut input)?) as usize;
+        // Each member takes at least MEMBER_MIN_BYTES: no allocation beyond
+        // what the file holds.
+        if count > input.len() / MEMBER_MIN_BYTES {
+            return Err(CheckpointError::Malformed);
+        }
+        let mut members = HashMap::with_capacity(count);
+        for _ in 0..count {
+            let user = UserId::parse(take_str(&mut input)?, max_id_bytes)
+                .map_err(|e| CheckpointError::Id(e.to_string()))?;
+            members.insert(user, take_member(&mut input)?);
+        }
+        state.restore_conversation(id, Conversation { latest_seq, members });
+    }
+    if !input.is_empty() {
+        return Err(CheckpointError::Malformed);
+    }
+    Ok((meta, state))
+}
+
+/// Every member's member-state record, as the checkpoint's state holds
+/// them. A restore applies the public changelog first and the member-state
+/// records after, because a public record carries membership only roughly;
+/// so after a checkpoint, apply the public tail, then these, then the
+/// member-state tail, and the state is the one a full restore reaches.
+pub fn member_states(state: &PartitionState) -> Vec<MemberStateUpdate> {
+    state
+        .keys()
+        .filter_map(|key| state.current(&key))
+        .map(|change| change.state_update())
+        .collect()
+}
+
+/// A user id's length prefix, then cursor, private cursor, join seq,
+/// flags, epoch, updated_at.
+const MEMBER_MIN_BYTES: usize = 4 + 8 * 3 + 1 + 8 * 2;
+
+const LEFT: u8 = 1;
+const LISTED: u8 = 2;
+const MEMBERSHIP: u8 = 4;
+const MARK: u8 = 8;
+const MARK_SEQ: u8 = 16;
+
+fn put_member(out: &mut Vec<u8>, m: &Member) {
+    let mut flags = 0;
+    for (on, flag) in [
+        (m.left, LEFT),
+        (m.listed, LISTED),
+        (m.membership.is_some(), MEMBERSHIP),
+        (m.mark.is_some(), MARK),
+        (m.mark.is_some_and(|k| k.seq.is_some()), MARK_SEQ),
+    ] {
+        if on {
+            flags |= flag;
+        }
+    }
+    for seq in [m.cursor, m.private_cursor, m.join_seq] {
+        out.extend_from_slice(&seq.get().to_le_bytes());
+    }
+    out.push(flags);
+    out.extend_from_slice(&m.epoch.to_le_bytes());
+    out.extend_from_slice(&m.updated_at.to_le_bytes());
+    if let Some(v) = m.membership {
+        out.extend_from_slice(&v.seq.get().to_le_bytes());
+        out.extend_from_slice(&v.at.to_le_bytes());
+    }
+    if let Some(mark) = m.mark {
+        out.extend_from_slice(&mark.at.to_le_bytes());
+        if let Some(seq) = mark.seq {
+            out.extend_from_slice(&seq.get().to_le_bytes());
+        }
+    }
+}
+
+fn take_member(input: &mut &[u8]) -> Result<Member, CheckpointError> {
+    let cursor = Seq(take_u64(input)?);
+    let private_cursor = Seq(take_u64(input)?);
+    let join_seq = Seq(take_u64(input)?);
+    let [flags] = take_array::<1>(input)?;
+    if flags & !(LEFT | LISTED | MEMBERSHIP | MARK | MARK_SEQ) != 0
+        || (flags & MARK_SEQ != 0 && flags & MARK == 0)
+    {
+        return Err(CheckpointError::Malformed);
+    }
+    let epoch = take_u64(input)?;
+    let updated_at = take_i64(input)?;
+    let membership = if flags & MEMBERSHIP != 0 {
+        Some(MembershipVersion {
+            seq: Seq(take_u64(input)?),
+            at: take_i64(input)?,
+        })
+    } else {
+        None
+    };
+    let mark = if flags & MARK != 0 {
+        let at = take_i64(input)?;
+        let seq = if flags & MARK_SEQ != 0 {
+            Some(Seq(take_u64(input)?))
+        } else {
+            None
+        };
+        Some(UnreadMark { at, seq })
+    } else {
+        None
+    };
+    Ok(Member {
+        cursor,
+        private_cursor,
+        join_seq,
+        left: flags & LEFT != 0,
+        listed: flags & LISTED != 0,
+        membership,
+        epoch,
+        mark,
+        updated_at,
+    })
+}
+
+/// The body between the magic and the checksum, once both are right.
+fn check_frame(bytes: &[u8]) -> Result<&[u8], CheckpointError> {
+    if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
+        return Err(CheckpointError::Magic);
+    }
+    if bytes.len() < MAGIC.len() + 2 + 4 {
+        return Err(CheckpointError::Malformed);
+    }
+    let (body, crc) = bytes.split_at(bytes.len() - 4);
+    if crc32(body).to_le_bytes() != crc {
+        return Err(CheckpointError::Checksum);
+    }
+    let version = u16::from_le_bytes([body[6], body[7]]);
+    if version != VERSION {
+        return Err(CheckpointError::Version(version));
+    }
+    Ok(&body[MAGIC.len() + 2..])
+}
+
+fn meta(input: &mut &[u8]) -> Result<CheckpointMeta, CheckpointError> {
+    Ok(CheckpointMeta {
+        group_id: take_str(input)?.to_owned(),
+        public_topic: take_str(input)?.to_owned(),
+        state_topic: take_str(input)?.to_owned(),
+        partition: i32::from_le_bytes(take_array(input)?),
+        partition_count: i32::from_le_bytes(take_array(input)?),
+        public_offset: take_i64(input)?,
+        state_offset: take_i64(input)?,
+        written_at_ms: take_i64(input)?,
+    })
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+fn take_array<const N: usize>(input: &mut &[u8]) -> Result<[u8; N], CheckpointError> {
+    if input.len() < N {
+        return Err(CheckpointError::Malformed);
+    }
+    let (head, rest) = input.split_at(N);
+    *input = rest;
+    Ok(head.try_into().expect("N bytes"))
+}
+
+fn take_u64(input: &mut &[u8]) -> Result<u64, CheckpointError> {
+    take_array(input).map(u64::from_le_bytes)
+}
+
+fn take_i64(input: &mut &[u8]) -> Result<i64, CheckpointError> {
+    take_array(input).map(i64::from_le_bytes)
+}
+
+fn take_str<'a>(input: &mut &'a [u8]) -> Result<&'a str, CheckpointError> {
+    let len = u32::from_le_bytes(take_array(input)?) as usize;
+    if len > input.len() {
+        return Err(CheckpointError::Malformed);
+    }
+    let (bytes, rest) = input.split_at(len);
+    *input = rest;
+    std::str::from_utf8(bytes).map_err(|_| CheckpointError::Malformed)
+}
+
+/// CRC-32 (IEEE), as zlib computes it.
+fn crc32(bytes: &[u8]) -> u32 {
+    static TABLE: std::sync::OnceLock<[u32; 256]> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut table = [0u32; 256];
+        for (i, entry) in table.iter_mut().enumerate() {
+            let mut c = i as u32;
+            for _ in 0..8 {
+                c = if c & 1 == 1 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+            }
+            *entry = c;
+        }
+        table
+    });
+    !bytes.iter().fold(!0u32, |c, &b| {
+        table[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8)
+    })
+}
+
+#[cfg(test)]
+mod tests;

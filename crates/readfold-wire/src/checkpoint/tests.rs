@@ -1,0 +1,253 @@
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+use readfold_core::fold::{
+    ConversationEvent, EventKind, Input, PartitionState, ReadReport, UnreadMarkReport,
+};
+use readfold_core::{ConversationId, Seq, UserId};
+
+use super::*;
+use crate::changelog::{
+    changelog_records, decode_changelog, ChangelogKind, OutRecord, OutputLayout, OutputTopics,
+};
+
+fn topics() -> OutputTopics {
+    OutputTopics {
+        read_cursors: "public".into(),
+        user_read_cursors: "own".into(),
+        member_state: "state".into(),
+        dlq: "dlq".into(),
+        layout: OutputLayout {
+            user_read_cursors_partitions: 1,
+            dlq_partitions: 1,
+        },
+    }
+}
+
+fn meta(public_offset: i64, state_offset: i64) -> CheckpointMeta {
+    CheckpointMeta {
+        group_id: "g".into(),
+        public_topic: "chat.read-cursors".into(),
+        state_topic: "chat.read-member-state".into(),
+        partition: 3,
+        partition_count: 6,
+        public_offset,
+        state_offset,
+        written_at_ms: 1_700_000_000_000,
+    }
+}
+
+fn input(op: u8, c: u8, u: u8, seq: u8, at: u8) -> Input {
+    let conversation_id: ConversationId = format!("c{}", c % 3).parse().unwrap();
+    let user_id: UserId = format!("u{}", u % 4).parse().unwrap();
+    let (seq, at) = (Seq(u64::from(seq % 20)), i64::from(at));
+    let event = |kind| {
+        Input::Event(ConversationEvent {
+            conversation_id: conversation_id.clone(),
+            seq,
+            at,
+            kind,
+        })
+    };
+    match op % 7 {
+        0 | 1 => Input::Report(ReadReport {
+            conversation_id,
+            user_id,
+            seq: Seq(seq.get().max(1)),
+            reported_at: at,
+            private: false,
+        }),
+        2 => Input::Report(ReadReport {
+            conversation_id,
+            user_id,
+            seq: Seq(seq.get().max(1)),
+            reported_at: at,
+            private: true,
+        }),
+        3 => Input::Mark(UnreadMarkReport {
+            conversation_id,
+            user_id,
+            seq,
+            at,
+            marked: at % 2 == 0,
+        }),
+        4 => event(EventKind::MessageSent { sender_id: user_id }),
+        5 => event(EventKind::MemberJoined { user_id }),
+        _ => event(EventKind::MemberLeft { user_id }),
+    }
+}
+
+/// `input`, as a client would send it: reads and marks only of messages
+/// already sent (a report of an unsent seq would raise the conversation's
+/// latest seq in a restore but not in the live fold, which only messages
+/// raise; with events and reports in order, as here, no client sends one).
+fn realistic(input: Input, live: &PartitionState) -> Input {
+    let latest = |c: &ConversationId| live.conversation(c).map_or(Seq::ZERO, |conv| conv.latest_seq);
+    match input {
+        Input::Report(mut r) => {
+            if latest(&r.conversation_id) == Seq::ZERO {
+                return Input::Event(ConversationEvent {
+                    conversation_id: r.conversation_id,
+                    seq: r.seq,
+                    at: r.reported_at,
+                    kind: EventKind::MessageSent { sender_id: r.user_id },
+                });
+            }
+            r.seq = r.seq.min(latest(&r.conversation_id));
+            Input::Report(r)
+        }
+        Input::Mark(mut m) => {
+            m.seq = m.seq.min(latest(&m.conversation_id));
+            Input::Mark(m)
+        }
+        event => event,
+    }
+}
+
+/// The changelog records of a flush of `state`, public and member-state.
+fn flush(state: &mut PartitionState, public: &mut Vec<OutRecord>, private: &mut Vec<OutRecord>) {
+    for change in state.drain() {
+        for record in changelog_records(&change, 0, &topics()) {
+            match record.topic.as_str() {
+                "public" => public.push(record),
+                "state" => private.push(record),
+                _ => {}
+            }
+        }
+    }
+}
+
+fn apply(state: &mut PartitionState, kind: ChangelogKind, records: &[OutRecord]) {
+    for r in records {
+        decode_changelog(kind, r.key.as_deref(), r.value.as_deref(), 256)
+            .unwrap()
+            .restore_into(state);
+    }
+}
+
+/// Every member's whole state, and each conversation's latest seq.
+fn exact(state: &PartitionState) -> Vec<(String, Seq, String, String)> {
+    let mut out: Vec<_> = state
+        .conversations()
+        .flat_map(|(c, conv)| {
+            conv.members
+                .iter()
+                .map(move |(u, m)| (c.to_string(), conv.latest_seq, u.to_string(), format!("{m:?}")))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// What readers are told: each conversation's present members as others
+/// see them, and each member's own and membership state; apart, each
+/// conversation's latest seq.
+fn answers(state: &PartitionState) -> (Vec<String>, BTreeMap<String, Seq>) {
+    let mut out: Vec<String> = Vec::new();
+    let mut latest = BTreeMap::new();
+    for (c, conv) in state.conversations() {
+        let mut view: Vec<_> = conv
+            .view()
+            .members
+            .into_iter()
+            .map(|(u, m)| format!("{u}:{m:?}"))
+            .collect();
+        view.sort();
+        out.push(format!("{c} {view:?}"));
+        latest.insert(c.to_string(), conv.latest_seq);
+        for (u, m) in &conv.members {
+            out.push(format!(
+                "{c}/{u} left={} listed={} epoch={} membership={:?} private={:?} mark={:?}",
+                m.left, m.listed, m.epoch, m.membership, m.private_cursor, m.mark
+            ));
+        }
+    }
+    out.sort();
+    (out, latest)
+}
+
+proptest! {
+    /// A checkpoint holds the state exactly; loading it, then applying the
+    /// changelogs from its offsets, tells readers what a full restore of
+    /// the changelogs tells them, wherever the checkpoint was taken.
+    #[test]
+    fn checkpoint_plus_tail_answers_as_a_full_restore(
+        before in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<bool>()), 0..60),
+        after in prop::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>(), any::<bool>()), 0..60),
+    ) {
+        let (mut live, mut public, mut private) = (PartitionState::new(), Vec::new(), Vec::new());
+        for &(op, c, u, seq, at, flush_now) in &before {
+            let input = realistic(input(op, c, u, seq, at), &live);
+            live.apply(&input);
+            if flush_now {
+                flush(&mut live, &mut public, &mut private);
+            }
+        }
+        flush(&mut live, &mut public, &mut private);
+        let (public_at, private_at) = (public.len(), private.len());
+        let bytes = encode(&meta(public_at as i64, private_at as i64), &live);
+        let (read_meta, loaded) = decode(&bytes, 256).unwrap();
+        prop_assert_eq!(read_meta, meta(public_at as i64, private_at as i64));
+        prop_assert_eq!(exact(&loaded), exact(&live));
+
+        for &(op, c, u, seq, at, flush_now) in &after {
+            let input = realistic(input(op, c, u, seq, at), &live);
+            live.apply(&input);
+            if flush_now {
+                flush(&mut live, &mut public, &mut private);
+            }
+        }
+        flush(&mut live, &mut public, &mut private);
+
+        let mut full = PartitionState::new();
+        apply(&mut full, ChangelogKind::ByConversation, &public);
+        apply(&mut full, ChangelogKind::MemberState, &private);
+        let mut fast = loaded;
+        let states = member_states(&fast);
+        apply(&mut fast, ChangelogKind::ByConversation, &public[public_at..]);
+        states.iter().for_each(|s| fast.restore_state(s));
+        apply(&mut fast, ChangelogKind::MemberState, &private[private_at..]);
+        let ((fast_answers, fast_latest), (full_answers, full_latest)) = (answers(&fast), answers(&full));
+        prop_assert_eq!(fast_answers, full_answers);
+        // A leave raises the latest seq live but publishes a tombstone,
+        // which carries none: the checkpoint may know a later latest seq
+        // than the changelog, never an earlier one.
+        prop_assert_eq!(fast_latest.keys().collect::<Vec<_>>(), full_latest.keys().collect::<Vec<_>>());
+        for (c, seq) in &full_latest {
+            prop_assert!(fast_latest[c] >= *seq, "{}: {:?} < {:?}", c, fast_latest[c], seq);
+        }
+    }
+}
+
+#[test]
+fn the_header_round_trips_and_damage_is_detected() {
+    let mut state = PartitionState::new();
+    for i in 0..50u8 {
+        state.apply(&input(i, i, i / 3, i, i));
+    }
+    let bytes = encode(&meta(42, 7), &state);
+    assert_eq!(decode_meta(&bytes).unwrap(), meta(42, 7));
+    assert_eq!(exact(&decode(&bytes, 256).unwrap().1), exact(&state));
+    for at in [0, 7, 20, bytes.len() / 2, bytes.len() - 1] {
+        let mut bad = bytes.clone();
+        bad[at] ^= 0x40;
+        assert!(
+            decode(&bad, 256).is_err(),
+            "a flipped byte at {at} must be caught"
+        );
+    }
+    for len in [0, 5, 10, bytes.len() - 1] {
+        assert!(decode(&bytes[..len], 256).is_err(), "cut at {len}");
+    }
+    assert_eq!(decode(b"RFCKPTxx", 256).unwrap_err(), CheckpointError::Malformed);
+    assert_eq!(
+        decode(b"PK\x03\x04 not ours", 256).unwrap_err(),
+        CheckpointError::Magic
+    );
+}
+
+#[test]
+fn crc32_is_zlibs() {
+    assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+    assert_eq!(crc32(b""), 0);
+}

@@ -1,0 +1,218 @@
+//! Local state checkpoints (`state.dir`): a clean stop writes one per
+//! partition; the next start loads it and reads only the changelog written
+//! since. A corrupt, stale or foreign checkpoint is set aside for a full
+//! restore, and never brings wrong cursors back.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use readfold_core::fold::{Input, PartitionState, ReadReport};
+use readfold_core::Seq;
+use readfold_wire::checkpoint::{self, CheckpointMeta};
+
+use crate::kit::*;
+
+/// The test's checkpoint folder, and the files a stopped processor left.
+fn checkpoint_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+fn with_extension(files: &[PathBuf], extension: &str) -> Vec<PathBuf> {
+    files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == extension))
+        .cloned()
+        .collect()
+}
+
+fn restored_lines(log: &str) -> Vec<&str> {
+    log.lines()
+        .filter(|l| l.contains("restored partition state"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_loads_the_checkpoint_and_reads_only_the_tail() {
+    let env = TestEnv::new("checkpoint", 2).await;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("checkpoints"));
+    let dir_text = dir.display().to_string();
+    let vars = [("READFOLD__STATE__DIR", dir_text.as_str())];
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    feed.seed_chats("dm", "group").await;
+    for u in 0..30 {
+        feed.report(report("big", &format!("u{u}"), 5)).await;
+    }
+    let mut processor = env.spawn_with("a", &vars);
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert!(processor.terminate(Duration::from_secs(30)));
+    let files = with_extension(&checkpoint_files(&dir), "checkpoint");
+    assert_eq!(
+        files.len(),
+        2,
+        "one per partition: {files:?}\n{}",
+        processor.log_text()
+    );
+    assert!(processor.log_text().contains("checkpoint written"));
+
+    // While it is down: more reads, and a stale duplicate.
+    let mut feed = env.feed(&mut reference);
+    feed.report(report("big", "u1", 9)).await;
+    feed.report(report("group", "B", 3)).await;
+    feed.report(report("big", "u2", 1)).await;
+    let mut processor = env.spawn_with("a", &vars);
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert_matches(&log, &reference);
+    assert!(log.regressions().is_empty(), "{:?}", log.regressions());
+    let text = processor.log_text();
+    let restored = restored_lines(&text);
+    assert!(!restored.is_empty(), "{text}");
+    // Every cursor came from the checkpoints; the changelog gave the tail.
+    assert!(
+        restored.iter().all(|l| !l.contains("from_checkpoint=0")),
+        "{restored:?}"
+    );
+    assert!(!text.contains("checkpoint not used"), "{text}");
+    // A stale report after the restart does not move anything back.
+    let mut feed = env.feed(&mut reference);
+    feed.report(report("big", "u1", 4)).await;
+    feed.report(report("big", "u3", 6)).await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert_matches(&log, &reference);
+    assert!(processor.terminate(Duration::from_secs(30)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
+    let env = TestEnv::new("checkpoint-bad", 1).await;
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("checkpoints"));
+    let dir_text = dir.display().to_string();
+    let vars = [("READFOLD__STATE__DIR", dir_text.as_str())];
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    feed.seed_chats("dm", "group").await;
+    let mut processor = env.spawn_with("a", &vars);
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert!(processor.terminate(Duration::from_secs(30)));
+    let file = with_extension(&checkpoint_files(&dir), "checkpoint")
+        .pop()
+        .expect("a checkpoint");
+    let good = std::fs::read(&file).unwrap();
+    let meta = checkpoint::decode_meta(&good).unwrap();
+
+    // A state no restore would give: cursor 999 for a member of "group".
+    let mut wrong = PartitionState::new();
+    wrong.apply(&Input::Report(ReadReport {
+        conversation_id: "group".parse().unwrap(),
+        user_id: "B".parse().unwrap(),
+        seq: Seq(999),
+        reported_at: 1,
+        private: false,
+    }));
+    let now = now_ms();
+    let bad: [(&str, Vec<u8>, &str); 4] = [
+        (
+            "corrupt",
+            {
+                let mut b = good.clone();
+                let middle = b.len() / 2;
+                b[middle] ^= 0x5a;
+                b
+            },
+            "corrupt",
+        ),
+        (
+            "beyond the changelog's end",
+            checkpoint::encode(
+                &CheckpointMeta {
+                    public_offset: meta.public_offset + 1000,
+                    written_at_ms: now,
+                    ..meta.clone()
+                },
+                &wrong,
+            ),
+            "outside the changelog",
+        ),
+        (
+            "too old",
+            checkpoint::encode(
+                &CheckpointMeta {
+                    written_at_ms: now - 13 * 3600 * 1000,
+                    ..meta.clone()
+                },
+                &wrong,
+            ),
+            "max_checkpoint_age_ms",
+        ),
+        (
+            "of another group",
+            checkpoint::encode(
+                &CheckpointMeta {
+                    group_id: "someone-else".into(),
+                    written_at_ms: now,
+                    ..meta.clone()
+                },
+                &wrong,
+            ),
+            "written for",
+        ),
+    ];
+    for (round, (what, bytes, says)) in bad.into_iter().enumerate() {
+        for f in checkpoint_files(&dir) {
+            std::fs::remove_file(f).unwrap();
+        }
+        std::fs::write(&file, &bytes).unwrap();
+        let mut feed = env.feed(&mut reference);
+        // Something new, so that the reference waits for this run.
+        feed.report(report("dm", "B", 3 + round as i64)).await;
+        let mut processor = env.spawn_with("a", &vars);
+        let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+        assert_matches(&log, &reference);
+        let text = processor.log_text();
+        assert!(
+            text.contains("checkpoint not used") && text.contains(says),
+            "{what}: the checkpoint must be refused, saying {says:?}:\n{text}"
+        );
+        assert!(
+            restored_lines(&text)
+                .iter()
+                .all(|l| l.contains("from_checkpoint=0")),
+            "{what}: a full restore:\n{text}"
+        );
+        let cursor = log
+            .latest()
+            .get(&("group".to_owned(), "B".to_owned()))
+            .cloned()
+            .flatten();
+        assert_ne!(
+            cursor.map(|(c, _)| c),
+            Some(999),
+            "{what}: a wrong cursor came back"
+        );
+        assert!(processor.terminate(Duration::from_secs(30)));
+        let files = checkpoint_files(&dir);
+        assert_eq!(
+            with_extension(&files, "rejected").len(),
+            1,
+            "{what}: set aside: {files:?}"
+        );
+        assert_eq!(
+            with_extension(&files, "checkpoint").len(),
+            1,
+            "{what}: a new one at the stop: {files:?}"
+        );
+    }
+}
