@@ -137,6 +137,11 @@ enum Command {
         /// next to a raw read (0: skip).
         #[arg(long, default_value_t = 0)]
         throughput_records: u64,
+        /// Also time `readfold run` from start to ready after a clean stop,
+        /// restoring the whole changelog vs a local checkpoint plus the
+        /// tail, at a quarter, half and all of this many cursors (0: skip).
+        #[arg(long, default_value_t = 0)]
+        restart_cursors: u64,
         /// Also measure report-to-changelog and report-to-Redis latency at
         /// 10% to 90% of the maximum rate, this many seconds per rate,
         /// with `readfold run` as a child process on fresh topics (0: skip).
@@ -224,6 +229,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             throughput_records,
             latency_seconds,
             latency_max_rate,
+            restart_cursors,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -261,6 +267,10 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             if throughput_records > 0 {
                 let figures = runtime.block_on(readfold::bench::throughput(&config, throughput_records))?;
                 readfold::bench::print_throughput(&figures);
+            }
+            if restart_cursors > 0 {
+                let rows = runtime.block_on(readfold::bench::restart(&config, restart_cursors))?;
+                readfold::bench::print_restart(&rows);
             }
             if latency_seconds > 0 {
                 let figures = runtime.block_on(readfold::bench::latency(

@@ -148,7 +148,7 @@ fn watcher(config: &Config) -> Result<BaseConsumer> {
 }
 
 /// The next offset past the last record of every input partition.
-fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
+pub(super) fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
     let consumer = watcher(config)?;
     let mut ends = TopicPartitionList::new();
     for topic in [&config.topics.read_reports, &config.topics.conversation_events] {
@@ -164,7 +164,7 @@ fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
 }
 
 /// Polls the group's committed offsets until every one reached `ends`.
-fn wait_for_commits(config: &Config, ends: &TopicPartitionList, started: Instant) -> Result<()> {
+pub(super) fn wait_for_commits(config: &Config, ends: &TopicPartitionList, started: Instant) -> Result<()> {
     let consumer = watcher(config)?;
     let mut wanted = TopicPartitionList::new();
     for e in ends.elements() {
@@ -196,7 +196,7 @@ fn wait_for_commits(config: &Config, ends: &TopicPartitionList, started: Instant
 }
 
 /// The body of `GET /metrics` from `addr`.
-fn scrape(addr: &str) -> std::io::Result<String> {
+pub(super) fn scrape(addr: &str) -> std::io::Result<String> {
     let mut stream = std::net::TcpStream::connect(addr)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")?;
@@ -206,7 +206,7 @@ fn scrape(addr: &str) -> std::io::Result<String> {
 }
 
 /// The value of the Prometheus sample named `series` (0 when absent).
-fn metric(scraped: &str, series: &str) -> f64 {
+pub(super) fn metric(scraped: &str, series: &str) -> f64 {
     scraped
         .lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())

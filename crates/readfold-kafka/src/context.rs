@@ -31,6 +31,16 @@ pub fn log_line(level: RDKafkaLogLevel, facility: &str, message: &str) {
     }
 }
 
+/// Logs a client error: a warning, except the end-of-partition notices
+/// that readers which ask for them (`enable.partition.eof`) get as errors.
+pub fn log_error(error: &KafkaError, reason: &str) {
+    if error.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) {
+        tracing::trace!(target: "librdkafka", %error, "{reason}");
+    } else {
+        tracing::warn!(target: "librdkafka", %error, "{reason}");
+    }
+}
+
 /// Whether a client error will not pass by retrying: the broker rejected
 /// the credentials, or TLS failed (wrong CA, wrong host, plaintext port).
 pub fn is_setup_error(error: &KafkaError) -> bool {
@@ -69,7 +79,7 @@ impl ClientContext for CheckedContext {
             let mut first = self.setup_error.lock().expect("setup error lock");
             first.get_or_insert_with(|| reason.to_owned());
         }
-        tracing::warn!(target: "librdkafka", %error, "{reason}");
+        log_error(&error, reason);
     }
 }
 
@@ -83,7 +93,7 @@ impl ClientContext for LogContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(target: "librdkafka", %error, "{reason}");
+        log_error(&error, reason);
     }
 }
 

@@ -52,7 +52,7 @@ impl ClientContext for GroupContext {
     }
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
-        tracing::warn!(target: "librdkafka", %error, "{reason}");
+        readfold_kafka::context::log_error(&error, reason);
     }
 
     fn stats(&self, statistics: Statistics) {

@@ -1,0 +1,198 @@
+//! `readfold bench --restart-cursors N`: how long `readfold run` takes from
+//! its start until `/readyz` says ready, after a clean stop, at N/4, N/2 and
+//! N cursors: with its state restored from the whole changelog, and from a
+//! local checkpoint (`state.dir`) plus the changelog written since. Redis and
+//! CQL are off, so that the time is the restore's and the group join's.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::producer::InputProducer;
+use readfold_wire::codec::{ReadAction, ReadReportRecord};
+
+use super::child::{config_vars, free_addr, spawn, ChildGuard};
+use super::throughput::{end_offsets, metric, scrape, wait_for_commits};
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// One size's figures.
+#[derive(Clone, Debug)]
+pub struct RestartRow {
+    pub cursors: u64,
+    /// Start to ready, restoring the whole changelog.
+    pub full_secs: f64,
+    /// The restore alone, as the processor measured it.
+    pub full_restore_secs: f64,
+    /// Start to ready, from the checkpoint written at the last stop.
+    pub checkpoint_secs: f64,
+    pub checkpoint_restore_secs: f64,
+    pub checkpoint_bytes: u64,
+}
+
+pub async fn restart(config: &Config, cursors: u64) -> Result<Vec<RestartRow>> {
+    let mut rows = Vec::new();
+    for n in [cursors / 4, cursors / 2, cursors] {
+        rows.push(one_size(config, n.max(1)).await?);
+    }
+    Ok(rows)
+}
+
+async fn one_size(config: &Config, cursors: u64) -> Result<RestartRow> {
+    let config = super::on_fresh_topics(config, "restart");
+    let layout = ensure_topics(&config.kafka, &config.topics).await?;
+    let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
+    // Conversations of 100 members, each member one read.
+    let now = super::now_ms();
+    let reports: Vec<ReadReportRecord> = (0..cursors)
+        .map(|i| ReadReportRecord {
+            conversation_id: format!("conv-{}", i / 100),
+            user_id: format!("user-{}", i % 100),
+            seq: (i % 1000) as i64 + 1,
+            device_id: None,
+            reported_at: now,
+            private: false,
+            action: ReadAction::Read,
+        })
+        .collect();
+    for chunk in reports.chunks(100_000) {
+        producer.send_many(chunk, &[]).await?;
+    }
+    drop(producer);
+    let base = std::env::temp_dir().join(format!("readfold-bench-restart-{}", super::now_ms()));
+    let (warm, cold) = (base.join("warm"), base.join("cold"));
+
+    // Fold the backlog, then stop: the stop writes the checkpoints.
+    let watch = config.clone();
+    let ends = tokio::task::spawn_blocking(move || end_offsets(&watch))
+        .await
+        .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
+    let (child, _) = start(&config, &warm)?;
+    let (watch, started) = (config.clone(), Instant::now());
+    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started))
+        .await
+        .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
+    stop(child)?;
+    let checkpoint_bytes = dir_bytes(&warm);
+
+    let (full_secs, full_restore_secs) = time_to_ready(&config, &cold).await?;
+    let (checkpoint_secs, checkpoint_restore_secs) = time_to_ready(&config, &warm).await?;
+    let _ = std::fs::remove_dir_all(&base);
+    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    Ok(RestartRow {
+        cursors,
+        full_secs,
+        full_restore_secs,
+        checkpoint_secs,
+        checkpoint_restore_secs,
+        checkpoint_bytes,
+    })
+}
+
+/// `readfold run` with checkpoints in `state_dir`; returns it and its ops
+/// address.
+fn start(config: &Config, state_dir: &Path) -> Result<(ChildGuard, String)> {
+    let ops = free_addr()?;
+    let mut vars = config_vars(config);
+    for (k, v) in [
+        ("READFOLD__REDIS__ENABLED", "false".to_owned()),
+        ("READFOLD__CQL__ENABLED", "false".to_owned()),
+        ("READFOLD__METRICS__LISTEN", ops.clone()),
+        ("READFOLD__STATE__DIR", state_dir.display().to_string()),
+    ] {
+        vars.push((k.to_owned(), v));
+    }
+    Ok((spawn("run", &vars)?, ops))
+}
+
+/// Starts `readfold run`, waits until `/readyz` answers 200, and stops it
+/// cleanly; returns the seconds to ready and the restore's own seconds.
+async fn time_to_ready(config: &Config, state_dir: &Path) -> Result<(f64, f64)> {
+    let started = Instant::now();
+    let (child, ops) = start(config, state_dir)?;
+    loop {
+        if started.elapsed() > Duration::from_secs(600) {
+            return Err(Error::Run("readfold run was not ready within 600 s".into()));
+        }
+        if ready(&ops) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let restore = metric(
+        &scrape(&ops).unwrap_or_default(),
+        "readfold_restore_duration_seconds_sum",
+    );
+    stop(child)?;
+    Ok((secs, restore))
+}
+
+fn ready(addr: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    if stream
+        .write_all(b"GET /readyz HTTP/1.0\r\nHost: bench\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")
+}
+
+/// SIGTERM, then waits for the clean stop (which writes the checkpoints).
+fn stop(mut child: ChildGuard) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.pid().to_string()])
+        .status()
+        .map_err(|e| Error::Run(format!("kill: {e}")))?;
+    if !status.success() {
+        return Err(Error::Run("cannot signal readfold run".into()));
+    }
+    child
+        .0
+        .wait()
+        .map_err(|e| Error::Run(format!("waiting for readfold run: {e}")))?;
+    Ok(())
+}
+
+fn dir_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                total += entry.metadata().map_or(0, |m| m.len());
+            }
+        }
+    }
+    total
+}
+
+pub fn print_restart(rows: &[RestartRow]) {
+    println!();
+    println!("restart after a clean stop: start to /readyz, Redis and CQL off");
+    println!(
+        "{:>10} | {:>22} | {:>26} | {:>12}",
+        "cursors", "whole changelog (restore)", "checkpoint + tail (restore)", "checkpoint"
+    );
+    for r in rows {
+        println!(
+            "{:>10} | {:>11.2} s ({:>5.2} s) | {:>15.2} s ({:>5.2} s) | {:>9.1} MB",
+            r.cursors,
+            r.full_secs,
+            r.full_restore_secs,
+            r.checkpoint_secs,
+            r.checkpoint_restore_secs,
+            r.checkpoint_bytes as f64 / 1e6
+        );
+    }
+}
