@@ -38,6 +38,13 @@ fn with_extension(files: &[PathBuf], extension: &str) -> Vec<PathBuf> {
         .collect()
 }
 
+/// A checkpoint folder of the test's own, as the processor's setting.
+fn state_dir() -> (PathBuf, String) {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("checkpoints"));
+    let text = dir.display().to_string();
+    (dir, text)
+}
+
 fn restored_lines(log: &str) -> Vec<&str> {
     log.lines()
         .filter(|l| l.contains("restored partition state"))
@@ -47,8 +54,7 @@ fn restored_lines(log: &str) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_loads_the_checkpoint_and_reads_only_the_tail() {
     let env = TestEnv::new("checkpoint", 2).await;
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("checkpoints"));
-    let dir_text = dir.display().to_string();
+    let (dir, dir_text) = state_dir();
     let vars = [("READFOLD__STATE__DIR", dir_text.as_str())];
     let mut reference = Reference::default();
     let mut feed = env.feed(&mut reference);
@@ -98,8 +104,7 @@ async fn a_restart_loads_the_checkpoint_and_reads_only_the_tail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
     let env = TestEnv::new("checkpoint-bad", 1).await;
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(unique("checkpoints"));
-    let dir_text = dir.display().to_string();
+    let (dir, dir_text) = state_dir();
     let vars = [("READFOLD__STATE__DIR", dir_text.as_str())];
     let mut reference = Reference::default();
     let mut feed = env.feed(&mut reference);
