@@ -128,6 +128,10 @@ enum Command {
         /// Seconds of receipts during the gateway bench.
         #[arg(long, default_value_t = 10)]
         gateway_seconds: u64,
+        /// Members per conversation in the gateway bench (5000: one
+        /// 5,000-member group, to see what each client receives).
+        #[arg(long, default_value_t = 10)]
+        gateway_group: usize,
         /// Also time `readfold replay` of this many records produced onto
         /// fresh topics on the configured broker, next to a raw read (0: skip).
         #[arg(long, default_value_t = 0)]
@@ -225,6 +229,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             gateway_connections,
             gateway_rate,
             gateway_seconds,
+            gateway_group,
             replay_records,
             throughput_records,
             latency_seconds,
@@ -255,6 +260,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                 let figures = runtime.block_on(readfold::bench::gateway(
                     &config,
                     gateway_connections,
+                    gateway_group,
                     gateway_rate,
                     gateway_seconds,
                 ))?;

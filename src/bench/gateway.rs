@@ -31,13 +31,11 @@ use super::{now_ms, percentile};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-/// Members per conversation.
-const GROUP: usize = 10;
-
 /// What a gateway run measured.
 #[derive(Clone, Debug)]
 pub struct GatewayFigures {
     pub connections: usize,
+    pub group: usize,
     pub rss_before: u64,
     pub rss_after: u64,
     pub rate: u64,
@@ -66,7 +64,15 @@ async fn open(addr: &str, user: &str) -> Result<WebSocketStream<MaybeTlsStream<T
     Ok(stream)
 }
 
-pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u64) -> Result<GatewayFigures> {
+/// `group` members per conversation (the last one may have fewer).
+pub async fn gateway(
+    config: &Config,
+    connections: usize,
+    group: usize,
+    rate: u64,
+    seconds: u64,
+) -> Result<GatewayFigures> {
+    let group = group.max(1);
     let config = super::on_fresh_topics(config, "gateway");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let addr = free_addr()?;
@@ -84,13 +90,16 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
     let _processor = spawn("run", &vars)?;
     let gateway = spawn("gateway", &vars)?;
 
-    // Members: GROUP per conversation, joined through the pipeline.
-    let conversations = connections.div_ceil(GROUP);
+    // Members: `group` per conversation, joined through the pipeline.
+    // With a group larger than the clients, the first `connections`
+    // members are online and the others are members all the same.
+    let conversations = connections.div_ceil(group);
+    let members = conversations * group;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
     let mut events = Vec::new();
-    for i in 0..connections {
+    for i in 0..members {
         events.push(ConversationEventRecord {
-            conversation_id: format!("c{}", i / GROUP),
+            conversation_id: format!("c{}", i / group),
             seq: 0,
             at: now_ms(),
             event: EventRecord::MemberJoined {
@@ -104,7 +113,7 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
             seq: 1,
             at: now_ms(),
             event: EventRecord::MessageSent {
-                sender_id: format!("u{}", c * GROUP),
+                sender_id: format!("u{}", c * group),
             },
         });
     }
@@ -115,7 +124,7 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
     while redis
         .conversation(&last)
         .await?
-        .is_none_or(|v| v.members.len() < GROUP.min(connections))
+        .is_none_or(|v| v.members.len() < group)
     {
         if started.elapsed() > Duration::from_secs(120) {
             return Err(Error::Run("the members never reached Redis".into()));
@@ -141,7 +150,7 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
     for i in 0..connections {
         let stream = open(&addr, &format!("u{i}")).await?;
         let (mut sink, mut source) = stream.split();
-        let conversation = i / GROUP;
+        let conversation = i / group;
         sink.send(Message::Text(
             json!({ "type": "subscribe", "conversation": format!("c{conversation}") })
                 .to_string()
@@ -209,7 +218,7 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let client = (rng % connections as u64) as usize;
-        let conversation = client / GROUP;
+        let conversation = client / group;
         next_seq[conversation] += 1;
         let seq = next_seq[conversation];
         sent.lock()
@@ -223,10 +232,7 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
                 seq: seq as i64,
                 at: now_ms(),
                 event: EventRecord::MessageSent {
-                    sender_id: format!(
-                        "u{}",
-                        conversation * GROUP + (client + 1) % GROUP.min(connections)
-                    ),
+                    sender_id: format!("u{}", conversation * group + (client + 1) % group),
                 },
             })
             .await?;
@@ -249,6 +255,7 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
     super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
     Ok(GatewayFigures {
         connections,
+        group,
         rss_before,
         rss_after,
         rate,
@@ -262,16 +269,16 @@ pub async fn gateway(config: &Config, connections: usize, rate: u64, seconds: u6
 pub fn print_gateway(f: &GatewayFigures) {
     let per = f.rss_after.saturating_sub(f.rss_before) as f64 / f.connections.max(1) as f64;
     println!(
-        "gateway: {} WebSocket connections held ({} members per conversation, each subscribed); gateway RSS {:.0} MB -> {:.0} MB = {:.1} KB per connection",
+        "gateway: {} WebSocket connections held ({} members per conversation, each client subscribed to its own); gateway RSS {:.0} MB -> {:.0} MB = {:.1} KB per connection",
         f.connections,
-        GROUP,
+        f.group,
         f.rss_before as f64 / 1e6,
         f.rss_after as f64 / 1e6,
         per / 1024.0
     );
     let l = &f.latencies_ms;
     println!(
-        "  {} read receipts at {}/s for {} s on the clients' own connections: receipt-to-push latency (send -> other members' cursor frame) p50 {:.0} ms, p99 {:.0} ms, p99.9 {:.0} ms, max {:.0} ms over {} frames; {:.0} frames/s delivered",
+        "  {} read receipts at {}/s for {} s on the clients' own connections: receipt-to-push latency (send -> other members' cursor frame) p50 {:.0} ms, p99 {:.0} ms, p99.9 {:.0} ms, max {:.0} ms over {} frames; {:.0} frames/s delivered, {:.1} per client per second",
         f.receipts,
         f.rate,
         f.seconds,
@@ -280,6 +287,17 @@ pub fn print_gateway(f: &GatewayFigures) {
         percentile(l, 0.999),
         l.last().copied().unwrap_or(0.0),
         l.len(),
-        f.frames as f64 / f.seconds.max(1) as f64
+        f.frames as f64 / f.seconds.max(1) as f64,
+        f.frames as f64 / f.seconds.max(1) as f64 / f.connections.max(1) as f64
+    );
+    // Each receipt and each message moves one member's cursor, which every
+    // other member of the conversation is to be told of.
+    let online_others = f.group.min(f.connections).saturating_sub(1);
+    let offered = 2.0 * f.rate as f64 * online_others as f64;
+    println!(
+        "  cursor advances to tell: {:.0}/s (2 per receipt x {} other members online); frames delivered are {:.1}% of that: the rest were coalesced into newer values",
+        offered,
+        online_others,
+        100.0 * f.frames as f64 / f.seconds.max(1) as f64 / offered.max(1.0)
     );
 }
