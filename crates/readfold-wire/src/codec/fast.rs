@@ -15,12 +15,30 @@ use super::records::{
     ReadReportRecord, UserCursorKeyRecord,
 };
 
-struct Cursor<'a> {
+/// Avro binary being read, front to back. The module's decoders use it,
+/// and so does the length check in front of the generic reader.
+pub(super) struct Cursor<'a> {
     bytes: &'a [u8],
 }
 
 impl<'a> Cursor<'a> {
-    fn long(&mut self) -> Option<i64> {
+    pub(super) fn new(bytes: &'a [u8]) -> Self {
+        Cursor { bytes }
+    }
+
+    /// How many bytes are left.
+    pub(super) fn left(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Skips `n` bytes, or `None` when fewer are left.
+    pub(super) fn skip(&mut self, n: usize) -> Option<()> {
+        self.bytes = self.bytes.get(n..)?;
+        Some(())
+    }
+
+    /// A zigzag varint of at most 10 bytes, as the generic reader reads it.
+    pub(super) fn long(&mut self) -> Option<i64> {
         let mut value: u64 = 0;
         for (i, &byte) in self.bytes.iter().enumerate().take(10) {
             value |= u64::from(byte & 0x7f) << (7 * i);
@@ -191,7 +209,7 @@ mod tests {
 
     fn generic_report(bytes: &[u8]) -> Option<ReadReportRecord> {
         let codec = &codecs().read_report;
-        let value = super::super::read_whole(&codec.reader, codec.name, bytes).ok()?;
+        let value = super::super::read_whole(&codec.reader, codec.schema, codec.name, bytes).ok()?;
         ReadReportRecord::from_value(value).ok()
     }
 

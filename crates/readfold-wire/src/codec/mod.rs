@@ -26,7 +26,9 @@ pub use records::{
 };
 
 /// Largest single allocation the Avro decoder may make for one field, so a
-/// corrupt length prefix cannot make it reserve gigabytes.
+/// corrupt length prefix cannot make it reserve gigabytes. (Before the
+/// generic reader runs, `overlong_length` also holds every length prefix to
+/// the bytes actually there.)
 pub const MAX_AVRO_ALLOCATION: usize = 16 * 1024 * 1024;
 
 /// The parsed v1 schemas.
@@ -147,11 +149,14 @@ pub fn frame_confluent(schema_id: u32, avro: &[u8]) -> Vec<u8> {
 /// record would cost more than decoding it.
 struct SchemaCodec {
     name: &'static str,
+    /// The current schema, which `reader` reads with.
+    schema: &'static Schema,
     reader: GenericDatumReader<'static>,
     writer: GenericDatumWriter<'static>,
-    /// Readers of earlier versions, resolved to the current schema; tried in
-    /// order when the current one does not fit the bytes.
-    history: Vec<GenericDatumReader<'static>>,
+    /// Readers of earlier versions, each with the schema it reads with,
+    /// resolved to the current schema; tried in order when the current one
+    /// does not fit the bytes.
+    history: Vec<(&'static Schema, GenericDatumReader<'static>)>,
 }
 
 struct Codecs {
@@ -170,6 +175,7 @@ fn codecs() -> &'static Codecs {
         // The schemas are compiled in and covered by tests, as in `schemas()`.
         let codec = |name: &'static str, schema: &'static Schema, history: &'static [Schema]| SchemaCodec {
             name,
+            schema,
             reader: GenericDatumReader::builder(schema)
                 .build()
                 .unwrap_or_else(|e| panic!("schemas/{name}.avsc: {e}")),
@@ -179,10 +185,11 @@ fn codecs() -> &'static Codecs {
             history: history
                 .iter()
                 .map(|old| {
-                    GenericDatumReader::builder(old)
+                    let reader = GenericDatumReader::builder(old)
                         .reader_schema(schema)
                         .build()
-                        .unwrap_or_else(|e| panic!("schemas/history of {name}: {e}"))
+                        .unwrap_or_else(|e| panic!("schemas/history of {name}: {e}"));
+                    (old, reader)
                 })
                 .collect(),
         };
@@ -202,31 +209,111 @@ fn codecs() -> &'static Codecs {
 /// for v1.1, and a v1.1 record too long for v1.0, so at most one fits).
 /// The error is the current schema's.
 fn decode_value(codec: &SchemaCodec, bytes: &[u8]) -> Result<Value, DecodeError> {
-    let current = read_whole(&codec.reader, codec.name, bytes);
+    let current = read_whole(&codec.reader, codec.schema, codec.name, bytes);
     if current.is_ok() {
         return current;
     }
     codec
         .history
         .iter()
-        .find_map(|old| read_whole(old, codec.name, bytes).ok())
+        .find_map(|(schema, old)| read_whole(old, schema, codec.name, bytes).ok())
         .map_or(current, Ok)
 }
 
+/// Reads all of `bytes` with `reader`, whose writer schema is `schema`.
 fn read_whole(
     reader: &GenericDatumReader<'_>,
+    schema: &Schema,
     name: &'static str,
-    mut bytes: &[u8],
+    bytes: &[u8],
 ) -> Result<Value, DecodeError> {
-    let value = reader.read_value(&mut bytes).map_err(|e| DecodeError::Avro {
+    if let Some((len, left)) = overlong_length(schema, bytes) {
+        return Err(DecodeError::Avro {
+            schema: name,
+            reason: format!("a length prefix of {len} bytes where {left} are left"),
+        });
+    }
+    let mut input = Whole(bytes);
+    let value = reader.read_value(&mut input).map_err(|e| DecodeError::Avro {
         schema: name,
         reason: e.to_string(),
     })?;
-    let mut rest = [0u8; 1];
-    if bytes.read(&mut rest).unwrap_or(0) > 0 {
-        return Err(DecodeError::TrailingBytes(bytes.len() + 1));
+    if !input.0.is_empty() {
+        return Err(DecodeError::TrailingBytes(input.0.len()));
     }
     Ok(value)
+}
+
+/// The bytes of one record, for the generic reader. Reading past their end
+/// is an error of its own kind: apache-avro reads a union index, a boolean
+/// or a string that meets `UnexpectedEof` as a null, which would let a
+/// record cut short decode (a CursorUpdate ending in the `unread_mark`
+/// branch index 1 read as `unread_mark: None`).
+struct Whole<'a>(&'a [u8]);
+
+impl Read for Whole<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.0.is_empty() && !buf.is_empty() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the record ends early",
+            ));
+        }
+        self.0.read(buf)
+    }
+}
+
+/// The first string or bytes length prefix in `bytes`, read as a datum of
+/// `schema`, that claims more bytes than are left after it: `(length,
+/// bytes left)`. The generic reader allocates (and zeroes) a length's worth,
+/// up to [`MAX_AVRO_ALLOCATION`], before it finds the bytes missing, so
+/// without this check a 5-byte record could cost 16 MiB. Walks the datum
+/// as the reader does; stops with no finding at a bad varint, union index
+/// or negative length, where the reader fails too, and at a type that
+/// readfold's schemas do not use.
+fn overlong_length(schema: &Schema, bytes: &[u8]) -> Option<(i64, usize)> {
+    enum Stop {
+        Overlong(i64, usize),
+        Elsewhere,
+    }
+    fn walk(schema: &Schema, c: &mut fast::Cursor<'_>) -> Result<(), Stop> {
+        match schema {
+            Schema::Null => Ok(()),
+            Schema::Boolean => c.skip(1).ok_or(Stop::Elsewhere),
+            Schema::Int
+            | Schema::Long
+            | Schema::Enum(_)
+            | Schema::Date
+            | Schema::TimeMillis
+            | Schema::TimeMicros
+            | Schema::TimestampMillis
+            | Schema::TimestampMicros
+            | Schema::TimestampNanos
+            | Schema::LocalTimestampMillis
+            | Schema::LocalTimestampMicros
+            | Schema::LocalTimestampNanos => c.long().map(drop).ok_or(Stop::Elsewhere),
+            Schema::String | Schema::Bytes => {
+                let len = c.long().ok_or(Stop::Elsewhere)?;
+                let n = usize::try_from(len).map_err(|_| Stop::Elsewhere)?;
+                let left = c.left();
+                c.skip(n).ok_or(Stop::Overlong(len, left))
+            }
+            Schema::Union(union) => {
+                let index = c.long().ok_or(Stop::Elsewhere)?;
+                let variant = usize::try_from(index)
+                    .ok()
+                    .and_then(|i| union.variants().get(i))
+                    .ok_or(Stop::Elsewhere)?;
+                walk(variant, c)
+            }
+            Schema::Record(record) => record.fields.iter().try_for_each(|f| walk(&f.schema, c)),
+            _ => Err(Stop::Elsewhere),
+        }
+    }
+    match walk(schema, &mut fast::Cursor::new(bytes)) {
+        Err(Stop::Overlong(len, left)) => Some((len, left)),
+        _ => None,
+    }
 }
 
 fn encode_value(codec: &SchemaCodec, value: Value) -> Vec<u8> {

@@ -244,3 +244,155 @@ fn v1_1_fields_round_trip() {
     };
     assert_eq!(decode_member_state(&encode_member_state(&state)).unwrap(), state);
 }
+
+/// The largest allocation each test thread has made since it last asked,
+/// for the tests that a decoder allocates no more than its input warrants.
+mod largest_allocation {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::cell::Cell;
+
+    thread_local! {
+        static LARGEST: Cell<usize> = const { Cell::new(0) };
+    }
+
+    struct Tracking;
+
+    fn note(size: usize) {
+        let _ = LARGEST.try_with(|l| l.set(l.get().max(size)));
+    }
+
+    unsafe impl GlobalAlloc for Tracking {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            unsafe { System.alloc(layout) }
+        }
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            note(layout.size());
+            unsafe { System.alloc_zeroed(layout) }
+        }
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            note(new_size);
+            unsafe { System.realloc(ptr, layout, new_size) }
+        }
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            unsafe { System.dealloc(ptr, layout) }
+        }
+    }
+
+    #[global_allocator]
+    static TRACKING: Tracking = Tracking;
+
+    /// The largest allocation of this thread since the last call.
+    pub fn take() -> usize {
+        LARGEST.with(|l| l.replace(0))
+    }
+}
+
+/// Found by `fuzz/` (target decode_read_report, the allocation guard): a
+/// length prefix larger than the record made the generic reader allocate
+/// and zero that many bytes, up to `MAX_AVRO_ALLOCATION`, before finding
+/// them missing. Every decoder now rejects such bytes allocating no more
+/// than a few kilobytes.
+#[test]
+fn a_length_prefix_beyond_the_record_allocates_nothing_near_it() {
+    // Readers and schemas are the process's: built before measuring.
+    let _ = decode_read_report(&encode_read_report(&report()), WireFormat::Plain);
+    let _ = (
+        decode_conversation_event(b"", WireFormat::Plain),
+        decode_cursor_key(b""),
+    );
+    let _ = (
+        decode_user_cursor_key(b""),
+        decode_cursor_update(b""),
+        decode_member_state(b""),
+    );
+    // 8 MiB and 16 MiB (zigzag varints), each followed by one byte.
+    let eight = [0x80, 0x80, 0x80, 0x08, b'x'];
+    let sixteen = [0x80, 0x80, 0x80, 0x10, b'x'];
+    // A valid first string, then a user id claiming 16 MiB.
+    let second = [0x02, b'G', 0x80, 0x80, 0x80, 0x10, b'u'];
+    // A read report whose device id claims 9 MiB.
+    let device = [0x02, b'G', 0x02, b'u', 0x02, 0x02, 0x80, 0x80, 0x80, 0x09, b'p'];
+    // The fuzzer's, minimized: a Confluent frame whose first string claims
+    // 401,023 bytes.
+    let found = [0x00, 0x30, 0x30, 0x30, 0x30, 0xfe, 0xf9, 0x30];
+    // Whether each decoder rejects the bytes (some are valid records of
+    // another schema: `device` is a v1.0 CursorUpdate).
+    type Rejects = fn(&[u8]) -> bool;
+    let decoders: [(&str, Rejects); 8] = [
+        ("read report", |b| {
+            decode_read_report(b, WireFormat::Plain).is_err()
+        }),
+        ("auto read report", |b| {
+            decode_read_report(b, WireFormat::Auto).is_err()
+        }),
+        ("framed read report", |b| {
+            decode_read_report(&frame_confluent(1, b), WireFormat::Confluent).is_err()
+        }),
+        ("conversation event", |b| {
+            decode_conversation_event(b, WireFormat::Auto).is_err()
+        }),
+        ("cursor key", |b| decode_cursor_key(b).is_err()),
+        ("user cursor key", |b| decode_user_cursor_key(b).is_err()),
+        ("cursor update", |b| decode_cursor_update(b).is_err()),
+        ("member state", |b| decode_member_state(b).is_err()),
+    ];
+    for bytes in [&eight[..], &sixteen, &second, &device, &found] {
+        for (name, rejects) in decoders {
+            largest_allocation::take();
+            let rejected = rejects(bytes);
+            let largest = largest_allocation::take();
+            assert!(largest < 4096, "{name}: {largest} bytes allocated for {bytes:?}");
+            if bytes != device {
+                assert!(rejected, "{name}: {bytes:?}");
+            }
+        }
+    }
+    let error = decode_read_report(&sixteen, WireFormat::Plain)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("length prefix of 16777216 bytes where 1 are left"),
+        "{error}"
+    );
+}
+
+/// Found by `fuzz/` (target decode_changelog, the hand-written decoder held
+/// to the generic reader): apache-avro reads a union index, a boolean or a
+/// string that the bytes end before as null, so a CursorUpdate cut short
+/// inside `unread_mark` decoded, as `unread_mark: None`. A record cut short
+/// is now an error; a v1.0 record (no v1.1 fields at all) still decodes.
+#[test]
+fn a_record_cut_short_does_not_decode() {
+    let own = CursorUpdateRecord {
+        conversation_id: "G".into(),
+        user_id: "u".into(),
+        cursor: 5,
+        join_seq: 1,
+        latest_seq: 6,
+        updated_at: 123,
+        private_cursor: Some(6),
+        unread_mark: Some(true),
+    };
+    let bytes = encode_cursor_update(&own);
+    // Without the boolean, then without the union index before it.
+    for cut in [1, 2] {
+        let short = &bytes[..bytes.len() - cut];
+        assert!(decode_cursor_update(short).is_err(), "{short:?}");
+    }
+    // The fuzzer's, as it found it.
+    let found = [
+        0x0a, 0x02, 0x0a, 0x61, 0x6c, 0x65, 0x02, 0x47, 0x02, 0x47, 0x0c, 0x80, 0xa0, 0xa0, 0xab, 0xfe, 0xf9,
+        0x62, 0x02, 0x0c, 0x02,
+    ];
+    assert!(decode_cursor_update(&found).is_err());
+    let old = encode_historic_cursor_update(&own);
+    let expected = CursorUpdateRecord {
+        private_cursor: None,
+        unread_mark: None,
+        ..own
+    };
+    assert_eq!(decode_cursor_update(&old), Ok(expected));
+    // A string cut short at the end of a key.
+    assert!(decode_cursor_key(&[0x02, b'G', 0x04, b'u']).is_err());
+}
