@@ -17,10 +17,8 @@
 //! conversations, then a CRC-32 of all that came before. Integers are
 //! little-endian; strings are a u32 length and UTF-8 bytes.
 
-use std::collections::HashMap;
-
 use readfold_core::fold::{
-    Conversation, Member, MemberStateUpdate, MembershipVersion, PartitionState, UnreadMark,
+    Conversation, IdMap, Member, MemberStateUpdate, MembershipVersion, PartitionState, UnreadMark,
 };
 use readfold_core::{ConversationId, Seq, UserId};
 
@@ -114,7 +112,7 @@ pub fn decode(
         if count > input.len() / MEMBER_MIN_BYTES {
             return Err(CheckpointError::Malformed);
         }
-        let mut members = HashMap::with_capacity(count);
+        let mut members = IdMap::with_capacity_and_hasher(count, Default::default());
         for _ in 0..count {
             let user = UserId::parse(take_str(&mut input)?, max_id_bytes)
                 .map_err(|e| CheckpointError::Id(e.to_string()))?;
