@@ -568,8 +568,7 @@ impl Processor {
     /// thread; a restore that fails for a reason that may pass (a broker
     /// away) is tried again with backoff.
     async fn restore(&self, partitions: &[i32]) -> Result<Vec<(i32, Slot)>> {
-        let mut failures = 0;
-        let (states, stats) = loop {
+        let attempt = || {
             let restorer = Arc::clone(&self.restorer);
             let checkpoints = self.checkpoints.clone();
             let wanted = partitions.to_vec();
@@ -580,17 +579,12 @@ impl Processor {
                     .collect();
                 restorer.restore_many_from(&wanted, loaded)
             };
-            match tokio::task::spawn_blocking(restore).await? {
-                Ok(restored) => break restored,
-                Err(e) if e.is_retriable() => {
-                    failures += 1;
-                    let delay = backoff::delay(failures);
-                    tracing::warn!(?partitions, error = %e, retry_in_ms = delay.as_millis() as u64, "restore failed; retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
+            async move { Ok::<_, Error>(tokio::task::spawn_blocking(restore).await??) }
         };
+        let (states, stats) = retrying(attempt, |e, delay| {
+            tracing::warn!(?partitions, error = %e, retry_in_ms = delay.as_millis() as u64, "restore failed; retrying");
+        })
+        .await?;
         telemetry::restored(stats.records, stats.elapsed);
         tracing::info!(
             ?partitions,
@@ -753,6 +747,29 @@ async fn init_producer(settings: &Settings) -> Result<Transactions> {
     .await
 }
 
+/// Runs `attempt` until it succeeds or fails for a reason retrying will not
+/// cure, sleeping with backoff between tries. `failed` is told each
+/// retriable failure and the wait before the next try, to log it.
+pub async fn retrying<T, E, F, Fut>(mut attempt: F, failed: impl Fn(&Error, Duration)) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::result::Result<T, E>>,
+    E: Into<Error>,
+{
+    let mut failures = 0;
+    loop {
+        match attempt().await.map_err(Into::into) {
+            Err(e) if e.is_retriable() => {
+                failures += 1;
+                let delay = backoff::delay(failures);
+                failed(&e, delay);
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Connects a store, retrying with backoff while the error is retriable: a
 /// processor without its stores cannot flush anyway, and exiting would only
 /// churn restarts. Configuration errors fail at once.
@@ -762,16 +779,8 @@ where
     Fut: Future<Output = std::result::Result<T, E>>,
     E: Into<Error>,
 {
-    let mut failures = 0;
-    loop {
-        match connect().await.map_err(Into::into) {
-            Err(e) if e.is_retriable() => {
-                failures += 1;
-                let delay = backoff::delay(failures);
-                tracing::warn!(sink = store, error = %e, retry_in_ms = delay.as_millis() as u64, "sink unreachable at start; retrying");
-                tokio::time::sleep(delay).await;
-            }
-            other => return other,
-        }
-    }
+    retrying(connect, |e, delay| {
+        tracing::warn!(sink = store, error = %e, retry_in_ms = delay.as_millis() as u64, "sink unreachable at start; retrying");
+    })
+    .await
 }

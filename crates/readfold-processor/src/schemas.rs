@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use readfold_core::backoff;
 use readfold_core::fold::InputKind;
 use readfold_registry::Registry;
 use readfold_wire::codec::WireFormat;
@@ -13,6 +12,7 @@ use readfold_wire::confluent::{self, Framing};
 use readfold_wire::OutputTopics;
 
 use crate::error::Result;
+use crate::retrying;
 
 /// What the registry says of a framed input record's schema id.
 pub(crate) enum SchemaCheck {
@@ -54,19 +54,14 @@ impl InputSchemas {
     /// registry holds the input back rather than dead-lettering good
     /// records).
     pub(crate) async fn learn(&mut self, kind: InputKind, id: u32) -> Result<()> {
-        let mut failures = 0;
-        let schema = loop {
-            match self.registry.schema(id).await {
-                Ok(schema) => break schema,
-                Err(e) if e.is_retriable() => {
-                    failures += 1;
-                    let delay = backoff::delay(failures);
-                    tracing::warn!(id, error = %e, retry_in_ms = delay.as_millis() as u64, "cannot look a schema id up; retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
+        let registry = &self.registry;
+        let schema = retrying(
+            || registry.schema(id),
+            |e, delay| {
+                tracing::warn!(id, error = %e, retry_in_ms = delay.as_millis() as u64, "cannot look a schema id up; retrying");
+            },
+        )
+        .await?;
         let verdict = match schema {
             None => Err(format!(
                 "schema id {id} is not in the registry {}",
@@ -92,19 +87,13 @@ impl InputSchemas {
 pub(crate) async fn register_outputs(registry: &Registry, out: &OutputTopics) -> Result<Arc<Framing>> {
     let mut ids = HashMap::new();
     for (subject, schema) in confluent::output_subjects(out) {
-        let mut failures = 0;
-        let id = loop {
-            match registry.register(&subject, schema).await {
-                Ok(id) => break id,
-                Err(e) if e.is_retriable() => {
-                    failures += 1;
-                    let delay = backoff::delay(failures);
-                    tracing::warn!(%subject, error = %e, retry_in_ms = delay.as_millis() as u64, "cannot register a schema; retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        };
+        let id = retrying(
+            || registry.register(&subject, schema),
+            |e, delay| {
+                tracing::warn!(%subject, error = %e, retry_in_ms = delay.as_millis() as u64, "cannot register a schema; retrying");
+            },
+        )
+        .await?;
         tracing::info!(%subject, id, "output schema registered");
         ids.insert(subject, id);
     }
