@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 
 use crate::changelog::{OutRecord, OutputTopics};
-use crate::codec::{self, frame_confluent};
+use crate::codec::{self, frame_confluent, Cursor, Writer};
 use crate::dead_letter::headers;
 
 pub const DEAD_LETTER_AVSC: &str = include_str!("../../../schemas/DeadLetter.avsc");
@@ -159,58 +159,49 @@ fn header<'a>(record: &'a OutRecord, name: &str) -> Option<&'a str> {
 
 /// The `DeadLetter` record of a dead letter, from its headers and bytes.
 fn dead_letter_value(record: &OutRecord) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
+    let mut out = Writer::with_capacity(
         64 + record.key.as_ref().map_or(0, Vec::len) + record.value.as_ref().map_or(0, Vec::len),
     );
     let text = |name| header(record, name).unwrap_or_default();
-    put_string(&mut out, text(headers::REASON));
-    put_string(&mut out, text(headers::DETAIL));
-    put_string(&mut out, text(headers::SOURCE_TOPIC));
-    put_long(&mut out, text(headers::SOURCE_PARTITION).parse().unwrap_or(-1));
-    put_long(&mut out, text(headers::SOURCE_OFFSET).parse().unwrap_or(-1));
+    out.string(text(headers::REASON))
+        .string(text(headers::DETAIL))
+        .string(text(headers::SOURCE_TOPIC))
+        .long(text(headers::SOURCE_PARTITION).parse().unwrap_or(-1))
+        .long(text(headers::SOURCE_OFFSET).parse().unwrap_or(-1));
     for bytes in [&record.key, &record.value] {
         match bytes {
-            None => put_long(&mut out, 0),
-            Some(b) => {
-                put_long(&mut out, 1);
-                put_bytes(&mut out, b);
-            }
-        }
+            None => out.long(0),
+            Some(b) => out.long(1).bytes(b),
+        };
     }
     match header(record, headers::TRUNCATED) {
-        None => put_long(&mut out, 0),
-        Some(t) => {
-            put_long(&mut out, 1);
-            put_string(&mut out, t);
-        }
-    }
-    out
+        None => out.long(0),
+        Some(t) => out.long(1).string(t),
+    };
+    out.done()
 }
 
 /// A dead letter as JSON, when `value` is a framed `DeadLetter`: what
 /// `readfold tail` prints.
 pub fn describe_dead_letter(value: &[u8]) -> Option<serde_json::Value> {
-    let (_, mut avro) = unframe(value)?;
-    let reason = take_string(&mut avro)?;
-    let detail = take_string(&mut avro)?;
-    let source_topic = take_string(&mut avro)?;
-    let source_partition = take_long(&mut avro)?;
-    let source_offset = take_long(&mut avro)?;
-    let mut optional_bytes = || match take_long(&mut avro)? {
+    let (_, avro) = unframe(value)?;
+    let mut c = Cursor::new(avro);
+    let reason = c.string()?;
+    let detail = c.string()?;
+    let source_topic = c.string()?;
+    let source_partition = c.long()?;
+    let source_offset = c.long()?;
+    let mut optional_bytes = || match c.index(2)? {
         0 => Some(None),
-        1 => take_bytes(&mut avro).map(Some),
-        _ => None,
+        _ => c.bytes().map(Some),
     };
     let key = optional_bytes()?;
     let original = optional_bytes()?;
-    let truncated = match take_long(&mut avro)? {
+    let truncated = match c.index(2)? {
         0 => None,
-        1 => Some(take_string(&mut avro)?),
-        _ => return None,
+        _ => Some(c.string()?),
     };
-    if !avro.is_empty() {
-        return None;
-    }
+    c.end(())?;
     let lossy = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
     Some(serde_json::json!({
         "reason": reason,
@@ -223,51 +214,6 @@ pub fn describe_dead_letter(value: &[u8]) -> Option<serde_json::Value> {
         "value_text": lossy(original),
         "truncated": truncated,
     }))
-}
-
-fn put_long(out: &mut Vec<u8>, n: i64) {
-    let mut z = ((n << 1) ^ (n >> 63)) as u64;
-    while z >= 0x80 {
-        out.push((z as u8) | 0x80);
-        z >>= 7;
-    }
-    out.push(z as u8);
-}
-
-fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
-    put_long(out, b.len() as i64);
-    out.extend_from_slice(b);
-}
-
-fn put_string(out: &mut Vec<u8>, s: &str) {
-    put_bytes(out, s.as_bytes());
-}
-
-fn take_long(input: &mut &[u8]) -> Option<i64> {
-    let mut z: u64 = 0;
-    for shift in (0..64).step_by(7) {
-        let (&byte, rest) = input.split_first()?;
-        *input = rest;
-        z |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some((z >> 1) as i64 ^ -((z & 1) as i64));
-        }
-    }
-    None
-}
-
-fn take_bytes<'a>(input: &mut &'a [u8]) -> Option<&'a [u8]> {
-    let len = usize::try_from(take_long(input)?).ok()?;
-    if len > input.len() {
-        return None;
-    }
-    let (bytes, rest) = input.split_at(len);
-    *input = rest;
-    Some(bytes)
-}
-
-fn take_string(input: &mut &[u8]) -> Option<String> {
-    take_bytes(input).and_then(|b| String::from_utf8(b.to_vec()).ok())
 }
 
 #[cfg(test)]
@@ -400,11 +346,10 @@ mod tests {
     #[test]
     fn longs_round_trip() {
         for n in [0, 1, -1, 63, -64, 64, i64::MAX, i64::MIN, 1 << 40] {
-            let mut out = Vec::new();
-            put_long(&mut out, n);
-            assert_eq!(take_long(&mut out.as_slice()), Some(n));
+            let out = Writer::with_capacity(10).long(n).done();
+            assert_eq!(Cursor::new(&out).long(), Some(n));
         }
-        assert_eq!(take_long(&mut [0x80u8; 11].as_slice()), None, "overlong varint");
-        assert_eq!(take_bytes(&mut [0x7eu8].as_slice()), None, "length past the end");
+        assert_eq!(Cursor::new(&[0x80u8; 11]).long(), None, "overlong varint");
+        assert_eq!(Cursor::new(&[0x7eu8]).bytes(), None, "length past the end");
     }
 }

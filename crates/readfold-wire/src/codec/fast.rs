@@ -16,13 +16,14 @@ use super::records::{
 };
 
 /// Avro binary being read, front to back. The module's decoders use it,
-/// and so does the length check in front of the generic reader.
-pub(super) struct Cursor<'a> {
+/// and so do the length check in front of the generic reader and the
+/// dead-letter record's reader (`confluent`).
+pub(crate) struct Cursor<'a> {
     bytes: &'a [u8],
 }
 
 impl<'a> Cursor<'a> {
-    pub(super) fn new(bytes: &'a [u8]) -> Self {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
         Cursor { bytes }
     }
 
@@ -38,7 +39,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// A zigzag varint of at most 10 bytes, as the generic reader reads it.
-    pub(super) fn long(&mut self) -> Option<i64> {
+    pub(crate) fn long(&mut self) -> Option<i64> {
         let mut value: u64 = 0;
         for (i, &byte) in self.bytes.iter().enumerate().take(10) {
             value |= u64::from(byte & 0x7f) << (7 * i);
@@ -50,14 +51,19 @@ impl<'a> Cursor<'a> {
         None
     }
 
-    fn string(&mut self) -> Option<String> {
+    /// Length-prefixed bytes, or `None` when the length runs past the end.
+    pub(crate) fn bytes(&mut self) -> Option<&'a [u8]> {
         let len = usize::try_from(self.long()?).ok()?;
         if len > self.bytes.len() {
             return None;
         }
-        let (text, rest) = self.bytes.split_at(len);
+        let (bytes, rest) = self.bytes.split_at(len);
         self.bytes = rest;
-        std::str::from_utf8(text).ok().map(str::to_owned)
+        Some(bytes)
+    }
+
+    pub(crate) fn string(&mut self) -> Option<String> {
+        std::str::from_utf8(self.bytes()?).ok().map(str::to_owned)
     }
 
     fn boolean(&mut self) -> Option<bool> {
@@ -70,7 +76,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    fn index(&mut self, count: i64) -> Option<i64> {
+    pub(crate) fn index(&mut self, count: i64) -> Option<i64> {
         self.long().filter(|i| (0..count).contains(i))
     }
 
@@ -90,7 +96,7 @@ impl<'a> Cursor<'a> {
         })
     }
 
-    fn end<T>(&self, value: T) -> Option<T> {
+    pub(crate) fn end<T>(&self, value: T) -> Option<T> {
         self.bytes.is_empty().then_some(value)
     }
 }

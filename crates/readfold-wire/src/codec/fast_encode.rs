@@ -7,16 +7,17 @@
 
 use super::records::{CursorKeyRecord, CursorUpdateRecord, MemberStateRecord, UserCursorKeyRecord};
 
-/// Avro binary: zigzag varint longs, length-prefixed strings, one-byte
-/// booleans, unions as a branch index then the value.
-struct Writer(Vec<u8>);
+/// Avro binary: zigzag varint longs, length-prefixed bytes and strings,
+/// one-byte booleans, unions as a branch index then the value. The
+/// dead-letter record (`confluent`) is written with it too.
+pub(crate) struct Writer(Vec<u8>);
 
 impl Writer {
-    fn with_capacity(n: usize) -> Self {
+    pub(crate) fn with_capacity(n: usize) -> Self {
         Writer(Vec::with_capacity(n))
     }
 
-    fn long(&mut self, value: i64) -> &mut Self {
+    pub(crate) fn long(&mut self, value: i64) -> &mut Self {
         let mut z = ((value << 1) ^ (value >> 63)) as u64;
         while z >= 0x80 {
             self.0.push((z as u8) | 0x80);
@@ -26,10 +27,14 @@ impl Writer {
         self
     }
 
-    fn string(&mut self, s: &str) -> &mut Self {
-        self.long(s.len() as i64);
-        self.0.extend_from_slice(s.as_bytes());
+    pub(crate) fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.long(b.len() as i64);
+        self.0.extend_from_slice(b);
         self
+    }
+
+    pub(crate) fn string(&mut self, s: &str) -> &mut Self {
+        self.bytes(s.as_bytes())
     }
 
     fn boolean(&mut self, b: bool) -> &mut Self {
@@ -53,7 +58,7 @@ impl Writer {
         }
     }
 
-    fn done(&mut self) -> Vec<u8> {
+    pub(crate) fn done(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.0)
     }
 }

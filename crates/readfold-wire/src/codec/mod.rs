@@ -20,6 +20,8 @@ use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
 
+pub(crate) use fast::Cursor;
+pub(crate) use fast_encode::Writer;
 pub use records::{
     ConversationEventRecord, CursorKeyRecord, CursorUpdateRecord, EventRecord, MemberStateRecord, ReadAction,
     ReadReportRecord, UserCursorKeyRecord,
