@@ -40,6 +40,23 @@ pub fn spawn(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
     Ok(ChildGuard(child))
 }
 
+/// The whole response (status line, headers, body) of `GET path` on a
+/// child's HTTP listener.
+pub fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: bench\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
+}
+
+/// The Prometheus text of a child's `/metrics`.
+pub fn scrape(addr: &str) -> std::io::Result<String> {
+    http_get(addr, "/metrics")
+}
+
 /// The environment that points a child at `config`'s broker, topics, group
 /// and Redis key prefix.
 pub fn config_vars(config: &Config) -> Vec<(String, String)> {

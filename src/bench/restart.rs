@@ -11,8 +11,8 @@ use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use super::child::{config_vars, free_addr, spawn, ChildGuard};
-use super::throughput::{end_offsets, metric, scrape, wait_for_commits};
+use super::child::{config_vars, free_addr, http_get, scrape, spawn, ChildGuard};
+use super::throughput::{end_offsets, metric, wait_for_commits};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -128,21 +128,9 @@ async fn time_to_ready(config: &Config, state_dir: &Path) -> Result<(f64, f64)> 
     Ok((secs, restore))
 }
 
+/// Whether the child's `/readyz` answers 200.
 fn ready(addr: &str) -> bool {
-    use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-    if stream
-        .write_all(b"GET /readyz HTTP/1.0\r\nHost: bench\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut response = String::new();
-    let _ = stream.read_to_string(&mut response);
-    response.starts_with("HTTP/1.1 200") || response.starts_with("HTTP/1.0 200")
+    http_get(addr, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"))
 }
 
 /// SIGTERM, then waits for the clean stop (which writes the checkpoints).

@@ -9,7 +9,6 @@
 //! The child's CPU time and peak RSS come from /proc, and the sink calls
 //! from its own /metrics.
 
-use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -17,7 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 
-use super::child::{config_vars, cpu_secs_of, free_addr, peak_rss_of, spawn};
+use super::child::{config_vars, cpu_secs_of, free_addr, peak_rss_of, scrape, spawn};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -193,16 +192,6 @@ pub(super) fn wait_for_commits(config: &Config, ends: &TopicPartitionList, start
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// The body of `GET /metrics` from `addr`.
-pub(super) fn scrape(addr: &str) -> std::io::Result<String> {
-    let mut stream = std::net::TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: bench\r\n\r\n")?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body)?;
-    Ok(body)
 }
 
 /// The value of the Prometheus sample named `series` (0 when absent).
