@@ -178,16 +178,25 @@ pub async fn gateway(
                     continue;
                 }
                 frames.fetch_add(1, Ordering::Relaxed);
-                if frame["type"] == "cursor" {
-                    if let Some(seq) = frame["cursor"].as_u64() {
-                        if let Some((at, sender)) = sent.lock().expect("bench lock").get(&(conversation, seq))
-                        {
-                            if frame["user"].as_str() == Some(sender.as_str()) {
-                                latencies
-                                    .lock()
-                                    .expect("bench lock")
-                                    .push(at.elapsed().as_secs_f64() * 1000.0);
-                            }
+                // A small group's `cursor` frame, or each member in a big
+                // group's `cursors` batch.
+                let advances = match frame["type"].as_str() {
+                    Some("cursor") => vec![&frame],
+                    Some("cursors") => frame["members"]
+                        .as_array()
+                        .map_or(Vec::new(), |m| m.iter().collect()),
+                    _ => Vec::new(),
+                };
+                for advance in advances {
+                    let Some(seq) = advance["cursor"].as_u64() else {
+                        continue;
+                    };
+                    if let Some((at, sender)) = sent.lock().expect("bench lock").get(&(conversation, seq)) {
+                        if advance["user"].as_str() == Some(sender.as_str()) {
+                            latencies
+                                .lock()
+                                .expect("bench lock")
+                                .push(at.elapsed().as_secs_f64() * 1000.0);
                         }
                     }
                 }
@@ -278,7 +287,7 @@ pub fn print_gateway(f: &GatewayFigures) {
     );
     let l = &f.latencies_ms;
     println!(
-        "  {} read receipts at {}/s for {} s on the clients' own connections: receipt-to-push latency (send -> other members' cursor frame) p50 {:.0} ms, p99 {:.0} ms, p99.9 {:.0} ms, max {:.0} ms over {} frames; {:.0} frames/s delivered, {:.1} per client per second",
+        "  {} read receipts at {}/s for {} s on the clients' own connections: receipt-to-push latency (send -> other members' cursor or cursors frame) p50 {:.0} ms, p99 {:.0} ms, p99.9 {:.0} ms, max {:.0} ms over {} frames; {:.0} frames/s delivered, {:.1} per client per second",
         f.receipts,
         f.rate,
         f.seconds,
@@ -295,7 +304,7 @@ pub fn print_gateway(f: &GatewayFigures) {
     let online_others = f.group.min(f.connections).saturating_sub(1);
     let offered = 2.0 * f.rate as f64 * online_others as f64;
     println!(
-        "  cursor advances to tell: {:.0}/s (2 per receipt x {} other members online); frames delivered are {:.1}% of that: the rest were coalesced into newer values",
+        "  cursor advances to tell: {:.0}/s (2 per receipt x {} other members online); frames delivered are {:.1}% of that: the rest were coalesced into newer values, or batched (a group of gateway.batch_from_members or more gets one `cursors` frame per gateway.batch_interval_ms)",
         offered,
         online_others,
         100.0 * f.frames as f64 / f.seconds.max(1) as f64 / offered.max(1.0)

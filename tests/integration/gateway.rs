@@ -1,7 +1,7 @@
 //! `readfold gateway` against the real broker, processor and stores: receipts
 //! acknowledged only once the broker has them, members only, snapshots then
 //! deltas with no gap across a processor restart, coalescing for a slow
-//! client, every device of a user kept in step, and the demo page in a real
+//! client, a big group's batches, every device of a user kept in step, and the demo page in a real
 //! browser.
 
 use std::time::Duration;
@@ -218,7 +218,16 @@ async fn a_slow_client_gets_fewer_newer_frames_and_holds_nobody_up() {
     chat(&env, &mut reference, "BIG", &names, 40).await;
     // Small socket send buffers, as a gateway holding many connections
     // would have them.
-    let (gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__SEND_BUFFER_BYTES", "16384")]).await;
+    // A frame per change (the per-member path); a big group's batches are
+    // the next test's.
+    let (gateway, addr) = spawn_gateway(
+        &env,
+        &[
+            ("READFOLD__GATEWAY__SEND_BUFFER_BYTES", "16384"),
+            ("READFOLD__GATEWAY__BATCH_FROM_MEMBERS", "1000"),
+        ],
+    )
+    .await;
     // A slow client: a tiny receive buffer, and it does not read for now.
     let mut slow = WsClient::connect_with(&addr, "/ws?user=m000", Some(2048))
         .await
@@ -270,6 +279,111 @@ async fn a_slow_client_gets_fewer_newer_frames_and_holds_nobody_up() {
         "the slow client got {} frames, the fast one {fast_cursors}: nothing was coalesced",
         slow_cursors.len()
     );
+    stop(gateway, processor);
+}
+
+/// Each member's cursors in a client's `cursors` frames, in order.
+fn batched_cursors(frames: &[Value]) -> std::collections::BTreeMap<String, Vec<u64>> {
+    let mut seen: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+    for frame in frames.iter().filter(|f| f["type"] == "cursors") {
+        for m in frame["members"].as_array().unwrap() {
+            let user = m["user"].as_str().unwrap().to_owned();
+            seen.entry(user).or_default().push(m["cursor"].as_u64().unwrap());
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_group_sends_one_batch_per_interval_and_a_slow_client_the_latest() {
+    let env = TestEnv::new("gw-batch", 2).await;
+    let mut reference = Reference::default();
+    let processor = env.spawn("a");
+    let members: Vec<String> = (0..150).map(|i| format!("m{i:03}")).collect();
+    let names: Vec<&str> = members.iter().map(String::as_str).collect();
+    chat(&env, &mut reference, "BIG", &names, 40).await;
+    let interval_ms = 400;
+    let (gateway, addr) = spawn_gateway(
+        &env,
+        &[
+            ("READFOLD__GATEWAY__SEND_BUFFER_BYTES", "16384"),
+            ("READFOLD__GATEWAY__BATCH_FROM_MEMBERS", "100"),
+            ("READFOLD__GATEWAY__BATCH_INTERVAL_MS", "400"),
+        ],
+    )
+    .await;
+    let mut slow = WsClient::connect_with(&addr, "/ws?user=m000", Some(2048))
+        .await
+        .unwrap();
+    slow.send(json!({ "type": "subscribe", "conversation": "BIG" }))
+        .await;
+    let mut fast = connect(&addr, "m001").await;
+    let snapshot = subscribe(&mut fast, "BIG").await;
+    assert_eq!(snapshot["members"].as_array().unwrap().len(), 150, "{snapshot}");
+    let subscribed = std::time::Instant::now();
+
+    // Every member reads each message in turn: 6,000 cursor changes.
+    let producer = env.producer();
+    for seq in 1..=40 {
+        let reports: Vec<_> = names.iter().map(|m| report("BIG", m, seq)).collect();
+        producer.send_many(&reports, &[]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    // m000 sent the 40 messages, so the snapshot has it at 40 already.
+    let sender = snapshot["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["user"] == "m000")
+        .unwrap();
+    assert_eq!(sender["cursor"], 40, "{snapshot}");
+    let all_at_40 = |frames: &[Value]| {
+        let seen = batched_cursors(frames);
+        names
+            .iter()
+            .skip(1)
+            .all(|m| seen.get(*m).and_then(|c| c.last()) == Some(&40))
+    };
+    let mut fast_frames = Vec::new();
+    let started = std::time::Instant::now();
+    while !all_at_40(&fast_frames) && started.elapsed() < Duration::from_secs(60) {
+        fast_frames.extend(fast.drain(Duration::from_millis(500)).await);
+    }
+    let elapsed_ms = subscribed.elapsed().as_millis() as usize;
+    assert!(all_at_40(&fast_frames), "the fast client missed final cursors");
+    assert!(
+        fast_frames.iter().all(|f| f["type"] != "cursor"),
+        "a big group's changes come only in batches"
+    );
+    let batches = fast_frames.iter().filter(|f| f["type"] == "cursors").count();
+    assert!(
+        batches <= elapsed_ms / interval_ms + 1,
+        "{batches} batches in {elapsed_ms} ms: more than one per {interval_ms} ms"
+    );
+    for (member, cursors) in batched_cursors(&fast_frames) {
+        assert!(
+            cursors.windows(2).all(|w| w[0] < w[1]),
+            "{member}'s cursor was shown out of order or twice: {cursors:?}"
+        );
+    }
+
+    let slow_frames = slow.drain(Duration::from_secs(3)).await;
+    let slow_batches = slow_frames.iter().filter(|f| f["type"] == "cursors").count();
+    println!("batches: fast client {batches}, slow client {slow_batches}, changes: 6000");
+    assert!(
+        all_at_40(&slow_frames),
+        "the slow client must still end at every final cursor"
+    );
+    assert!(
+        slow_batches < batches,
+        "the slow client got {slow_batches} batches, the fast one {batches}: nothing was merged"
+    );
+    for (member, cursors) in batched_cursors(&slow_frames) {
+        assert!(
+            cursors.windows(2).all(|w| w[0] < w[1]),
+            "{member}'s cursor was shown out of order or twice to the slow client: {cursors:?}"
+        );
+    }
     stop(gateway, processor);
 }
 

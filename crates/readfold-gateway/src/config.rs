@@ -16,4 +16,9 @@ pub struct GatewayConfig {
     /// small buffer bounds the kernel memory a connection can hold, and
     /// makes a slow client's updates coalesce in its outbox sooner.
     pub send_buffer_bytes: u32,
+    /// A conversation with at least this many present members is a big
+    /// group: its member changes go out as one `cursors` frame per
+    /// `batch_interval_ms` instead of a frame each.
+    pub batch_from_members: usize,
+    pub batch_interval_ms: u64,
 }

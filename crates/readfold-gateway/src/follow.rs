@@ -12,23 +12,24 @@ use readfold_kafka::changelog::ChangelogReader;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
 
-use crate::hub::Hub;
+use crate::hub::{Hub, Member, MemberChange};
 use crate::protocol::ServerFrame;
 use crate::telemetry;
 
-/// Turns a changelog entry into the frame it means and routes it.
+/// Routes a changelog entry: a member's change to the conversation's room,
+/// the user's own state to their devices.
 pub fn route(hub: &Hub, entry: ChangelogEntry) {
     match entry {
         ChangelogEntry::Upsert(u) => {
             telemetry::routed("by_conversation");
-            let conversation = u.conversation_id.to_string();
-            hub.to_conversation(
-                &conversation.clone(),
-                ServerFrame::Cursor {
-                    conversation,
+            hub.route(
+                u.conversation_id.as_str(),
+                MemberChange {
                     user: u.user_id.to_string(),
-                    cursor: u.cursor.get(),
-                    join_seq: u.join_seq.get(),
+                    member: Some(Member {
+                        cursor: u.cursor.get(),
+                        join_seq: u.join_seq.get(),
+                    }),
                     latest_seq: u.latest_seq.get(),
                 },
             );
@@ -50,25 +51,48 @@ pub fn route(hub: &Hub, entry: ChangelogEntry) {
         // A tombstone: on the by-conversation changelog for the other
         // members, on the by-user one for the member's own devices.
         ChangelogEntry::Left(key) => {
-            let frame = ServerFrame::Left {
-                conversation: key.conversation_id.to_string(),
-                user: key.user_id.to_string(),
-            };
-            hub.to_conversation(key.conversation_id.as_str(), frame.clone());
-            hub.to_user(key.user_id.as_str(), frame);
+            hub.route(
+                key.conversation_id.as_str(),
+                MemberChange {
+                    user: key.user_id.to_string(),
+                    member: None,
+                    latest_seq: 0,
+                },
+            );
+            hub.to_user(
+                key.user_id.as_str(),
+                ServerFrame::Left {
+                    conversation: key.conversation_id.to_string(),
+                    user: key.user_id.to_string(),
+                },
+            );
         }
         ChangelogEntry::State(_) => {}
     }
 }
 
-/// Starts one blocking thread per changelog; they stop when `stop` is set.
+/// Starts one blocking thread per changelog, and one that sends the big
+/// groups' batches every `batch_interval`; they stop when `stop` is set.
 pub fn start(
     kafka: &KafkaConfig,
     topics: &TopicsConfig,
     max_id_bytes: usize,
     hub: Arc<Hub>,
+    batch_interval: Duration,
     stop: Arc<AtomicBool>,
 ) -> readfold_kafka::Result<()> {
+    {
+        let (hub, stop) = (hub.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("send-batches".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    std::thread::sleep(batch_interval);
+                    hub.send_batches();
+                }
+            })
+            .expect("spawn the batch sender");
+    }
     let group = format!("{}-gateway", kafka.group_id);
     for (topic, kind) in [
         (&topics.read_cursors, ChangelogKind::ByConversation),

@@ -59,7 +59,7 @@ impl Gateway {
     /// `api` is the query API's state (stores, access control, limits), shared.
     pub fn new(config: GatewayConfig, api: AppState, producer: InputProducer, max_seq: u64) -> Self {
         Gateway {
-            hub: Arc::new(Hub::new()),
+            hub: Arc::new(Hub::new(config.batch_from_members)),
             source: api.source.clone(),
             max_id_bytes: api.limits.max_id_bytes,
             producer,

@@ -1,7 +1,9 @@
 //! The gateway's WebSocket protocol, `readfold.v1.json`: JSON text frames,
 //! one message each, tagged by `type`. Documented in the README.
 
-use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize, Serializer};
 
 /// The subprotocol a client asks for (`Sec-WebSocket-Protocol`).
 pub const PROTOCOL: &str = "readfold.v1.json";
@@ -48,6 +50,17 @@ pub struct MemberState {
     pub join_seq: u64,
 }
 
+/// A value many frames share, serialized as the value: a big group's member
+/// list goes into the snapshot of each of its thousands of subscribers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shared<T>(pub Arc<T>);
+
+impl<T: Serialize> Serialize for Shared<T> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
 /// The connected user's own view of a conversation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct OwnState {
@@ -69,10 +82,20 @@ pub enum ServerFrame {
     Snapshot {
         conversation: String,
         latest_seq: u64,
-        members: Vec<MemberState>,
+        members: Shared<Vec<MemberState>>,
         own: Option<OwnState>,
     },
-    /// A member's public cursor advanced (or they joined).
+    /// A big group's member changes since the last such frame (at most one
+    /// per `gateway.batch_interval_ms`): advances and joins in `members`,
+    /// departures in `left`.
+    Cursors {
+        conversation: String,
+        latest_seq: u64,
+        members: Vec<MemberState>,
+        left: Vec<String>,
+    },
+    /// A member's public cursor advanced (or they joined), in a conversation
+    /// smaller than `gateway.batch_from_members`.
     Cursor {
         conversation: String,
         user: String,

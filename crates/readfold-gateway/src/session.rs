@@ -1,7 +1,6 @@
 //! One WebSocket connection: who it is, what it subscribes to, the read
 //! receipts it sends, and the frames it is sent.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,8 +8,8 @@ use axum::extract::ws::{Message, WebSocket};
 use readfold_core::{ConversationId, UserId};
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use crate::hub::{ConnId, Outbox, Shown};
-use crate::protocol::{ClientMessage, MemberState, OwnState, ServerFrame, PROTOCOL};
+use crate::hub::{ConnId, LoadedConversation, Member, Outbox, Shown};
+use crate::protocol::{ClientMessage, OwnState, ServerFrame, PROTOCOL};
 use crate::{telemetry, Gateway};
 
 /// Runs a connection until the client goes away.
@@ -20,13 +19,12 @@ pub async fn run(mut socket: WebSocket, gateway: Arc<Gateway>, user: UserId) {
         user: user.to_string(),
         protocol: PROTOCOL,
     });
-    let mut subscribed: HashSet<String> = HashSet::new();
     let mut shown = Shown::default();
     loop {
         tokio::select! {
             incoming = socket.recv() => match incoming {
                 Some(Ok(Message::Text(text))) => {
-                    handle(&gateway, &user, id, &outbox, &mut subscribed, &mut shown, text.as_str());
+                    handle(&gateway, &user, id, &outbox, text.as_str());
                 }
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => break,
                 Some(Ok(_)) => {}
@@ -39,7 +37,7 @@ pub async fn run(mut socket: WebSocket, gateway: Arc<Gateway>, user: UserId) {
             }
         }
     }
-    gateway.hub.disconnect(id, user.as_str(), subscribed);
+    gateway.hub.disconnect(id, user.as_str());
 }
 
 /// Writes frames, skipping those that would show nothing new (or a lower
@@ -57,15 +55,7 @@ async fn write(socket: &mut WebSocket, shown: &mut Shown, frames: Vec<ServerFram
     true
 }
 
-fn handle(
-    gateway: &Arc<Gateway>,
-    user: &UserId,
-    id: ConnId,
-    outbox: &Arc<Outbox>,
-    subscribed: &mut HashSet<String>,
-    shown: &mut Shown,
-    text: &str,
-) {
+fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox>, text: &str) {
     let message = match serde_json::from_str::<ClientMessage>(text) {
         Ok(m) => m,
         Err(e) => {
@@ -79,16 +69,11 @@ fn handle(
             let Some(cid) = conversation_id(gateway, outbox, &conversation, None) else {
                 return;
             };
-            // Registered before the snapshot is read, so that no change
-            // committed after it is missed; overlaps are filtered by `Shown`.
-            gateway.hub.subscribe(id, &conversation, outbox);
-            subscribed.insert(conversation);
-            tokio::spawn(snapshot(gateway.clone(), user.clone(), id, outbox.clone(), cid));
+            outbox.want(&conversation, true);
+            tokio::spawn(subscribe(gateway.clone(), user.clone(), id, outbox.clone(), cid));
         }
         ClientMessage::Unsubscribe { conversation } => {
-            gateway.hub.unsubscribe(id, &conversation);
-            subscribed.remove(&conversation);
-            shown.forget(&conversation);
+            gateway.hub.unsubscribe(id, &conversation, outbox);
         }
         ClientMessage::Read {
             conversation,
@@ -170,8 +155,10 @@ fn conversation_id(
     }
 }
 
-/// Sends the conversation's state, if the user is a present member.
-async fn snapshot(
+/// Subscribes to a conversation: the user's own state first (its later
+/// changes come on the user channel), then the room's snapshot, read from
+/// the stores by the first subscriber here.
+async fn subscribe(
     gateway: Arc<Gateway>,
     user: UserId,
     id: ConnId,
@@ -179,23 +166,6 @@ async fn snapshot(
     conversation: ConversationId,
 ) {
     let name = conversation.as_str();
-    let view = match gateway.source.conversation(name).await {
-        Ok((view, _)) => view,
-        Err(e) => {
-            gateway.hub.unsubscribe(id, name);
-            outbox.push_control(ServerFrame::error("unavailable", e.to_string(), None));
-            return;
-        }
-    };
-    let Some(view) = view.filter(|v| v.members.contains_key(&user)) else {
-        gateway.hub.unsubscribe(id, name);
-        outbox.push_control(ServerFrame::error(
-            "not_a_member",
-            format!("{} is not a present member of {name:?}", user.as_str()),
-            None,
-        ));
-        return;
-    };
     let own = match gateway.source.own_views(&user, &[name]).await {
         Ok(views) => views.first().and_then(|(v, _)| v.own()).map(|o| OwnState {
             cursor: o.cursor.get(),
@@ -204,20 +174,27 @@ async fn snapshot(
         }),
         Err(_) => None,
     };
-    outbox.push_control(ServerFrame::Snapshot {
-        conversation: name.to_owned(),
-        latest_seq: view.latest_seq.get(),
-        members: view
-            .members
-            .iter()
-            .map(|(u, m)| MemberState {
-                user: u.to_string(),
-                cursor: m.cursor.get(),
-                join_seq: m.join_seq.get(),
-            })
-            .collect(),
-        own,
-    });
+    if !gateway.hub.subscribe(id, name, user.as_str(), &outbox, own) {
+        return;
+    }
+    let read = match gateway.source.conversation(name).await {
+        Ok((view, _)) => Ok(view.map(|view| LoadedConversation {
+            latest_seq: view.latest_seq.get(),
+            members: view
+                .members
+                .iter()
+                .map(|(u, m)| {
+                    let member = Member {
+                        cursor: m.cursor.get(),
+                        join_seq: m.join_seq.get(),
+                    };
+                    (u.to_string(), member)
+                })
+                .collect(),
+        })),
+        Err(e) => Err(e.to_string()),
+    };
+    gateway.hub.loaded(name, read);
 }
 
 /// Checks a read receipt or mark (a present member, a sane seq), produces
@@ -232,14 +209,21 @@ async fn receipt(
     request: Option<String>,
 ) {
     let seq = record.seq as u64;
-    let view = match gateway.source.conversation(conversation.as_str()).await {
-        Ok((view, _)) => view,
-        Err(e) => {
-            outbox.push_control(ServerFrame::error("unavailable", e.to_string(), request));
-            return;
-        }
+    // A room here (someone subscribes) knows; otherwise ask the stores.
+    let known = gateway.hub.membership(conversation.as_str(), user.as_str());
+    let (member, latest_seq) = match known {
+        Some(known) => known,
+        None => match gateway.source.conversation(conversation.as_str()).await {
+            Ok((view, _)) => view.map_or((false, 0), |v| {
+                (v.members.contains_key(&user), v.latest_seq.get())
+            }),
+            Err(e) => {
+                outbox.push_control(ServerFrame::error("unavailable", e.to_string(), request));
+                return;
+            }
+        },
     };
-    let Some(view) = view.filter(|v| v.members.contains_key(&user)) else {
+    if !member {
         outbox.push_control(ServerFrame::error(
             "not_a_member",
             format!(
@@ -251,17 +235,15 @@ async fn receipt(
         ));
         return;
     };
-    let ceiling = view
-        .latest_seq
-        .get()
+    let ceiling = latest_seq
         .saturating_add(gateway.config.max_seq_ahead)
         .min(gateway.max_seq);
     if seq < min_seq || seq > ceiling {
         outbox.push_control(ServerFrame::error(
             "invalid_seq",
             format!(
-                "seq {seq} is outside {min_seq}..={ceiling} (the latest seq is {}; gateway.max_seq_ahead {})",
-                view.latest_seq, gateway.config.max_seq_ahead
+                "seq {seq} is outside {min_seq}..={ceiling} (the latest seq is {latest_seq}; gateway.max_seq_ahead {})",
+                gateway.config.max_seq_ahead
             ),
             request,
         ));
