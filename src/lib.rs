@@ -9,6 +9,7 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod gateway;
+pub mod loadgen;
 pub mod ops;
 pub mod run;
 pub mod serve;

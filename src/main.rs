@@ -89,6 +89,11 @@ enum Command {
         #[arg(long, default_value = "auto")]
         progress: readfold_replay::ProgressMode,
     },
+    /// Produce a realistic chat workload to the input topics at a constant
+    /// rate, from a seed: Zipf group sizes (mostly 1:1, groups up to
+    /// --max-group), sends and delayed reads, multi-device duplicates,
+    /// stale reports, private receipts, joins and leaves.
+    Loadgen(readfold::loadgen::LoadgenArgs),
     /// Print the effective configuration's topics and check it loads.
     CheckConfig,
     /// Measure the pure fold: reports/s and writes per report after coalescing.
@@ -317,6 +322,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             eprintln!("{summary}");
             Ok(())
         }
+        Command::Loadgen(args) => runtime.block_on(readfold::loadgen::loadgen(&config, args)),
         Command::CheckConfig => {
             println!("{:#?}", config.topics);
             Ok(())

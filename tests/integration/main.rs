@@ -14,6 +14,7 @@ mod dead_letters;
 mod faults;
 mod gateway;
 mod health;
+mod loadgen;
 mod pipeline;
 mod private_receipts;
 mod redis_outage;

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
+use rdkafka::producer::future_producer::DeliveryFuture;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::util::Timeout;
@@ -15,6 +16,23 @@ use readfold_wire::codec::{self, ConversationEventRecord, ReadReportRecord};
 use crate::config::{KafkaConfig, TopicsConfig};
 use crate::context::LogContext;
 use crate::error::{Error, Result};
+
+/// Records handed to the producer whose acknowledgements are not yet in.
+pub struct Deliveries(Vec<DeliveryFuture>);
+
+impl Deliveries {
+    /// Waits until the broker has acknowledged every one.
+    pub async fn wait(self) -> Result<()> {
+        for delivery in self.0 {
+            match delivery.await {
+                Ok(Ok(_)) => {}
+                Ok(Err((e, _))) => return Err(Error::Kafka(e)),
+                Err(_) => return Err(Error::DeliveryCanceled),
+            }
+        }
+        Ok(())
+    }
+}
 
 pub struct InputProducer {
     producer: FutureProducer<LogContext>,
@@ -64,6 +82,17 @@ impl InputProducer {
         reports: &[ReadReportRecord],
         events: &[ConversationEventRecord],
     ) -> Result<()> {
+        self.enqueue(reports, events).await?.wait().await
+    }
+
+    /// Hands records to the producer in order, waiting only while its queue
+    /// is full; their acknowledgements are awaited with
+    /// [`Deliveries::wait`], so that a caller keeping a rate need not stop.
+    pub async fn enqueue(
+        &self,
+        reports: &[ReadReportRecord],
+        events: &[ConversationEventRecord],
+    ) -> Result<Deliveries> {
         let mut pending = Vec::with_capacity(reports.len() + events.len());
         let encoded = reports
             .iter()
@@ -98,14 +127,7 @@ impl InputProducer {
                 }
             }
         }
-        for delivery in pending {
-            match delivery.await {
-                Ok(Ok(_)) => {}
-                Ok(Err((e, _))) => return Err(Error::Kafka(e)),
-                Err(_) => return Err(Error::DeliveryCanceled),
-            }
-        }
-        Ok(())
+        Ok(Deliveries(pending))
     }
 
     /// Sends arbitrary bytes keyed by `conversation_id` to its murmur2

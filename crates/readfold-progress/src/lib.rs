@@ -1,5 +1,6 @@
-//! Progress of a replay: a bar on a terminal (records, rate, ETA), plain log
-//! lines every few seconds elsewhere (files, CI, log shippers).
+//! Progress of a long command (`replay`, `loadgen`): a bar on a terminal
+//! (records, rate, ETA), plain log lines every few seconds elsewhere (files,
+//! CI, log shippers).
 
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -32,10 +33,12 @@ impl std::str::FromStr for ProgressMode {
 
 /// Records between updates: the bar and the clock are not looked at for
 /// every record.
-const UPDATE_EVERY: u64 = 16_384;
+const UPDATE_EVERY: u64 = 4_096;
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
 pub struct Progress {
+    /// The command, at the start of the bar and of each log line.
+    what: &'static str,
     bar: Option<ProgressBar>,
     log: bool,
     total: u64,
@@ -45,9 +48,8 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// Progress over `total` records (the sum of the partitions' ranges; an
-    /// upper bound, as transaction markers take offsets too).
-    pub fn new(mode: ProgressMode, total: u64) -> Self {
+    /// `what`'s progress over `total` records.
+    pub fn new(what: &'static str, mode: ProgressMode, total: u64) -> Self {
         let terminal = std::io::stderr().is_terminal();
         let (bar, log) = match mode {
             ProgressMode::Auto if terminal => (true, false),
@@ -59,9 +61,9 @@ impl Progress {
         let bar = bar.then(|| {
             let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(8));
             bar.set_style(
-                ProgressStyle::with_template(
-                    "replay {bar:30.cyan/blue} {human_pos}/{human_len} records  {rate}  ETA {eta}  {msg}",
-                )
+                ProgressStyle::with_template(&format!(
+                    "{what} {{bar:30.cyan/blue}} {{human_pos}}/{{human_len}} records  {{rate}}  ETA {{eta}}  {{msg}}"
+                ))
                 .expect("a valid template")
                 .with_key(
                     "rate",
@@ -75,6 +77,7 @@ impl Progress {
         });
         let now = Instant::now();
         Progress {
+            what,
             bar,
             log,
             total,
@@ -103,7 +106,8 @@ impl Progress {
             let rate = self.done as f64 / secs.max(1e-9);
             let left = self.total.saturating_sub(self.done) as f64 / rate.max(1.0);
             tracing::info!(
-                "replay: {} of {} records ({:.0}%), {:.0} records/s, about {:.0} s left",
+                "{}: {} of {} records ({:.0}%), {:.0} records/s, about {:.0} s left",
+                self.what,
                 self.done,
                 self.total,
                 100.0 * self.done as f64 / self.total.max(1) as f64,
@@ -118,7 +122,7 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.set_message(message.to_owned());
         } else if self.log {
-            tracing::info!("replay: {message}");
+            tracing::info!("{}: {message}", self.what);
         }
     }
 

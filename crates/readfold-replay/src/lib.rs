@@ -13,14 +13,13 @@
 //! - [`output`]: JSON lines, CSV and Parquet writers.
 //! - [`source`]: the Kafka side: partitions, their ends, one queue each.
 //! - [`prefetch`]: reading and decoding on a thread of their own.
-//! - [`progress`]: a progress bar on a terminal, log lines elsewhere.
+//! - progress (crate `readfold-progress`): a bar on a terminal, log lines elsewhere.
 
 pub mod error;
 pub mod latency;
 pub mod order;
 pub mod output;
 pub mod prefetch;
-pub mod progress;
 pub mod range;
 pub mod replayer;
 pub mod run;
@@ -31,7 +30,7 @@ mod test_inputs;
 
 pub use error::{Error, Result};
 pub use output::Format;
-pub use progress::ProgressMode;
 pub use range::{parse_time, OffsetBound};
+pub use readfold_progress::ProgressMode;
 pub use run::{replay, ReplayOptions, Summary};
 pub use table::TableKind;

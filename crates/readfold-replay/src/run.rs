@@ -12,11 +12,11 @@ use crate::error::{Error, Result};
 use crate::order::Merge;
 use crate::output::{self, Format};
 use crate::prefetch;
-use crate::progress::{Progress, ProgressMode};
 use crate::range::OffsetBound;
 use crate::replayer::{Record, Replayer, Stats};
 use crate::source::{sources, KafkaInputs};
 use crate::table::{columns, TableKind, Value};
+use readfold_progress::{Progress, ProgressMode};
 
 #[derive(Clone, Debug)]
 pub struct ReplayOptions {
@@ -136,7 +136,7 @@ pub fn replay(
         &options.until_offsets,
     )?;
     let partitions = inputs.partitions().len();
-    let mut progress = Progress::new(options.progress, inputs.total());
+    let mut progress = Progress::new("replay", options.progress, inputs.total());
     let mut replayer = Replayer::new(options.table, &conversations, options.latency_max_open);
     let mut merge: Merge<Record> = Merge::new(partitions);
     let mut records = 0u64;

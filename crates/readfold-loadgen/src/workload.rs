@@ -1,0 +1,565 @@
+//! The workload, pure: a seeded generator of chat records that a caller
+//! stamps with the time it sends them.
+//!
+//! - **Conversations.** `direct_share` of them are 1:1; the others are
+//!   groups whose sizes follow a Zipf law over 3..=`max_group`. Members are
+//!   drawn from a population of `users`, so that users share conversations.
+//!   A conversation's members join (events at seq 0) the first time it is
+//!   active.
+//! - **Sends.** A conversation sends with a weight of the square root of its
+//!   size (a 5,000-member group is busier than a 1:1 chat, but not 2,500
+//!   times), from a random member. `send_share` of the records are sends.
+//! - **Reads.** After a send, each other member who has no read pending
+//!   reads with probability `online_share`, after an exponential delay
+//!   (mean `direct_read_delay_ms` in 1:1 chats, `group_read_delay_ms` in
+//!   groups), and reports the conversation's latest seq then (reading is a
+//!   prefix, so one pending read covers every later message). The offered
+//!   rate is fixed, so the mix is kept: while sends are ahead of
+//!   `send_share`, the next pending read comes early rather than another
+//!   send (time is compressed when the delays would leave too few reads).
+//! - **Noise, as real clients make it.** A report is repeated from a second
+//!   device (`duplicate_share`), carries a seq below what that member
+//!   reported before (`stale_share`: a retry from an old device), or is a
+//!   private receipt (`private_share`).
+//! - **Membership.** `membership_share` of the sends in groups come with a
+//!   departure of a member or a new member joining at the latest seq.
+//!
+//! The same seed and the same sequence of `now` values give the same
+//! records.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
+
+use crate::random::Random;
+use crate::zipf::Zipf;
+use crate::Error;
+
+/// What to generate. The defaults are a chat app's mix; `readfold loadgen
+/// --help` names each.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkloadSpec {
+    pub seed: u64,
+    pub conversations: u32,
+    pub users: u32,
+    pub direct_share: f64,
+    pub max_group: u32,
+    pub zipf_exponent: f64,
+    pub send_share: f64,
+    pub online_share: f64,
+    pub direct_read_delay_ms: f64,
+    pub group_read_delay_ms: f64,
+    pub duplicate_share: f64,
+    pub stale_share: f64,
+    pub private_share: f64,
+    pub membership_share: f64,
+    /// Put before every conversation and user id, so that runs on shared
+    /// topics never collide.
+    pub prefix: String,
+}
+
+impl Default for WorkloadSpec {
+    fn default() -> Self {
+        WorkloadSpec {
+            seed: 1,
+            conversations: 10_000,
+            users: 50_000,
+            direct_share: 0.7,
+            max_group: 5_000,
+            zipf_exponent: 1.5,
+            send_share: 0.15,
+            online_share: 0.6,
+            direct_read_delay_ms: 2_000.0,
+            group_read_delay_ms: 20_000.0,
+            duplicate_share: 0.1,
+            stale_share: 0.03,
+            private_share: 0.02,
+            membership_share: 0.02,
+            prefix: String::new(),
+        }
+    }
+}
+
+impl WorkloadSpec {
+    pub fn validate(&self) -> Result<(), Error> {
+        let share = |name: &str, v: f64| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(Error::Spec(format!("{name} must be within 0..=1, not {v}")))
+            }
+        };
+        share("direct_share", self.direct_share)?;
+        share("send_share", self.send_share)?;
+        share("online_share", self.online_share)?;
+        share("duplicate_share", self.duplicate_share)?;
+        share("stale_share", self.stale_share)?;
+        share("private_share", self.private_share)?;
+        share("membership_share", self.membership_share)?;
+        if self.conversations == 0 {
+            return Err(Error::Spec("conversations must be at least 1".into()));
+        }
+        if self.max_group < 3 || self.max_group > self.users {
+            return Err(Error::Spec(format!(
+                "max_group must be within 3..=users ({}), not {}",
+                self.users, self.max_group
+            )));
+        }
+        if self.send_share == 0.0 {
+            return Err(Error::Spec("send_share must be above 0".into()));
+        }
+        if self.zipf_exponent.is_nan() || self.zipf_exponent <= 0.0 {
+            return Err(Error::Spec("zipf_exponent must be above 0".into()));
+        }
+        if self.direct_read_delay_ms < 0.0 || self.group_read_delay_ms < 0.0 {
+            return Err(Error::Spec("read delays must not be negative".into()));
+        }
+        Ok(())
+    }
+}
+
+/// One record to produce.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Generated {
+    Report(ReadReportRecord),
+    Event(ConversationEventRecord),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Member {
+    user: u32,
+    read_pending: bool,
+    /// The highest seq this member reported.
+    reported: u32,
+}
+
+#[derive(Debug)]
+struct Conversation {
+    size: u32,
+    active: bool,
+    latest: u32,
+    members: Vec<Member>,
+    /// Member user id -> index in `members`.
+    index: HashMap<u32, u32>,
+    /// Users who left; they never rejoin (a join and a leave of one user at
+    /// one seq would have no order).
+    departed: Vec<u32>,
+}
+
+/// Counts of what was generated, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    pub sends: u64,
+    pub reads: u64,
+    pub duplicates: u64,
+    pub stale: u64,
+    pub private: u64,
+    pub joins: u64,
+    pub leaves: u64,
+}
+
+impl Counts {
+    pub fn records(&self) -> u64 {
+        self.sends + self.reads + self.duplicates + self.stale + self.joins + self.leaves
+    }
+}
+
+/// The generator.
+pub struct Workload {
+    spec: WorkloadSpec,
+    random: Random,
+    conversations: Vec<Conversation>,
+    /// Cumulative send weights by conversation.
+    activity: Vec<f64>,
+    /// Reads due: (due ms, conversation, member user).
+    reads: BinaryHeap<Reverse<(i64, u32, u32)>>,
+    /// Records an action made beyond the one returned (joins, duplicates).
+    queued: VecDeque<Generated>,
+    counts: Counts,
+}
+
+impl Workload {
+    pub fn new(spec: WorkloadSpec) -> Result<Self, Error> {
+        spec.validate()?;
+        let mut random = Random::new(spec.seed);
+        let groups = Zipf::new(3, spec.max_group as u64, spec.zipf_exponent);
+        let mut total = 0.0;
+        let mut activity = Vec::with_capacity(spec.conversations as usize);
+        let conversations = (0..spec.conversations)
+            .map(|_| {
+                let size = if random.chance(spec.direct_share) {
+                    2
+                } else {
+                    groups.sample(&mut random) as u32
+                };
+                total += (size as f64).sqrt();
+                activity.push(total);
+                Conversation {
+                    size,
+                    active: false,
+                    latest: 0,
+                    members: Vec::new(),
+                    index: HashMap::new(),
+                    departed: Vec::new(),
+                }
+            })
+            .collect();
+        Ok(Workload {
+            spec,
+            random,
+            conversations,
+            activity,
+            reads: BinaryHeap::new(),
+            queued: VecDeque::new(),
+            counts: Counts::default(),
+        })
+    }
+
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Conversation sizes as generated (before joins and leaves).
+    pub fn sizes(&self) -> impl Iterator<Item = u32> + '_ {
+        self.conversations.iter().map(|c| c.size)
+    }
+
+    fn conversation_id(&self, c: u32) -> String {
+        format!("{}c{c}", self.spec.prefix)
+    }
+
+    fn user_id(&self, u: u32) -> String {
+        format!("{}u{u}", self.spec.prefix)
+    }
+
+    /// The next record, stamped `now` (epoch ms): a queued one, a due read,
+    /// or a send.
+    pub fn next(&mut self, now: i64) -> Generated {
+        loop {
+            if let Some(record) = self.queued.pop_front() {
+                return record;
+            }
+            // The rate is fixed, so the mix is kept: while sends are ahead
+            // of their share, the next pending read comes, early if need be.
+            let sends_ahead =
+                (self.counts.sends as f64) >= self.spec.send_share * self.counts.records() as f64;
+            let read_due = self.reads.peek().is_some_and(|Reverse((due, _, _))| *due <= now);
+            if (read_due || sends_ahead) && !self.reads.is_empty() {
+                let Reverse((_, c, user)) = self.reads.pop().expect("peeked");
+                if let Some(record) = self.read(c, user, now) {
+                    return record;
+                }
+            } else {
+                return self.send(now);
+            }
+        }
+    }
+
+    fn send(&mut self, now: i64) -> Generated {
+        let x = self.random.unit() * self.activity.last().copied().unwrap_or(0.0);
+        let c = self
+            .activity
+            .partition_point(|w| *w <= x)
+            .min(self.conversations.len() - 1) as u32;
+        if !self.conversations[c as usize].active {
+            self.activate(c, now);
+        }
+        if self.conversations[c as usize].size > 2 && self.random.chance(self.spec.membership_share) {
+            self.change_membership(c, now);
+        }
+        let conv = &mut self.conversations[c as usize];
+        conv.latest += 1;
+        let seq = conv.latest;
+        let sender = self.random.below(conv.members.len() as u64) as usize;
+        // The sender has read their own message.
+        conv.members[sender].reported = seq;
+        let sender_id = conv.members[sender].user;
+        let mean = if conv.size == 2 {
+            self.spec.direct_read_delay_ms
+        } else {
+            self.spec.group_read_delay_ms
+        };
+        for (i, m) in conv.members.iter_mut().enumerate() {
+            if i == sender || m.read_pending || !self.random.chance(self.spec.online_share) {
+                continue;
+            }
+            m.read_pending = true;
+            let due = now + self.random.exponential(mean) as i64;
+            self.reads.push(Reverse((due, c, m.user)));
+        }
+        self.counts.sends += 1;
+        let record = Generated::Event(ConversationEventRecord {
+            conversation_id: self.conversation_id(c),
+            seq: seq as i64,
+            at: now,
+            event: EventRecord::MessageSent {
+                sender_id: self.user_id(sender_id),
+            },
+        });
+        if self.queued.is_empty() {
+            record
+        } else {
+            // Joins and departures go first.
+            self.queued.push_back(record);
+            self.queued.pop_front().expect("just pushed")
+        }
+    }
+
+    /// Picks the members and queues their joins at seq 0.
+    fn activate(&mut self, c: u32, now: i64) {
+        let size = self.conversations[c as usize].size;
+        let mut members = Vec::with_capacity(size as usize);
+        let mut index = HashMap::with_capacity(size as usize);
+        while members.len() < size as usize {
+            let user = self.random.below(self.spec.users as u64) as u32;
+            if index.contains_key(&user) {
+                continue;
+            }
+            index.insert(user, members.len() as u32);
+            members.push(Member {
+                user,
+                read_pending: false,
+                reported: 0,
+            });
+        }
+        let joins: Vec<Generated> = members
+            .iter()
+            .map(|m| {
+                let event = EventRecord::MemberJoined {
+                    user_id: self.user_id(m.user),
+                };
+                self.member_event(c, 0, now, event)
+            })
+            .collect();
+        self.queued.extend(joins);
+        self.counts.joins += size as u64;
+        let conv = &mut self.conversations[c as usize];
+        conv.members = members;
+        conv.index = index;
+        conv.active = true;
+    }
+
+    fn member_event(&self, c: u32, seq: u32, at: i64, event: EventRecord) -> Generated {
+        Generated::Event(ConversationEventRecord {
+            conversation_id: self.conversation_id(c),
+            seq: seq as i64,
+            at,
+            event,
+        })
+    }
+
+    /// A member leaves, or a new one joins, at the latest seq.
+    fn change_membership(&mut self, c: u32, now: i64) {
+        let (leave, latest, len) = {
+            let conv = &self.conversations[c as usize];
+            let leave = conv.members.len() > 3
+                && (conv.members.len() >= self.spec.max_group as usize || self.random.chance(0.5));
+            (leave, conv.latest, conv.members.len())
+        };
+        if leave {
+            let i = self.random.below(len as u64) as usize;
+            let conv = &mut self.conversations[c as usize];
+            let gone = conv.members.swap_remove(i);
+            conv.index.remove(&gone.user);
+            if let Some(moved) = conv.members.get(i) {
+                conv.index.insert(moved.user, i as u32);
+            }
+            conv.departed.push(gone.user);
+            self.counts.leaves += 1;
+            let event = EventRecord::MemberLeft {
+                user_id: self.user_id(gone.user),
+            };
+            let record = self.member_event(c, latest, now, event);
+            self.queued.push_back(record);
+            return;
+        }
+        let user = self.random.below(self.spec.users as u64) as u32;
+        let conv = &mut self.conversations[c as usize];
+        if conv.index.contains_key(&user) || conv.departed.contains(&user) {
+            return;
+        }
+        conv.index.insert(user, conv.members.len() as u32);
+        conv.members.push(Member {
+            user,
+            read_pending: false,
+            reported: latest,
+        });
+        self.counts.joins += 1;
+        let event = EventRecord::MemberJoined {
+            user_id: self.user_id(user),
+        };
+        let record = self.member_event(c, latest, now, event);
+        self.queued.push_back(record);
+    }
+
+    /// A due read by `user`, if they are still a member.
+    fn read(&mut self, c: u32, user: u32, now: i64) -> Option<Generated> {
+        let conv = &mut self.conversations[c as usize];
+        let i = *conv.index.get(&user)? as usize;
+        let latest = conv.latest;
+        let member = &mut conv.members[i];
+        member.read_pending = false;
+        let stale = member.reported > 1 && self.random.chance(self.spec.stale_share);
+        let seq = if stale {
+            1 + self.random.below(member.reported as u64 - 1) as u32
+        } else {
+            member.reported = member.reported.max(latest);
+            latest
+        };
+        let private = !stale && self.random.chance(self.spec.private_share);
+        let duplicate = !stale && self.random.chance(self.spec.duplicate_share);
+        let report = ReadReportRecord {
+            conversation_id: self.conversation_id(c),
+            user_id: self.user_id(user),
+            seq: seq as i64,
+            device_id: Some(format!("d{}", user % 3)),
+            reported_at: now,
+            private,
+            action: ReadAction::Read,
+        };
+        if stale {
+            self.counts.stale += 1;
+        } else {
+            self.counts.reads += 1;
+        }
+        if private {
+            self.counts.private += 1;
+        }
+        if duplicate {
+            // The same read from the user's other device.
+            self.counts.duplicates += 1;
+            let mut again = report.clone();
+            again.device_id = Some(format!("d{}", user % 3 + 1));
+            self.queued.push_back(Generated::Report(again));
+        }
+        Some(Generated::Report(report))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    fn run(spec: WorkloadSpec, records: usize) -> (Vec<Generated>, Counts) {
+        let mut w = Workload::new(spec).unwrap();
+        // A virtual clock: 10,000 records a second.
+        let out = (0..records).map(|i| w.next(1_000_000 + i as i64 / 10)).collect();
+        (out, w.counts())
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_records_and_another_seed_others() {
+        let spec = WorkloadSpec {
+            conversations: 500,
+            ..WorkloadSpec::default()
+        };
+        let (a, _) = run(spec.clone(), 20_000);
+        let (b, _) = run(spec.clone(), 20_000);
+        assert_eq!(a, b);
+        let (c, _) = run(WorkloadSpec { seed: 2, ..spec }, 20_000);
+        assert_ne!(a, c);
+    }
+
+    /// Replays the records as a reader would, checking that each is sane:
+    /// reports by present members, never past the latest seq; events in seq
+    /// order; and that every kind of record the spec asks for is there.
+    #[test]
+    fn records_are_consistent_and_every_kind_shows_up() {
+        let spec = WorkloadSpec {
+            conversations: 2_000,
+            max_group: 800,
+            ..WorkloadSpec::default()
+        };
+        let (records, counts) = run(spec, 300_000);
+        let mut members: HashMap<String, HashSet<String>> = HashMap::new();
+        let mut latest: HashMap<String, i64> = HashMap::new();
+        let mut reported: HashMap<(String, String), i64> = HashMap::new();
+        let (mut stale, mut duplicates) = (0, 0);
+        let mut last_report: Option<ReadReportRecord> = None;
+        for record in &records {
+            match record {
+                Generated::Event(e) => {
+                    let latest = latest.entry(e.conversation_id.clone()).or_default();
+                    let present = members.entry(e.conversation_id.clone()).or_default();
+                    match &e.event {
+                        EventRecord::MessageSent { sender_id } => {
+                            assert_eq!(e.seq, *latest + 1, "seqs go up by one");
+                            *latest = e.seq;
+                            assert!(present.contains(sender_id));
+                        }
+                        EventRecord::MemberJoined { user_id } => {
+                            assert_eq!(e.seq, *latest);
+                            assert!(present.insert(user_id.clone()), "joined twice");
+                        }
+                        EventRecord::MemberLeft { user_id } => {
+                            assert_eq!(e.seq, *latest);
+                            assert!(present.remove(user_id), "left without being there");
+                        }
+                    }
+                }
+                Generated::Report(r) => {
+                    assert!(members[&r.conversation_id].contains(&r.user_id), "{r:?}");
+                    assert!(1 <= r.seq && r.seq <= latest[&r.conversation_id], "{r:?}");
+                    let key = (r.conversation_id.clone(), r.user_id.clone());
+                    let before = reported.get(&key).copied().unwrap_or(0);
+                    if r.seq < before {
+                        stale += 1;
+                    }
+                    if last_report.as_ref().is_some_and(|l| {
+                        l.conversation_id == r.conversation_id && l.user_id == r.user_id && l.seq == r.seq
+                    }) {
+                        duplicates += 1;
+                    }
+                    reported.insert(key, before.max(r.seq));
+                    last_report = Some(r.clone());
+                }
+            }
+        }
+        assert_eq!(counts.records(), records.len() as u64);
+        assert!(counts.sends > 0 && counts.reads > counts.sends, "{counts:?}");
+        assert!(counts.joins > 0 && counts.leaves > 0, "{counts:?}");
+        assert!(counts.private > 0, "{counts:?}");
+        assert!(stale > 0 && stale as u64 <= counts.stale, "{stale} {counts:?}");
+        assert!(
+            duplicates > 0 && duplicates as u64 >= counts.duplicates,
+            "{duplicates} {counts:?}"
+        );
+        let sends = counts.sends as f64 / counts.records() as f64;
+        assert!((0.13..0.17).contains(&sends), "send share {sends}");
+    }
+
+    #[test]
+    fn sizes_are_mostly_one_to_one_with_a_heavy_tail() {
+        let w = Workload::new(WorkloadSpec::default()).unwrap();
+        let sizes: Vec<u32> = w.sizes().collect();
+        let direct = sizes.iter().filter(|s| **s == 2).count() as f64 / sizes.len() as f64;
+        assert!((0.67..0.73).contains(&direct), "{direct}");
+        assert!(sizes.iter().all(|s| (2..=5000).contains(s)));
+        assert!(sizes.iter().any(|s| *s >= 1000), "some groups are big");
+    }
+
+    #[test]
+    fn bad_specs_are_refused_with_the_field_named() {
+        let bad = WorkloadSpec {
+            duplicate_share: 1.5,
+            ..WorkloadSpec::default()
+        };
+        assert!(Workload::new(bad)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("duplicate_share"));
+        let bad = WorkloadSpec {
+            max_group: 2,
+            ..WorkloadSpec::default()
+        };
+        assert!(Workload::new(bad)
+            .err()
+            .unwrap()
+            .to_string()
+            .contains("max_group"));
+    }
+}

@@ -1,0 +1,130 @@
+//! `readfold loadgen`: the workload of `readfold-loadgen` produced to the
+//! configured input topics.
+
+use std::time::Duration;
+
+use clap::Args;
+use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::producer::InputProducer;
+use readfold_loadgen::{LoadgenOptions, WorkloadSpec};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+#[derive(Args, Debug)]
+pub struct LoadgenArgs {
+    /// Records per second offered (reports and conversation events).
+    #[arg(long, default_value_t = 10_000.0)]
+    pub rate: f64,
+    /// Stop after this many records.
+    #[arg(long)]
+    pub records: Option<u64>,
+    /// Stop after this many seconds (with neither: 10 s).
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// The same seed gives the same workload.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    #[arg(long, default_value_t = 10_000)]
+    pub conversations: u32,
+    /// Users the members are drawn from.
+    #[arg(long, default_value_t = 50_000)]
+    pub users: u32,
+    /// Share of conversations that are 1:1; the others are groups.
+    #[arg(long, default_value_t = 0.7)]
+    pub direct_share: f64,
+    /// Largest group; group sizes follow a Zipf law over 3..=max.
+    #[arg(long, default_value_t = 5_000)]
+    pub max_group: u32,
+    #[arg(long, default_value_t = 1.5)]
+    pub zipf_exponent: f64,
+    /// Share of records that are sends (MessageSent).
+    #[arg(long, default_value_t = 0.15)]
+    pub send_share: f64,
+    /// Chance that a member reads a conversation after a send.
+    #[arg(long, default_value_t = 0.6)]
+    pub online_share: f64,
+    /// Mean delay of a read after a send, in 1:1 chats and in groups (ms).
+    #[arg(long, default_value_t = 2_000.0)]
+    pub direct_read_delay_ms: f64,
+    #[arg(long, default_value_t = 20_000.0)]
+    pub group_read_delay_ms: f64,
+    /// Share of reads repeated from another device of the same user.
+    #[arg(long, default_value_t = 0.1)]
+    pub duplicate_share: f64,
+    /// Share of reads that report a seq below what the user reported before.
+    #[arg(long, default_value_t = 0.03)]
+    pub stale_share: f64,
+    /// Share of reads that are private receipts.
+    #[arg(long, default_value_t = 0.02)]
+    pub private_share: f64,
+    /// Share of sends in groups that come with a join or a departure.
+    #[arg(long, default_value_t = 0.02)]
+    pub membership_share: f64,
+    /// Put before every conversation and user id (runs that must not meet).
+    #[arg(long, default_value = "")]
+    pub prefix: String,
+    /// auto (a bar on a terminal, log lines otherwise), bar, log or off.
+    #[arg(long, default_value = "auto")]
+    pub progress: readfold_progress::ProgressMode,
+}
+
+impl LoadgenArgs {
+    pub fn options(&self) -> LoadgenOptions {
+        let duration = match (self.records, self.seconds) {
+            (None, None) => Some(Duration::from_secs(10)),
+            (_, seconds) => seconds.map(Duration::from_secs_f64),
+        };
+        LoadgenOptions {
+            spec: WorkloadSpec {
+                seed: self.seed,
+                conversations: self.conversations,
+                users: self.users,
+                direct_share: self.direct_share,
+                max_group: self.max_group,
+                zipf_exponent: self.zipf_exponent,
+                send_share: self.send_share,
+                online_share: self.online_share,
+                direct_read_delay_ms: self.direct_read_delay_ms,
+                group_read_delay_ms: self.group_read_delay_ms,
+                duplicate_share: self.duplicate_share,
+                stale_share: self.stale_share,
+                private_share: self.private_share,
+                membership_share: self.membership_share,
+                prefix: self.prefix.clone(),
+            },
+            rate: self.rate,
+            records: self.records,
+            duration,
+            progress: self.progress,
+        }
+    }
+}
+
+pub async fn loadgen(config: &Config, args: LoadgenArgs) -> Result<()> {
+    let options = args.options();
+    let layout = ensure_topics(&config.kafka, &config.topics).await?;
+    let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
+    let summary = readfold_loadgen::run(&options, &producer)
+        .await
+        .map_err(|e| Error::Run(format!("loadgen: {e}")))?;
+    let c = summary.counts;
+    eprintln!(
+        "loadgen: {} records in {:.1} s ({:.0}/s offered {:.0}/s, at most {} behind) to {} and {}: {} sends, {} reads ({} private), {} duplicates from a second device, {} stale, {} joins, {} leaves",
+        summary.records,
+        summary.elapsed.as_secs_f64(),
+        summary.achieved_rate(),
+        options.rate,
+        summary.max_behind,
+        config.topics.read_reports,
+        config.topics.conversation_events,
+        c.sends,
+        c.reads,
+        c.private,
+        c.duplicates,
+        c.stale,
+        c.joins,
+        c.leaves
+    );
+    Ok(())
+}
