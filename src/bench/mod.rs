@@ -10,6 +10,7 @@ mod pipeline;
 mod replay;
 mod restart;
 mod restore;
+mod seed_design;
 mod serve;
 mod throughput;
 mod workload;

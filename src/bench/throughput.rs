@@ -4,7 +4,9 @@
 //! - a raw read of both inputs with librdkafka, no decode (the ceiling);
 //! - `readfold run` as a child process, Redis and CQL off, then on, each
 //!   with its own group and output topics, from the start of the process
-//!   until the group's committed offsets reach the end of both inputs.
+//!   until the group's committed offsets reach the end of both inputs;
+//! - the seed design's consumer ([`super::seed_design`]): a Redis EVALSHA
+//!   per report, then pipelined per poll.
 //!
 //! The child's CPU time and peak RSS come from /proc, and the sink calls
 //! from its own /metrics.
@@ -86,6 +88,18 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
         topics_made.extend(run.topics.names().into_iter().cloned());
         rows.push(catch_up(&run, what, sinks, total).await?);
     }
+    // The seed design's consumer, per report and pipelined per poll.
+    let events_topic = format!("{}.seed-events", config.topics.read_reports);
+    readfold_kafka::admin::create_topic(&config.kafka, &events_topic, layout.partitions, 1, false).await?;
+    for pipelined in [false, true] {
+        let run = config.clone();
+        let row =
+            tokio::task::spawn_blocking(move || super::seed_design::seed_design(&run, pipelined, reports))
+                .await
+                .map_err(|e| Error::Run(format!("seed design: {e}")))??;
+        rows.push(row);
+    }
+    topics_made.push(events_topic);
     topics_made.sort();
     topics_made.dedup();
     super::delete_bench_topics(&config.kafka, &topics_made).await?;
@@ -203,32 +217,28 @@ pub(super) fn metric(scraped: &str, series: &str) -> f64 {
 }
 
 pub fn print_throughput(f: &ThroughputFigures) {
-    let raw = f
-        .rows
-        .first()
-        .map_or(1.0, |r| r.records as f64 / r.secs.max(1e-9));
+    let raw_secs = f.rows.first().map_or(1.0, |r| r.secs);
     println!(
-        "catching up on a backlog of {} reports and {} conversation events (records/s over both inputs; readfold timed from process start to its last commit):",
+        "catching up on a backlog of {} reports and {} conversation events (readfold timed from process start to its last commit; the seed design reads the reports only, in this process, until its events are acknowledged):",
         f.reports, f.events
     );
     println!(
-        "  {:<36} {:>10} {:>8} {:>14} {:>9} {:>13} {:>13}",
-        "", "records/s", "share", "CPU-s per 1M", "peak RSS", "Redis calls/r", "CQL stmts/r"
+        "  {:<36} {:>10} {:>8} {:>15} {:>9} {:>13} {:>13}",
+        "", "reports/s", "share", "CPU-s per 1M r", "peak RSS", "Redis calls/r", "CQL stmts/r"
     );
+    let per = |n: f64| n / f.reports.max(1) as f64;
     for r in &f.rows {
-        let rate = r.records as f64 / r.secs.max(1e-9);
-        let per = |n: f64| n / f.reports.max(1) as f64;
         let rss = if r.peak_rss == 0 {
             "-".to_owned()
         } else {
             format!("{} MB", r.peak_rss / 1_000_000)
         };
         println!(
-            "  {:<36} {:>10.0} {:>8.2} {:>14.2} {:>9} {:>13.3} {:>13.3}",
+            "  {:<36} {:>10.0} {:>8.2} {:>15.2} {:>9} {:>13.3} {:>13.3}",
             r.what,
-            rate,
-            rate / raw,
-            r.cpu_secs * 1e6 / r.records.max(1) as f64,
+            f.reports as f64 / r.secs.max(1e-9),
+            raw_secs / r.secs.max(1e-9),
+            per(r.cpu_secs * 1e6),
             rss,
             per(r.redis_calls),
             per(r.cql_statements),

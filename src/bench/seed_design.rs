@@ -1,0 +1,179 @@
+//! The seed design's consumer, as a baseline for `--throughput-records`:
+//! for each read report, one Redis EVALSHA that max-merges the cursor into
+//! the conversation's hash, then, if it moved, one event produced to a
+//! topic for push. Pipelined, the EVALSHAs of one poll go in one round
+//! trip. No fold, no coalescing, no transactions: what the articles in
+//! `../shared/seeds/` describe, written as directly as it can be.
+//!
+//! It runs in this process (its CPU is this process's), reads only the
+//! reports topic (it has no use for conversation events), and is timed until
+//! it has handled every report and its events are acknowledged.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::types::RDKafkaErrorCode;
+use readfold_replay::source::{sources, KafkaInputs, Polled};
+use readfold_wire::codec::{self, WireFormat};
+
+use super::child::cpu_secs_of;
+use super::throughput::ThroughputRow;
+use crate::config::Config;
+use crate::error::{Error, Result};
+
+/// Max-merge of one member's cursor into the conversation's hash.
+const MAX_MERGE: &str = r"
+local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+local new = tonumber(ARGV[2])
+if new > old then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  return 1
+end
+return 0
+";
+
+/// Reports taken from one poll before they are pipelined (max.poll.records
+/// of a Java consumer is 500).
+const POLL_BATCH: usize = 500;
+
+pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Result<ThroughputRow> {
+    let fail = |what: &str, e: &dyn std::fmt::Display| Error::Run(format!("seed design: {what}: {e}"));
+    let redis_url = config.redis.url.clone();
+    let client = redis::Client::open(redis_url.as_str()).map_err(|e| fail("redis", &e))?;
+    let mut redis = client.get_connection().map_err(|e| fail("redis", &e))?;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(MAX_MERGE)
+        .query(&mut redis)
+        .map_err(|e| fail("script load", &e))?;
+    let prefix = format!("{}seed-{}:", config.redis.key_prefix, pipelined);
+    let events_topic = format!("{}.seed-events", config.topics.read_reports);
+
+    let producer: BaseProducer = config
+        .kafka
+        .client_config()
+        .set("linger.ms", "5")
+        .set("enable.idempotence", "true")
+        .create()?;
+    // The reports topic only, read as the raw-read row reads it.
+    let reports_only: Vec<_> = sources(&config.topics, false)
+        .into_iter()
+        .filter(|(_, topic)| *topic == config.topics.read_reports)
+        .collect();
+    let mut inputs =
+        KafkaInputs::open(&config.kafka, &reports_only, &[]).map_err(|e| fail("consumer", &e))?;
+    let partitions = inputs.partitions().len();
+    let mut done = vec![false; partitions];
+
+    let (cpu, started) = (cpu_secs_of("self"), Instant::now());
+    let (mut handled, mut calls) = (0u64, 0u64);
+    let mut batch: Vec<(String, String, i64)> = Vec::with_capacity(POLL_BATCH);
+    while handled < reports {
+        if started.elapsed() > Duration::from_secs(900) {
+            return Err(fail(
+                "timeout",
+                &format!("{handled} of {reports} reports after 900 s"),
+            ));
+        }
+        batch.clear();
+        // One poll: what the partitions have ready, up to a batch (or one
+        // report at a time without pipelining).
+        let want = if pipelined { POLL_BATCH } else { 1 };
+        for (i, finished) in done.iter_mut().enumerate() {
+            while !*finished && batch.len() < want {
+                let polled = inputs
+                    .poll_next(i, Duration::ZERO, |_, r| {
+                        r.value
+                            .and_then(|v| codec::decode_read_report(v, WireFormat::Plain).ok())
+                    })
+                    .map_err(|e| fail("consumer", &e))?;
+                match polled {
+                    Polled::Record(report) => {
+                        handled += 1;
+                        if let Some(r) = report {
+                            batch.push((r.conversation_id, r.user_id, r.seq));
+                        }
+                    }
+                    Polled::Empty => break,
+                    Polled::Done => *finished = true,
+                }
+            }
+        }
+        if batch.is_empty() {
+            if done.iter().all(|d| *d) {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        }
+        let moved: Vec<i64> = if pipelined {
+            let mut pipe = redis::pipe();
+            for (conversation, user, seq) in &batch {
+                pipe.cmd("EVALSHA")
+                    .arg(&sha)
+                    .arg(1)
+                    .arg(format!("{prefix}{conversation}"))
+                    .arg(user)
+                    .arg(seq);
+            }
+            pipe.query(&mut redis).map_err(|e| fail("evalsha", &e))?
+        } else {
+            let mut moved = Vec::with_capacity(batch.len());
+            for (conversation, user, seq) in &batch {
+                let m: i64 = redis::cmd("EVALSHA")
+                    .arg(&sha)
+                    .arg(1)
+                    .arg(format!("{prefix}{conversation}"))
+                    .arg(user)
+                    .arg(seq)
+                    .query(&mut redis)
+                    .map_err(|e| fail("evalsha", &e))?;
+                moved.push(m);
+            }
+            moved
+        };
+        calls += batch.len() as u64;
+        for ((conversation, user, seq), moved) in batch.iter().zip(moved) {
+            if moved == 0 {
+                continue;
+            }
+            let payload = format!("{user}:{seq}");
+            let mut record = BaseRecord::to(&events_topic)
+                .key(conversation.as_str())
+                .payload(&payload);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                        record = back;
+                        producer.poll(Duration::from_millis(1));
+                    }
+                    Err((e, _)) => return Err(fail("produce", &e)),
+                }
+            }
+        }
+        producer.poll(Duration::ZERO);
+    }
+    producer.flush(Duration::from_secs(60))?;
+    let secs = started.elapsed().as_secs_f64();
+    let _: () = redis::cmd("EVAL")
+        .arg("for _, k in ipairs(redis.call('KEYS', ARGV[1])) do redis.call('DEL', k) end")
+        .arg(0)
+        .arg(format!("{prefix}*"))
+        .query(&mut redis)
+        .unwrap_or(());
+    Ok(ThroughputRow {
+        what: if pipelined {
+            "seed design, pipelined per poll"
+        } else {
+            "seed design: EVALSHA per report"
+        },
+        records: reports,
+        secs,
+        cpu_secs: cpu_secs_of("self") - cpu,
+        peak_rss: 0,
+        redis_calls: calls as f64,
+        cql_statements: 0.0,
+    })
+}
