@@ -208,42 +208,73 @@ async fn a_snapshot_then_every_change_without_a_gap_across_a_processor_restart()
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slow_client_gets_fewer_newer_frames_and_holds_nobody_up() {
-    let env = TestEnv::new("gw-slow", 2).await;
+/// A 150-member group, BIG, with 40 messages from m000; a gateway with small
+/// socket send buffers (as a gateway holding many connections would have
+/// them) and `extra` settings; a slow client m000 (a tiny receive buffer, and
+/// it does not read for now) and a fast one m001, both subscribed.
+struct BigGroup {
+    processor: Processor,
+    gateway: Processor,
+    slow: WsClient,
+    fast: WsClient,
+    /// The fast client's.
+    snapshot: Value,
+    names: Vec<String>,
+}
+
+async fn big_group(env: &TestEnv, extra: &[(&str, &str)]) -> BigGroup {
     let mut reference = Reference::default();
     let processor = env.spawn("a");
-    let members: Vec<String> = (0..150).map(|i| format!("m{i:03}")).collect();
-    let names: Vec<&str> = members.iter().map(String::as_str).collect();
-    chat(&env, &mut reference, "BIG", &names, 40).await;
-    // Small socket send buffers, as a gateway holding many connections
-    // would have them.
-    // A frame per change (the per-member path); a big group's batches are
-    // the next test's.
-    let (gateway, addr) = spawn_gateway(
-        &env,
-        &[
-            ("READFOLD__GATEWAY__SEND_BUFFER_BYTES", "16384"),
-            ("READFOLD__GATEWAY__BATCH_FROM_MEMBERS", "1000"),
-        ],
-    )
-    .await;
-    // A slow client: a tiny receive buffer, and it does not read for now.
+    let names: Vec<String> = (0..150).map(|i| format!("m{i:03}")).collect();
+    let members: Vec<&str> = names.iter().map(String::as_str).collect();
+    chat(env, &mut reference, "BIG", &members, 40).await;
+    let mut vars = vec![("READFOLD__GATEWAY__SEND_BUFFER_BYTES", "16384")];
+    vars.extend_from_slice(extra);
+    let (gateway, addr) = spawn_gateway(env, &vars).await;
     let mut slow = WsClient::connect_with(&addr, "/ws?user=m000", Some(2048))
         .await
         .unwrap();
     slow.send(json!({ "type": "subscribe", "conversation": "BIG" }))
         .await;
     let mut fast = connect(&addr, "m001").await;
-    assert_eq!(subscribe(&mut fast, "BIG").await["type"], "snapshot");
+    let snapshot = subscribe(&mut fast, "BIG").await;
+    assert_eq!(snapshot["type"], "snapshot", "{snapshot}");
+    BigGroup {
+        processor,
+        gateway,
+        slow,
+        fast,
+        snapshot,
+        names,
+    }
+}
 
-    // Every member reads each message in turn: thousands of cursor changes.
+/// Every member reads each of BIG's 40 messages in turn: 6,000 cursor
+/// changes in about five seconds.
+async fn everyone_reads(env: &TestEnv, names: &[&str]) {
     let producer = env.producer();
     for seq in 1..=40 {
         let reports: Vec<_> = names.iter().map(|m| report("BIG", m, seq)).collect();
         producer.send_many(&reports, &[]).await.unwrap();
         tokio::time::sleep(Duration::from_millis(120)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_gets_fewer_newer_frames_and_holds_nobody_up() {
+    // A frame per change (the per-member path); a big group's batches are
+    // the next test's.
+    let env = TestEnv::new("gw-slow", 2).await;
+    let BigGroup {
+        processor,
+        gateway,
+        mut slow,
+        mut fast,
+        names,
+        ..
+    } = big_group(&env, &[("READFOLD__GATEWAY__BATCH_FROM_MEMBERS", "1000")]).await;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    everyone_reads(&env, &names).await;
     let fast_frames = fast
         .until(Duration::from_secs(60), |f| {
             is_cursor_of(f, "m149") && f["cursor"] == 40
@@ -297,38 +328,26 @@ fn batched_cursors(frames: &[Value]) -> std::collections::BTreeMap<String, Vec<u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_big_group_sends_one_batch_per_interval_and_a_slow_client_the_latest() {
     let env = TestEnv::new("gw-batch", 2).await;
-    let mut reference = Reference::default();
-    let processor = env.spawn("a");
-    let members: Vec<String> = (0..150).map(|i| format!("m{i:03}")).collect();
-    let names: Vec<&str> = members.iter().map(String::as_str).collect();
-    chat(&env, &mut reference, "BIG", &names, 40).await;
     let interval_ms = 400;
-    let (gateway, addr) = spawn_gateway(
+    let BigGroup {
+        processor,
+        gateway,
+        mut slow,
+        mut fast,
+        snapshot,
+        names,
+    } = big_group(
         &env,
         &[
-            ("READFOLD__GATEWAY__SEND_BUFFER_BYTES", "16384"),
             ("READFOLD__GATEWAY__BATCH_FROM_MEMBERS", "100"),
             ("READFOLD__GATEWAY__BATCH_INTERVAL_MS", "400"),
         ],
     )
     .await;
-    let mut slow = WsClient::connect_with(&addr, "/ws?user=m000", Some(2048))
-        .await
-        .unwrap();
-    slow.send(json!({ "type": "subscribe", "conversation": "BIG" }))
-        .await;
-    let mut fast = connect(&addr, "m001").await;
-    let snapshot = subscribe(&mut fast, "BIG").await;
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     assert_eq!(snapshot["members"].as_array().unwrap().len(), 150, "{snapshot}");
     let subscribed = std::time::Instant::now();
-
-    // Every member reads each message in turn: 6,000 cursor changes.
-    let producer = env.producer();
-    for seq in 1..=40 {
-        let reports: Vec<_> = names.iter().map(|m| report("BIG", m, seq)).collect();
-        producer.send_many(&reports, &[]).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(120)).await;
-    }
+    everyone_reads(&env, &names).await;
     // m000 sent the 40 messages, so the snapshot has it at 40 already.
     let sender = snapshot["members"]
         .as_array()

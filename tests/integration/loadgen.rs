@@ -84,54 +84,22 @@ async fn a_seeded_workload_is_produced_whole_and_folds_to_the_reference() {
 /// Runs loadgen in a tmux pane, as a person would, and reads the screen: a
 /// bar with records, rate and ETA, then the summary.
 async fn a_terminal_shows_a_progress_bar(env: &TestEnv) {
-    let session = format!("loadgen-{}", std::process::id());
     let vars: String = env.vars().iter().map(|(k, v)| format!("{k}='{v}' ")).collect();
     let command = format!(
-        "env {vars} {} loadgen --records 30000 --rate 5000 {}; sleep 60",
+        "env {vars} {} loadgen --records 30000 --rate 5000 {}",
         env!("CARGO_BIN_EXE_readfold"),
         ARGS.join(" ")
     );
-    let tmux = |args: &[&str]| {
-        std::process::Command::new("tmux")
-            .args(args)
-            .output()
-            .expect("tmux (scripts/dev test installs it)")
-    };
-    let started = tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &session,
-        "-x",
-        "200",
-        "-y",
-        "20",
-        &command,
-    ]);
-    assert!(
-        started.status.success(),
-        "{}",
-        String::from_utf8_lossy(&started.stderr)
-    );
-    let (mut screen, mut bar_seen) = (String::new(), None);
-    for _ in 0..150 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &session]).stdout).into_owned();
-        if bar_seen.is_none() {
-            bar_seen = screen
-                .lines()
-                .find(|l| l.starts_with("loadgen ") && l.contains("ETA") && l.contains("records"))
-                .map(str::to_owned);
-        }
-        if screen.contains("loadgen: 30000 records") {
-            break;
-        }
-    }
-    tmux(&["kill-session", "-t", &session]);
-    let bar = bar_seen.unwrap_or_else(|| panic!("no progress bar on the screen:\n{screen}"));
+    let screens = tmux_screens("loadgen", &command, "loadgen: 30000 records").await;
+    let bar = screens
+        .iter()
+        .flat_map(|s| s.lines())
+        .find(|l| l.starts_with("loadgen ") && l.contains("ETA") && l.contains("records"))
+        .unwrap_or_else(|| panic!("no progress bar on the screen:\n{}", screens.join("\n")));
     assert!(bar.contains("records/s"), "{bar}");
+    let last = screens.last().unwrap();
     assert!(
-        screen.contains("loadgen: 30000 records"),
-        "the summary follows the bar:\n{screen}"
+        last.contains("loadgen: 30000 records"),
+        "the summary follows the bar:\n{last}"
     );
 }

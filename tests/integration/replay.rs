@@ -14,6 +14,7 @@ use crate::kit::env::TestEnv;
 use crate::kit::load::{produce_mixed_load, random_records};
 use crate::kit::reference::Reference;
 use crate::kit::services::now_ms;
+use crate::kit::terminal::tmux_screens;
 
 fn out_dir(test: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
@@ -203,44 +204,14 @@ async fn a_replay_to_the_end_equals_the_live_changelog_every_time_and_in_every_f
 /// Runs replay in a tmux pane, as a person at a terminal would, and reads
 /// the screen: a bar with records, rate and ETA, then the summary.
 async fn a_terminal_shows_a_progress_bar(env: &TestEnv, dir: &Path, rows: usize) {
-    let session = format!("replay-{}", std::process::id());
     let vars: String = env.vars().iter().map(|(k, v)| format!("{k}='{v}' ")).collect();
     let command = format!(
-        "env {vars} {} replay --output {}; sleep 60",
+        "env {vars} {} replay --output {}",
         env!("CARGO_BIN_EXE_readfold"),
         path_str(&dir.join("tmux.jsonl"))
     );
-    let tmux = |args: &[&str]| {
-        std::process::Command::new("tmux")
-            .args(args)
-            .output()
-            .expect("tmux (scripts/dev test installs it)")
-    };
-    let started = tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &session,
-        "-x",
-        "200",
-        "-y",
-        "20",
-        &command,
-    ]);
-    assert!(
-        started.status.success(),
-        "{}",
-        String::from_utf8_lossy(&started.stderr)
-    );
-    let mut screen = String::new();
-    for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", &session]).stdout).into_owned();
-        if screen.contains("wrote") {
-            break;
-        }
-    }
-    tmux(&["kill-session", "-t", &session]);
+    let screens = tmux_screens("replay", &command, "wrote").await;
+    let screen = screens.last().unwrap();
     let bar = screen
         .lines()
         .find(|l| l.starts_with("replay ") && l.contains("ETA"))

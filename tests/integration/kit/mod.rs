@@ -12,6 +12,7 @@ pub mod load;
 pub mod reference;
 pub mod services;
 pub mod stores;
+pub mod terminal;
 pub mod ws;
 
 pub use changelog::Changelog;
@@ -22,4 +23,5 @@ pub use load::*;
 pub use reference::*;
 pub use services::*;
 pub use stores::*;
+pub use terminal::*;
 pub use ws::*;
