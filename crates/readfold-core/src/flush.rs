@@ -243,7 +243,7 @@ pub struct MemberWrite {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConversationBatch {
     pub conversation_id: ConversationId,
-    /// Highest `latest_seq` among the changes (0 if only departures).
+    /// Highest `latest_seq` among the changes.
     pub latest_seq: Seq,
     pub members: Vec<MemberWrite>,
 }
@@ -261,9 +261,9 @@ pub fn group_by_conversation<'a>(changes: impl IntoIterator<Item = &'a Change>) 
                 members: Vec::new(),
             });
         let m = &change.member;
-        if !m.left {
-            batch.latest_seq = batch.latest_seq.max(change.latest_seq);
-        }
+        // A departure carries the conversation's latest seq too: a message
+        // from a member who has left raises it with no other change.
+        batch.latest_seq = batch.latest_seq.max(change.latest_seq);
         batch.members.push(MemberWrite {
             user_id: change.key.user_id.clone(),
             cursor: if m.left { Seq::ZERO } else { m.cursor },
@@ -377,7 +377,7 @@ mod tests {
     fn groups_changes_by_conversation() {
         let mut gone = member(0);
         gone.left = true;
-        let left = change("A", "z", gone, 0, PUBLIC);
+        let left = change("A", "z", gone.clone(), 0, PUBLIC);
         let batches =
             group_by_conversation(&[up("B", "x", 1, 4), up("A", "y", 2, 3), left, up("B", "w", 3, 5)]);
         assert_eq!(batches.len(), 2);
@@ -386,6 +386,9 @@ mod tests {
         assert_eq!(batches[0].members.len(), 2);
         assert!(batches[0].members[1].left);
         assert_eq!(batches[1].latest_seq, Seq(5));
+        // A departed member's message raises the latest seq, and only that.
+        let raised = change("D", "gone", gone, 9, PUBLIC);
+        assert_eq!(group_by_conversation(&[raised])[0].latest_seq, Seq(9));
         assert_eq!(batches[1].members.len(), 2);
         // Private-only changes stay out of the conversation batches.
         let private = change(

@@ -278,8 +278,7 @@ impl SerializeRow for Row {
 }
 
 /// The rows of one conversation: its `conversations` row first (unless
-/// `latest_seq` is 0, i.e. only departures), then one `cursors` row or
-/// deletion per member.
+/// `latest_seq` is 0), then one `cursors` row or deletion per member.
 fn rows(batch: &ConversationBatch, updated_at: CqlTimestamp) -> Result<Vec<Row>> {
     let mut rows = Vec::with_capacity(batch.members.len() + 1);
     if batch.latest_seq > Seq::ZERO {
