@@ -62,7 +62,7 @@ pid_alive() {
   local pidfile="$1" pattern="${2:-}" pid
   pid="$(pid_read "$pidfile")" || return 1
   if kill -0 "$pid" 2>/dev/null; then
-    if [[ -z "$pattern" ]] || tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$pattern"; then
+    if [[ -z "$pattern" ]] || tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -F -- "$pattern" >/dev/null; then
       return 0
     fi
   fi

@@ -55,7 +55,11 @@ ensure_installed() {
 check_tls_build() {
   # Debian's redis-server links libssl (BUILD_TLS=yes); a build without TLS
   # rejects tls-port at startup, so say so up front.
-  if ! ldd "$(command -v redis-server)" 2>/dev/null | grep -q 'libssl'; then
+  # Read ldd's whole output first: with pipefail, `ldd | grep -q` fails
+  # whenever grep quits on the match before ldd has written everything.
+  local libs
+  libs=$(ldd "$(command -v redis-server)" 2>/dev/null || true)
+  if [[ $libs != *libssl* ]]; then
     die "$(command -v redis-server) is not built with TLS support (no libssl); install a TLS-enabled redis-server"
   fi
 }
