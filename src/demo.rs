@@ -3,13 +3,14 @@
 //! and read counts as they come back on the changelog.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use readfold_core::fold::PartitionState;
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, ConversationView, OwnCursor, Seq, UserId};
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::changelog::ChangelogReader;
+use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_processor::Processor;
 use readfold_serve::client::HttpClient;
@@ -153,13 +154,6 @@ fn script() -> Vec<Step> {
             seq: 3,
         },
     ]
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 pub async fn demo(mut config: Config) -> Result<()> {

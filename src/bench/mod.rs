@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use readfold_core::fold::{ConversationEvent, CursorUpdate, EventKind, PartitionState, ReadReport};
 use readfold_core::{ConversationId, Seq, UserId};
+pub(crate) use readfold_kafka::now_ms;
 
 pub use gateway::{gateway, print_gateway, GatewayFigures};
 pub use latency::{latency, print_latency, LatencyFigures, LatencyRow};
@@ -29,13 +30,6 @@ pub use restart::{print_restart, restart, RestartRow};
 pub use restore::{print_restore, restore, RestoreFigures};
 pub use serve::{print_serve, serve, ServeRow};
 pub use throughput::{print_throughput, throughput, ThroughputFigures, ThroughputRow};
-
-/// Milliseconds since the Unix epoch, as records are stamped.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
 
 /// Deletes a bench run's topics.
 async fn delete_bench_topics<'a>(

@@ -11,6 +11,7 @@ use axum::response::Html;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use readfold_core::UserId;
+use readfold_kafka::now_ms;
 use readfold_serve::error::ApiError;
 use readfold_serve::extract::ApiJson;
 use readfold_wire::codec::{ConversationEventRecord, EventRecord};
@@ -41,12 +42,6 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/demo/api/send", post(send))
         .route("/demo/api/messages", get(messages))
         .with_state(gateway)
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn unavailable(e: impl std::fmt::Display) -> ApiError {

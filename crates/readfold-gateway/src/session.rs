@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use axum::extract::ws::{Message, WebSocket};
 use readfold_core::{ConversationId, UserId};
+use readfold_kafka::now_ms;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use crate::hub::{ConnId, LoadedConversation, Member, Outbox, Shown};
@@ -283,10 +284,4 @@ fn receipt_record(
         private,
         action,
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

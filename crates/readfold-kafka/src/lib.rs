@@ -17,4 +17,12 @@ pub mod producer;
 pub mod reader;
 
 pub use config::{KafkaConfig, TopicsConfig};
+
+/// Milliseconds since the Unix epoch, as readfold stamps the records it
+/// writes (record times, `updated_at`, report and event times).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
 pub use error::{is_fatal, Error, Result};

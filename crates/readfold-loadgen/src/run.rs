@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use readfold_kafka::now_ms;
 use readfold_kafka::producer::{Deliveries, InputProducer};
 use readfold_progress::{Progress, ProgressMode};
 use readfold_wire::codec::{ConversationEventRecord, ReadReportRecord};
@@ -118,10 +119,4 @@ pub async fn run(options: &LoadgenOptions, producer: &InputProducer) -> Result<L
         elapsed: started.elapsed(),
         max_behind,
     })
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }

@@ -12,10 +12,11 @@
 //! past them or recreated fails that).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use readfold_core::fold::PartitionState;
 use readfold_kafka::changelog::{LocalCheckpoint, Restorer};
+use readfold_kafka::now_ms;
 use readfold_wire::checkpoint::{self, CheckpointMeta};
 
 use crate::config::Settings;
@@ -188,12 +189,6 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         std::fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
 }
 
 /// A group or instance name as a file name: anything but letters, digits,

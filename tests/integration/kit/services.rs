@@ -169,9 +169,7 @@ pub fn free_local_addr() -> String {
     format!("127.0.0.1:{}", free_port())
 }
 
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
-}
+pub use readfold_kafka::now_ms;
 
 /// A name no other test or run uses: `<prefix>-<pid>-<nanos>`.
 pub fn unique(prefix: &str) -> String {
