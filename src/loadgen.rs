@@ -11,6 +11,8 @@ use readfold_loadgen::{LoadgenOptions, WorkloadSpec};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
+/// The workload's knobs; their defaults are `WorkloadSpec::default()`'s, so
+/// the command and the library cannot differ.
 #[derive(Args, Debug)]
 pub struct LoadgenArgs {
     /// Records per second offered (reports and conversation events).
@@ -23,46 +25,46 @@ pub struct LoadgenArgs {
     #[arg(long)]
     pub seconds: Option<f64>,
     /// The same seed gives the same workload.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = WorkloadSpec::default().seed)]
     pub seed: u64,
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = WorkloadSpec::default().conversations)]
     pub conversations: u32,
     /// Users the members are drawn from.
-    #[arg(long, default_value_t = 50_000)]
+    #[arg(long, default_value_t = WorkloadSpec::default().users)]
     pub users: u32,
     /// Share of conversations that are 1:1; the others are groups.
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = WorkloadSpec::default().direct_share)]
     pub direct_share: f64,
     /// Largest group; group sizes follow a Zipf law over 3..=max.
-    #[arg(long, default_value_t = 5_000)]
+    #[arg(long, default_value_t = WorkloadSpec::default().max_group)]
     pub max_group: u32,
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = WorkloadSpec::default().zipf_exponent)]
     pub zipf_exponent: f64,
     /// Share of records that are sends (MessageSent).
-    #[arg(long, default_value_t = 0.15)]
+    #[arg(long, default_value_t = WorkloadSpec::default().send_share)]
     pub send_share: f64,
     /// Chance that a member reads a conversation after a send.
-    #[arg(long, default_value_t = 0.6)]
+    #[arg(long, default_value_t = WorkloadSpec::default().online_share)]
     pub online_share: f64,
     /// Mean delay of a read after a send, in 1:1 chats and in groups (ms).
-    #[arg(long, default_value_t = 2_000.0)]
+    #[arg(long, default_value_t = WorkloadSpec::default().direct_read_delay_ms)]
     pub direct_read_delay_ms: f64,
-    #[arg(long, default_value_t = 20_000.0)]
+    #[arg(long, default_value_t = WorkloadSpec::default().group_read_delay_ms)]
     pub group_read_delay_ms: f64,
     /// Share of reads repeated from another device of the same user.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = WorkloadSpec::default().duplicate_share)]
     pub duplicate_share: f64,
     /// Share of reads that report a seq below what the user reported before.
-    #[arg(long, default_value_t = 0.03)]
+    #[arg(long, default_value_t = WorkloadSpec::default().stale_share)]
     pub stale_share: f64,
     /// Share of reads that are private receipts.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = WorkloadSpec::default().private_share)]
     pub private_share: f64,
     /// Share of sends in groups that come with a join or a departure.
-    #[arg(long, default_value_t = 0.02)]
+    #[arg(long, default_value_t = WorkloadSpec::default().membership_share)]
     pub membership_share: f64,
     /// Put before every conversation and user id (runs that must not meet).
-    #[arg(long, default_value = "")]
+    #[arg(long, default_value_t = WorkloadSpec::default().prefix)]
     pub prefix: String,
     /// auto (a bar on a terminal, log lines otherwise), bar, log or off.
     #[arg(long, default_value = "auto")]

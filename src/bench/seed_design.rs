@@ -107,32 +107,28 @@ pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Res
             std::thread::sleep(Duration::from_micros(200));
             continue;
         }
+        let evalsha = |(conversation, user, seq): &(String, String, i64)| {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&sha)
+                .arg(1)
+                .arg(format!("{prefix}{conversation}"))
+                .arg(user)
+                .arg(seq);
+            cmd
+        };
         let moved: Vec<i64> = if pipelined {
             let mut pipe = redis::pipe();
-            for (conversation, user, seq) in &batch {
-                pipe.cmd("EVALSHA")
-                    .arg(&sha)
-                    .arg(1)
-                    .arg(format!("{prefix}{conversation}"))
-                    .arg(user)
-                    .arg(seq);
+            for report in &batch {
+                pipe.add_command(evalsha(report));
             }
-            pipe.query(&mut redis).map_err(|e| fail("evalsha", &e))?
+            pipe.query(&mut redis)
         } else {
-            let mut moved = Vec::with_capacity(batch.len());
-            for (conversation, user, seq) in &batch {
-                let m: i64 = redis::cmd("EVALSHA")
-                    .arg(&sha)
-                    .arg(1)
-                    .arg(format!("{prefix}{conversation}"))
-                    .arg(user)
-                    .arg(seq)
-                    .query(&mut redis)
-                    .map_err(|e| fail("evalsha", &e))?;
-                moved.push(m);
-            }
-            moved
-        };
+            batch
+                .iter()
+                .map(|report| evalsha(report).query(&mut redis))
+                .collect()
+        }
+        .map_err(|e| fail("evalsha", &e))?;
         calls += batch.len() as u64;
         for ((conversation, user, seq), moved) in batch.iter().zip(moved) {
             if moved == 0 {

@@ -388,12 +388,6 @@ pub struct Hub {
     rooms: Mutex<HashMap<String, Room>>,
 }
 
-impl Default for Hub {
-    fn default() -> Self {
-        Hub::new(100)
-    }
-}
-
 impl Hub {
     pub fn new(batch_from_members: usize) -> Self {
         Hub {
