@@ -69,8 +69,24 @@ impl TopicReader {
 
     /// Starts reading `partitions` of `topic` (all when `None`) at their
     /// end: only what is committed from now on.
+    ///
+    /// The end is looked up before this returns (under read_committed, the
+    /// last stable offset), not left to the fetcher: with `Offset::End`
+    /// librdkafka resolves it some time after the assignment, and whatever
+    /// is committed in between is skipped. A gateway that loads a room from
+    /// the stores right after starting would then miss a change that
+    /// reached the changelog before the stores.
     pub fn assign_from_end(&self, topic: &str, partitions: Option<&[i32]>) -> Result<Vec<i32>> {
-        self.assign(topic, partitions, Offset::End)
+        let partitions = match partitions {
+            Some(p) => p.to_vec(),
+            None => self.partitions(topic)?,
+        };
+        let mut starts = Vec::with_capacity(partitions.len());
+        for &p in &partitions {
+            let (_, end) = self.watermarks(topic, p)?;
+            starts.push((p, Offset::Offset(end)));
+        }
+        self.assign_at(topic, &starts)
     }
 
     fn assign(&self, topic: &str, partitions: Option<&[i32]>, from: Offset) -> Result<Vec<i32>> {
