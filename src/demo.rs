@@ -457,8 +457,7 @@ impl ChangelogWatcher {
                 let id = ConversationId::parse(c, usize::MAX).ok();
                 id.and_then(|id| expected.conversation(&id))
                     .map(|conv| {
-                        conv.members
-                            .iter()
+                        conv.members()
                             .filter(|(_, m)| !m.left)
                             .map(|(u, m)| (u.clone(), m.own()))
                             .collect()

@@ -107,6 +107,10 @@ enum Command {
         /// Reports between flushes (input rate x flush interval).
         #[arg(long, default_value_t = 5_000)]
         flush_every: u64,
+        /// Resident memory per cursor of one partition's state holding this
+        /// many cursors, in several shapes (0: skip).
+        #[arg(long, default_value_t = 1_000_000)]
+        memory_cursors: u64,
         /// Also time a restore of this many cursors from a changelog topic
         /// on the configured broker (0: skip).
         #[arg(long, default_value_t = 0)]
@@ -227,6 +231,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             group_members,
             direct_chats,
             flush_every,
+            memory_cursors,
             restore_cursors,
             pipeline_reports,
             serve_seconds,
@@ -248,6 +253,9 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                 flush_every: flush_every.max(1),
             };
             readfold::bench::print(w, readfold::bench::run(w));
+            if memory_cursors > 0 {
+                readfold::bench::print_memory(&readfold::bench::memory(memory_cursors));
+            }
             if restore_cursors > 0 {
                 let figures = runtime.block_on(readfold::bench::restore(&config, restore_cursors))?;
                 readfold::bench::print_restore(figures);

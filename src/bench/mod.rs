@@ -6,6 +6,7 @@
 mod child;
 mod gateway;
 mod latency;
+mod memory;
 mod pipeline;
 mod replay;
 mod restart;
@@ -18,12 +19,13 @@ mod workload;
 use std::collections::HashSet;
 use std::time::Instant;
 
-use readfold_core::fold::{ConversationEvent, CursorUpdate, EventKind, PartitionState, ReadReport};
+use readfold_core::fold::{ConversationEvent, EventKind, PartitionState, ReadReport};
 use readfold_core::{ConversationId, Seq, UserId};
 pub(crate) use readfold_kafka::now_ms;
 
 pub use gateway::{gateway, print_gateway, GatewayFigures};
 pub use latency::{latency, print_latency, LatencyFigures, LatencyRow};
+pub use memory::{memory, print_memory, MemoryRow};
 pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
 pub use replay::{print_replay, replay, ReplayRow};
 pub use restart::{print_restart, restart, RestartRow};
@@ -191,27 +193,6 @@ pub fn run(w: Workload) -> Figures {
     }
 }
 
-/// Resident memory per cursor of a state holding `cursors` cursors, 100 per
-/// conversation, ids like those of the restore bench.
-pub fn state_bytes_per_cursor(cursors: u64) -> f64 {
-    let before = resident_bytes();
-    let mut state = PartitionState::new();
-    for i in 0..cursors {
-        state.restore_update(&CursorUpdate {
-            conversation_id: ConversationId::parse(&format!("conv-{}", i / 100), 64).expect("id"),
-            user_id: UserId::parse(&format!("user-{}", i % 100), 64).expect("id"),
-            cursor: Seq(i % 1000 + 1),
-            join_seq: Seq(1),
-            latest_seq: Seq(1000),
-            updated_at: 0,
-        });
-    }
-    let grown = resident_bytes().saturating_sub(before);
-    let held = state.cursor_count().max(1);
-    drop(state);
-    grown as f64 / held as f64
-}
-
 /// Changelog records decoded per second (key and value), the restore's
 /// inner loop.
 pub fn decode_rate(records: u64) -> f64 {
@@ -257,10 +238,6 @@ pub fn print(w: Workload, f: Figures) {
     println!(
         "changelog decode (one core):      {:>12.0} records/s",
         decode_rate(200_000)
-    );
-    println!(
-        "memory per cursor (1M in one state): {:>9.0} bytes",
-        state_bytes_per_cursor(1_000_000)
     );
     println!("flushes:                          {:>12}", f.flushes);
     println!("cursors held:                     {:>12}", f.cursors);

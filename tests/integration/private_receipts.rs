@@ -40,11 +40,12 @@ async fn a_private_receipt_changes_nothing_other_members_read() {
     check_private_stores(&env, &reference).await;
     let own = env.user_changelog().own[&("G".to_owned(), "B".to_owned())].unwrap();
     assert_eq!((own.cursor, own.private_cursor), (1, 3));
-    let b = &reference
+    let b = reference
         .state
         .conversation(&"G".parse().unwrap())
         .unwrap()
-        .members[&"B".parse().unwrap()];
+        .member(&"B".parse().unwrap())
+        .unwrap();
     assert_eq!(b.own().unread(readfold_core::Seq(3)), 0, "B's own unread is 0");
     // Let several flushes and snapshots pass: nothing others read changes.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -377,6 +377,6 @@ fn count_messages(reference: &Reference) -> usize {
     reference
         .state
         .conversations()
-        .map(|(_, c)| c.latest_seq.get() as usize)
+        .map(|(_, c)| c.latest_seq().get() as usize)
         .sum()
 }

@@ -69,10 +69,10 @@ fn expected_answers(reference: &Reference) -> BTreeMap<String, Value> {
     for user in &users {
         let entries: Vec<Value> = conversations
             .iter()
-            .map(|(_, conv)| match conv.members.get(user) {
+            .map(|(_, conv)| match conv.member(user) {
                 Some(m) if m.listed && !m.left => {
                     let own = m.own();
-                    json!({ "member": true, "unread": own.unread(conv.latest_seq), "marked_unread": own.marked_unread(),
+                    json!({ "member": true, "unread": own.unread(conv.latest_seq()), "marked_unread": own.marked_unread(),
                             "cursor": m.cursor.get(), "private_cursor": m.private_cursor.get() })
                 }
                 _ => json!({ "member": false }),

@@ -111,6 +111,8 @@ impl Restorer {
         self.member_state
             .restore_into(&state_from, &mut states, &mut stats)?;
         stats.cursors = states.values().map(PartitionState::cursor_count).sum();
+        // Restored members arrive one by one; give back what growth left unused.
+        states.values_mut().for_each(PartitionState::shrink_to_fit);
         stats.elapsed = started.elapsed();
         Ok((states, stats))
     }

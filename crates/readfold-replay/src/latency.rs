@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
-use readfold_core::fold::Conversation;
+use readfold_core::fold::ConversationRef;
 use readfold_core::read_model::possible_reader;
 use readfold_core::{ConversationId, Seq, UserId};
 
@@ -131,7 +131,7 @@ impl LatencyTracker {
     pub fn sent(
         &mut self,
         id: &ConversationId,
-        conversation: &Conversation,
+        conversation: ConversationRef<'_>,
         seq: Seq,
         sender: &UserId,
         at: i64,
@@ -150,7 +150,7 @@ impl LatencyTracker {
             median: None,
         };
         let mut early = 0;
-        for (user, member) in &conversation.members {
+        for (user, member) in conversation.members() {
             let Some(present) = member.present() else { continue };
             if possible_reader(user, &present, seq, sender) {
                 open.possible += 1;
@@ -182,7 +182,7 @@ impl LatencyTracker {
     pub fn advanced(
         &mut self,
         id: &ConversationId,
-        conversation: &Conversation,
+        conversation: ConversationRef<'_>,
         user: &UserId,
         from: Seq,
         to: Seq,
@@ -194,7 +194,7 @@ impl LatencyTracker {
         let Some(messages) = self.open.get_mut(id) else {
             return;
         };
-        let Some(present) = conversation.members.get(user).and_then(|m| m.present()) else {
+        let Some(present) = conversation.member(user).and_then(|m| m.present()) else {
             return;
         };
         let mut completed = vec![];

@@ -118,7 +118,7 @@ impl Replayer {
         self.state.apply(input);
         if let (Some(tracker), Some((user, at))) = (&mut self.latency, mover) {
             let conversation = self.state.conversation(id).expect("just folded");
-            let after = conversation.members.get(user).map_or(Seq::ZERO, |m| m.cursor);
+            let after = conversation.member(user).map_or(Seq::ZERO, |m| m.cursor);
             if after > before {
                 tracker.advanced(id, conversation, user, before, after, at);
             }
@@ -144,7 +144,7 @@ impl Replayer {
     fn cursor(&self, id: &ConversationId, user: &UserId) -> Seq {
         self.state
             .conversation(id)
-            .and_then(|c| c.members.get(user))
+            .and_then(|c| c.member(user))
             .map_or(Seq::ZERO, |m| m.cursor)
     }
 
@@ -178,8 +178,7 @@ impl Replayer {
         for (id, conversation) in conversations {
             let view = conversation.view();
             let mut members: Vec<_> = conversation
-                .members
-                .iter()
+                .members()
                 .filter(|(_, m)| m.listed || include_private)
                 .collect();
             members.sort_unstable_by(|a, b| a.0.cmp(b.0));
@@ -191,7 +190,7 @@ impl Replayer {
                     Value::Int(member.cursor.get() as i64),
                     Value::Int(member.join_seq.get() as i64),
                     Value::Bool(present),
-                    Value::Int(conversation.latest_seq.get() as i64),
+                    Value::Int(conversation.latest_seq().get() as i64),
                     // A departed member has nothing unread.
                     Value::Int(if present { view.unread(user) as i64 } else { 0 }),
                 ];
@@ -203,7 +202,7 @@ impl Replayer {
                         Value::Int(if member.left {
                             0
                         } else {
-                            own.unread(conversation.latest_seq) as i64
+                            own.unread(conversation.latest_seq()) as i64
                         }),
                     ]);
                 }

@@ -55,7 +55,7 @@ impl Reference {
     pub fn expected(&self) -> BTreeMap<Key, Cursor> {
         let mut out = BTreeMap::new();
         for (c, conv) in self.state.conversations() {
-            for (u, m) in conv.members.iter().filter(|(_, m)| m.listed) {
+            for (u, m) in conv.members().filter(|(_, m)| m.listed) {
                 let v = (!m.left).then_some((m.cursor.get() as i64, m.join_seq.get() as i64));
                 out.insert((c.to_string(), u.to_string()), v);
             }
@@ -68,7 +68,7 @@ impl Reference {
     pub fn own_expected(&self) -> BTreeMap<Key, Option<Own>> {
         let mut out = BTreeMap::new();
         for (c, conv) in self.state.conversations() {
-            for (u, m) in &conv.members {
+            for (u, m) in conv.members() {
                 let own = m.own();
                 let v = (!m.left).then_some(Own {
                     cursor: m.cursor.get() as i64,
@@ -87,7 +87,7 @@ impl Reference {
     pub fn private_states(&self) -> BTreeMap<(String, String), PrivateState> {
         let mut out = BTreeMap::new();
         for (c, conv) in self.state.conversations() {
-            for (u, m) in conv.members.iter().filter(|(_, m)| m.has_private_state()) {
+            for (u, m) in conv.members().filter(|(_, m)| m.has_private_state()) {
                 out.insert(
                     (u.to_string(), c.to_string()),
                     PrivateState {

@@ -24,8 +24,11 @@ use std::collections::HashMap;
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
 use crate::read_model::{ConversationView, MemberCursor, OwnCursor};
 
+mod members;
 #[cfg(test)]
 mod tests;
+
+use members::{Members, Slot, UserTable};
 
 /// The maps the fold keys by ids: foldhash, several times faster than the
 /// standard SipHash on short strings, with a random seed per process, so
@@ -183,23 +186,57 @@ impl Member {
     }
 }
 
-/// Read state of one conversation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Conversation {
+/// Read state of one conversation, as held (see `members.rs`).
+#[derive(Clone, Debug, Default)]
+struct Conversation {
     /// Highest seq seen in any input; may lag behind cursors.
-    pub latest_seq: Seq,
-    pub members: IdMap<UserId, Member>,
+    latest_seq: Seq,
+    members: Members,
 }
 
-impl Conversation {
+/// One conversation of a [`PartitionState`], for reading.
+#[derive(Clone, Copy)]
+pub struct ConversationRef<'a> {
+    users: &'a UserTable,
+    conversation: &'a Conversation,
+}
+
+impl<'a> ConversationRef<'a> {
+    /// Highest seq seen in any input; may lag behind cursors.
+    pub fn latest_seq(&self) -> Seq {
+        self.conversation.latest_seq
+    }
+
+    /// Members held, departed and unlisted ones included.
+    pub fn len(&self) -> usize {
+        self.conversation.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn member(&self, user: &UserId) -> Option<Member> {
+        let index = self.users.find(user)?;
+        Some(self.conversation.members.get(index)?.load())
+    }
+
+    /// Every member held, in no particular order.
+    pub fn members(&self) -> impl Iterator<Item = (&'a UserId, Member)> + 'a {
+        let users = self.users;
+        self.conversation
+            .members
+            .iter()
+            .map(move |slot| (users.id(slot.user()), slot.load()))
+    }
+
     /// This conversation as other members see it: unread, read counts and
     /// who-read are answered by the [read model](crate::read_model).
     pub fn view(&self) -> ConversationView {
         ConversationView {
-            latest_seq: self.latest_seq,
+            latest_seq: self.latest_seq(),
             members: self
-                .members
-                .iter()
+                .members()
                 .filter_map(|(user, m)| Some((user.clone(), m.present()?)))
                 .collect(),
         }
@@ -326,6 +363,7 @@ pub struct MemberStateUpdate {
 #[derive(Clone, Debug, Default)]
 pub struct PartitionState {
     conversations: IdMap<ConversationId, Conversation>,
+    users: UserTable,
     dirty: IdMap<CursorKey, Outputs>,
     /// Off for readers that never flush (replay): no dirty set is kept.
     untracked: bool,
@@ -345,12 +383,29 @@ impl PartitionState {
         }
     }
 
-    pub fn conversation(&self, id: &ConversationId) -> Option<&Conversation> {
-        self.conversations.get(id)
+    pub fn conversation(&self, id: &ConversationId) -> Option<ConversationRef<'_>> {
+        let conversation = self.conversations.get(id)?;
+        Some(ConversationRef {
+            users: &self.users,
+            conversation,
+        })
     }
 
-    pub fn conversations(&self) -> impl Iterator<Item = (&ConversationId, &Conversation)> {
-        self.conversations.iter()
+    pub fn conversations(&self) -> impl Iterator<Item = (&ConversationId, ConversationRef<'_>)> {
+        let users = &self.users;
+        self.conversations
+            .iter()
+            .map(move |(id, conversation)| (id, ConversationRef { users, conversation }))
+    }
+
+    /// Gives back the room that growth left unused, for a state that is
+    /// done growing for now (after a restore).
+    pub fn shrink_to_fit(&mut self) {
+        self.conversations.shrink_to_fit();
+        for conversation in self.conversations.values_mut() {
+            conversation.members.shrink_to_fit();
+        }
+        self.users.shrink_to_fit();
     }
 
     /// Folds one validated record of either input. Returns whether anything
@@ -380,12 +435,24 @@ impl PartitionState {
             .conversations
             .entry(report.conversation_id.clone())
             .or_default();
-        let (member, created) = member_entry(conv, &report.user_id, report.reported_at);
-        let (moved, outputs) = if report.private {
-            (advance(&mut member.private_cursor, report.seq), Outputs::STATE)
+        let (moved, created) = with_member(
+            &mut self.users,
+            conv,
+            &report.user_id,
+            report.reported_at,
+            |member| {
+                if report.private {
+                    advance(&mut member.private_cursor, report.seq)
+                } else {
+                    let listed = list(member);
+                    advance(&mut member.cursor, report.seq) || listed
+                }
+            },
+        );
+        let outputs = if report.private {
+            Outputs::STATE
         } else {
-            let listed = list(member);
-            (advance(&mut member.cursor, report.seq) || listed, Outputs::PUBLIC)
+            Outputs::PUBLIC
         };
         if moved || created {
             self.mark_dirty(&report.conversation_id, &report.user_id, outputs);
@@ -400,15 +467,17 @@ impl PartitionState {
             .conversations
             .entry(mark.conversation_id.clone())
             .or_default();
-        let (member, created) = member_entry(conv, &mark.user_id, mark.at);
         let version = UnreadMark {
             at: mark.at,
             seq: mark.marked.then_some(mark.seq),
         };
-        let changed = member.mark.is_none_or(|m| version > m);
-        if changed {
-            member.mark = Some(version);
-        }
+        let (changed, created) = with_member(&mut self.users, conv, &mark.user_id, mark.at, |member| {
+            let changed = member.mark.is_none_or(|m| version > m);
+            if changed {
+                member.mark = Some(version);
+            }
+            changed
+        });
         if changed || created {
             self.mark_dirty(&mark.conversation_id, &mark.user_id, Outputs::STATE);
         }
@@ -430,15 +499,17 @@ impl PartitionState {
             seq: event.seq,
             at: event.at,
         };
+        let users = &mut self.users;
         let (user, outputs) = match &event.kind {
             EventKind::MessageSent { sender_id } => {
                 // The sender has read what they wrote.
-                let (member, created) = member_entry(conv, sender_id, event.at);
-                let listed = list(member);
-                let moved = advance(&mut member.cursor, event.seq);
+                let (moved, created) = with_member(users, conv, sender_id, event.at, |member| {
+                    let listed = list(member);
+                    advance(&mut member.cursor, event.seq) || listed
+                });
                 (
                     sender_id,
-                    if moved || created || listed || raised {
+                    if moved || created || raised {
                         Outputs::PUBLIC
                     } else {
                         Outputs::default()
@@ -446,46 +517,54 @@ impl PartitionState {
                 )
             }
             EventKind::MemberJoined { user_id } => {
-                let (member, created) = member_entry(conv, user_id, event.at);
-                let listed = list(member);
-                let mut outputs = if created || listed {
-                    Outputs::PUBLIC
-                } else {
-                    Outputs::default()
-                };
-                if member.membership.is_none_or(|v| version > v) {
-                    // Unread 0 for history, but no credit as a reader of it.
-                    let join_seq = Seq(event.seq.get() + 1);
-                    if member.left || member.join_seq != join_seq {
-                        outputs = Outputs::BOTH;
+                let (mut outputs, created) = with_member(users, conv, user_id, event.at, |member| {
+                    let mut outputs = if list(member) {
+                        Outputs::PUBLIC
+                    } else {
+                        Outputs::default()
+                    };
+                    if member.membership.is_none_or(|v| version > v) {
+                        // Unread 0 for history, but no credit as a reader of it.
+                        let join_seq = Seq(event.seq.get() + 1);
+                        if member.left || member.join_seq != join_seq {
+                            outputs = Outputs::BOTH;
+                        }
+                        outputs = outputs.union(Outputs::STATE);
+                        member.membership = Some(version);
+                        member.epoch += 1;
+                        member.left = false;
+                        member.join_seq = join_seq;
                     }
-                    outputs = outputs.union(Outputs::STATE);
-                    member.membership = Some(version);
-                    member.epoch += 1;
-                    member.left = false;
-                    member.join_seq = join_seq;
-                }
-                if advance(&mut member.cursor, event.seq) {
+                    if advance(&mut member.cursor, event.seq) {
+                        outputs = outputs.union(Outputs::PUBLIC);
+                    }
+                    outputs
+                });
+                if created {
                     outputs = outputs.union(Outputs::PUBLIC);
                 }
                 (user_id, outputs)
             }
             EventKind::MemberLeft { user_id } => {
-                let (member, created) = member_entry(conv, user_id, event.at);
-                let listed = list(member);
-                let mut outputs = if created || listed {
-                    Outputs::PUBLIC
-                } else {
-                    Outputs::default()
-                };
-                if member.membership.is_none_or(|v| version > v) {
-                    if !member.left {
-                        outputs = Outputs::BOTH;
+                let (mut outputs, created) = with_member(users, conv, user_id, event.at, |member| {
+                    let mut outputs = if list(member) {
+                        Outputs::PUBLIC
+                    } else {
+                        Outputs::default()
+                    };
+                    if member.membership.is_none_or(|v| version > v) {
+                        if !member.left {
+                            outputs = Outputs::BOTH;
+                        }
+                        outputs = outputs.union(Outputs::STATE);
+                        member.membership = Some(version);
+                        member.epoch += 1;
+                        member.left = true;
                     }
-                    outputs = outputs.union(Outputs::STATE);
-                    member.membership = Some(version);
-                    member.epoch += 1;
-                    member.left = true;
+                    outputs
+                });
+                if created {
+                    outputs = outputs.union(Outputs::PUBLIC);
                 }
                 (user_id, outputs)
             }
@@ -505,36 +584,59 @@ impl PartitionState {
             .entry(update.conversation_id.clone())
             .or_default();
         conv.latest_seq = conv.latest_seq.max(update.latest_seq).max(update.cursor);
-        let (member, _) = member_entry(conv, &update.user_id, update.updated_at);
-        member.cursor = member.cursor.max(update.cursor);
-        member.join_seq = update.join_seq;
-        member.left = false;
-        member.listed = true;
-        // A replayed join older than this record must not change anything.
-        // (The member-state record, restored after, gives the exact version.)
-        member.membership = (update.join_seq > Seq(1)).then_some(MembershipVersion {
-            seq: Seq(update.join_seq.get() - 1),
-            at: i64::MIN,
-        });
-        member.updated_at = member.updated_at.max(update.updated_at);
+        with_member(
+            &mut self.users,
+            conv,
+            &update.user_id,
+            update.updated_at,
+            |member| {
+                member.cursor = member.cursor.max(update.cursor);
+                member.join_seq = update.join_seq;
+                member.left = false;
+                member.listed = true;
+                // A replayed join older than this record must not change anything.
+                // (The member-state record, restored after, gives the exact version.)
+                member.membership = (update.join_seq > Seq(1)).then_some(MembershipVersion {
+                    seq: Seq(update.join_seq.get() - 1),
+                    at: i64::MIN,
+                });
+            },
+        );
     }
 
     /// Puts back a conversation whole, as a local checkpoint kept it
-    /// (replacing any state of it). Marks nothing dirty.
-    pub fn restore_conversation(&mut self, id: ConversationId, conversation: Conversation) {
-        self.conversations.insert(id, conversation);
+    /// (replacing any state of it). Marks nothing dirty. A user listed
+    /// twice keeps the last entry.
+    pub fn restore_conversation(
+        &mut self,
+        id: ConversationId,
+        latest_seq: Seq,
+        members: impl IntoIterator<Item = (UserId, Member)>,
+    ) {
+        let mut slots: Vec<Slot> = members
+            .into_iter()
+            .map(|(user, member)| Slot::new(self.users.intern(&user), &member))
+            .collect();
+        // Last entry wins, as repeated inserts into a map would.
+        slots.reverse();
+        slots.sort_by_key(Slot::user);
+        slots.dedup_by_key(|s| s.user());
+        let members = Members::from_slots(slots);
+        self.conversations
+            .insert(id, Conversation { latest_seq, members });
     }
 
     /// Applies a public changelog tombstone (restore): the member has left.
     pub fn restore_tombstone(&mut self, key: &CursorKey) {
         let conv = self.conversations.entry(key.conversation_id.clone()).or_default();
-        let (member, _) = member_entry(conv, &key.user_id, i64::MIN);
-        member.left = true;
-        member.listed = true;
-        member.membership = member.membership.or(Some(MembershipVersion {
-            seq: Seq::ZERO,
-            at: i64::MIN,
-        }));
+        with_member(&mut self.users, conv, &key.user_id, i64::MIN, |member| {
+            member.left = true;
+            member.listed = true;
+            member.membership = member.membership.or(Some(MembershipVersion {
+                seq: Seq::ZERO,
+                at: i64::MIN,
+            }));
+        });
     }
 
     /// Applies a member-state record (restore, after the public changelog):
@@ -544,14 +646,21 @@ impl PartitionState {
             .conversations
             .entry(state.key.conversation_id.clone())
             .or_default();
-        let (member, _) = member_entry(conv, &state.key.user_id, state.updated_at);
-        member.private_cursor = member.private_cursor.max(state.private_cursor);
-        member.mark = member.mark.max(state.mark);
-        if state.epoch >= member.epoch {
-            member.epoch = state.epoch;
-            member.left = state.left;
-            member.membership = state.membership.or(member.membership);
-        }
+        with_member(
+            &mut self.users,
+            conv,
+            &state.key.user_id,
+            state.updated_at,
+            |member| {
+                member.private_cursor = member.private_cursor.max(state.private_cursor);
+                member.mark = member.mark.max(state.mark);
+                if state.epoch >= member.epoch {
+                    member.epoch = state.epoch;
+                    member.left = state.left;
+                    member.membership = state.membership.or(member.membership);
+                }
+            },
+        );
     }
 
     /// The current value of every dirty member, without clearing the dirty
@@ -572,11 +681,7 @@ impl PartitionState {
     /// change and failed: the next flush publishes its then current value.
     /// A member no longer held is skipped.
     pub fn redirty(&mut self, key: &CursorKey, outputs: Outputs) {
-        let held = self
-            .conversations
-            .get(&key.conversation_id)
-            .is_some_and(|c| c.members.contains_key(&key.user_id));
-        if held {
+        if self.member(key).is_some() {
             self.mark_dirty(&key.conversation_id, &key.user_id, outputs);
         }
     }
@@ -590,10 +695,11 @@ impl PartitionState {
 
     /// Every (conversation, user) held.
     pub fn keys(&self) -> impl Iterator<Item = CursorKey> + '_ {
-        self.conversations.iter().flat_map(|(c, conv)| {
-            conv.members.keys().map(move |u| CursorKey {
+        let users = &self.users;
+        self.conversations.iter().flat_map(move |(c, conv)| {
+            conv.members.iter().map(move |slot| CursorKey {
                 conversation_id: c.clone(),
-                user_id: u.clone(),
+                user_id: users.id(slot.user()).clone(),
             })
         })
     }
@@ -601,21 +707,32 @@ impl PartitionState {
     /// A member's whole current state, as a snapshot writes it: public, and
     /// state when they have any private state.
     pub fn current(&self, key: &CursorKey) -> Option<Change> {
-        let conv = self.conversations.get(&key.conversation_id)?;
-        let member = conv.members.get(&key.user_id)?;
+        let (member, latest_seq) = self.member(key)?;
         let outputs = Outputs {
             public: member.listed,
             state: member.has_private_state(),
         };
-        Some(self.change_for(key, outputs))
+        Some(Change {
+            key: key.clone(),
+            member,
+            latest_seq,
+            outputs,
+        })
+    }
+
+    /// A member held, and their conversation's latest seq.
+    fn member(&self, key: &CursorKey) -> Option<(Member, Seq)> {
+        let conv = self.conversations.get(&key.conversation_id)?;
+        let slot = conv.members.get(self.users.find(&key.user_id)?)?;
+        Some((slot.load(), conv.latest_seq))
     }
 
     fn change_for(&self, key: &CursorKey, outputs: Outputs) -> Change {
-        let conv = &self.conversations[&key.conversation_id];
+        let (member, latest_seq) = self.member(key).expect("a dirty member is held");
         Change {
             key: key.clone(),
-            member: conv.members[&key.user_id].clone(),
-            latest_seq: conv.latest_seq,
+            member,
+            latest_seq,
             outputs,
         }
     }
@@ -633,16 +750,27 @@ impl PartitionState {
     }
 }
 
-/// The member's entry, created with defaults when unknown; the flag says
-/// whether it was created. Touching a member raises its `updated_at`.
-fn member_entry<'a>(conv: &'a mut Conversation, user: &UserId, at: i64) -> (&'a mut Member, bool) {
-    let mut created = false;
-    let member = conv.members.entry(user.clone()).or_insert_with(|| {
-        created = true;
-        Member::new(at)
-    });
+/// Runs `change` on the member (created with defaults when unknown) and
+/// stores the result; returns what `change` returned and whether the
+/// member was created. Touching a member raises its `updated_at`.
+fn with_member<R>(
+    users: &mut UserTable,
+    conv: &mut Conversation,
+    user: &UserId,
+    at: i64,
+    change: impl FnOnce(&mut Member) -> R,
+) -> (R, bool) {
+    let index = users.intern(user);
+    let (position, created) = match conv.members.position(index) {
+        Some(p) => (p, false),
+        None => (conv.members.insert(Slot::new(index, &Member::new(at))), true),
+    };
+    let slot = conv.members.slot_mut(position);
+    let mut member = slot.load();
     member.updated_at = member.updated_at.max(at);
-    (member, created)
+    let result = change(&mut member);
+    slot.store(&member);
+    (result, created)
 }
 
 /// Lists the member (see [`Member::listed`]); returns whether they were not

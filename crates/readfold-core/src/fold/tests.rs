@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
 
@@ -76,7 +76,11 @@ fn event(c: &str, seq: u64, at: i64, kind: EventKind) -> ConversationEvent {
 }
 
 fn cursor_of(state: &PartitionState, c: &str, u: &str) -> u64 {
-    state.conversation(&conv(c)).unwrap().members[&user(u)]
+    state
+        .conversation(&conv(c))
+        .unwrap()
+        .member(&user(u))
+        .unwrap()
         .cursor
         .get()
 }
@@ -162,8 +166,8 @@ fn late_joiner_is_not_a_reader_of_history() {
     s.apply_event(&joined(g, "D", 5, 10));
     let c = s.conversation(&conv(g)).unwrap();
     assert_eq!(c.view().unread(&user("D")), 0, "history is not unread");
-    assert_eq!(c.members[&user("D")].cursor, Seq(5));
-    assert_eq!(c.members[&user("D")].join_seq, Seq(6));
+    assert_eq!(c.member(&user("D")).unwrap().cursor, Seq(5));
+    assert_eq!(c.member(&user("D")).unwrap().join_seq, Seq(6));
     assert_eq!(
         c.view().read_count(Seq(3), &user("A")),
         1,
@@ -191,7 +195,7 @@ fn a_member_who_left_keeps_the_cursor_but_stops_counting() {
     s.apply_event(&left("G", "B", 1, 5));
     let c = s.conversation(&conv("G")).unwrap();
     assert_eq!(c.view().read_count(Seq(1), &user("A")), 0);
-    assert_eq!(c.members[&user("B")].cursor, Seq(1));
+    assert_eq!(c.member(&user("B")).unwrap().cursor, Seq(1));
     let key = CursorKey {
         conversation_id: conv("G"),
         user_id: user("B"),
@@ -249,7 +253,7 @@ fn report_before_message_sent_is_kept_unclamped() {
     let mut s = PartitionState::new();
     s.apply_report(&report("C", "B", 5));
     let c = s.conversation(&conv("C")).unwrap();
-    assert_eq!(c.members[&user("B")].cursor, Seq(5));
+    assert_eq!(c.member(&user("B")).unwrap().cursor, Seq(5));
     assert_eq!(c.view().unread(&user("B")), 0, "readers clamp at 0");
 }
 
@@ -269,10 +273,16 @@ fn restore_rebuilds_state_without_dirtying() {
         b.conversation(&conv("G")).unwrap(),
     );
     for u in ["B", "D"] {
-        assert_eq!(ca.members[&user(u)].cursor, cb.members[&user(u)].cursor);
-        assert_eq!(ca.members[&user(u)].join_seq, cb.members[&user(u)].join_seq);
+        assert_eq!(
+            ca.member(&user(u)).unwrap().cursor,
+            cb.member(&user(u)).unwrap().cursor
+        );
+        assert_eq!(
+            ca.member(&user(u)).unwrap().join_seq,
+            cb.member(&user(u)).unwrap().join_seq
+        );
     }
-    assert!(cb.members[&user("E")].left);
+    assert!(cb.member(&user("E")).unwrap().left);
     // A replay of D's join after restore changes nothing.
     assert!(!b.apply_event(&joined("G", "D", 4, 1)));
     // A stale report after restore emits nothing lower.
@@ -293,8 +303,8 @@ fn a_private_receipt_moves_only_the_own_cursor() {
     let c = s.conversation(&conv("G")).unwrap();
     assert_eq!(c.view().read_count(Seq(2), &user("A")), 0, "others see nothing");
     assert_eq!(c.view().members[&user("B")].cursor, Seq::ZERO);
-    let own = c.members[&user("B")].own();
-    assert_eq!(own.unread(c.latest_seq), 0, "B's own unread drops");
+    let own = c.member(&user("B")).unwrap().own();
+    assert_eq!(own.unread(c.latest_seq()), 0, "B's own unread drops");
     let changes = s.drain();
     assert_eq!(changes.len(), 1);
     assert_eq!(
@@ -352,7 +362,7 @@ fn an_unread_mark_holds_until_the_cursor_passes_it_or_it_is_cleared() {
     s.apply_report(&report("G", "B", 2));
     let own = |s: &PartitionState| {
         let c = s.conversation(&conv("G")).unwrap();
-        (c.members[&user("B")].own(), c.latest_seq)
+        (c.member(&user("B")).unwrap().own(), c.latest_seq())
     };
     assert!(s.apply_mark(&mark("G", "B", 2, 100, true)));
     let (o, latest) = own(&s);
@@ -383,7 +393,13 @@ fn an_unread_mark_holds_until_the_cursor_passes_it_or_it_is_cleared() {
 #[test]
 fn the_membership_epoch_grows_with_every_join_and_leave_and_only_then() {
     let mut s = PartitionState::new();
-    let epoch = |s: &PartitionState| s.conversation(&conv("G")).unwrap().members[&user("B")].epoch;
+    let epoch = |s: &PartitionState| {
+        s.conversation(&conv("G"))
+            .unwrap()
+            .member(&user("B"))
+            .unwrap()
+            .epoch
+    };
     s.apply_event(&joined("G", "B", 0, 1));
     assert_eq!(epoch(&s), 1);
     s.apply_event(&joined("G", "B", 0, 1));
@@ -395,7 +411,13 @@ fn the_membership_epoch_grows_with_every_join_and_leave_and_only_then() {
     assert_eq!(epoch(&s), 3, "leave, then rejoin at the same seq");
     s.apply_event(&left("G", "B", 4, 2));
     assert_eq!(epoch(&s), 3, "a replayed older leave changes nothing");
-    assert!(!s.conversation(&conv("G")).unwrap().members[&user("B")].left);
+    assert!(
+        !s.conversation(&conv("G"))
+            .unwrap()
+            .member(&user("B"))
+            .unwrap()
+            .left
+    );
 }
 
 #[test]
@@ -408,8 +430,8 @@ fn restore_brings_back_private_cursors_marks_and_membership() {
     a.apply_event(&joined("G", "B", 2, 3));
     let b = restore_from(&a.drain());
     let (ma, mb) = (
-        &a.conversation(&conv("G")).unwrap().members[&user("B")],
-        &b.conversation(&conv("G")).unwrap().members[&user("B")],
+        &a.conversation(&conv("G")).unwrap().member(&user("B")).unwrap(),
+        &b.conversation(&conv("G")).unwrap().member(&user("B")).unwrap(),
     );
     assert_eq!(mb.private_cursor, Seq(7));
     assert_eq!(mb.mark, ma.mark);
@@ -543,8 +565,16 @@ fn fold_all(records: &[Record]) -> PartitionState {
     s
 }
 
-fn snapshot(s: &PartitionState) -> HashMap<ConversationId, Conversation> {
-    s.conversations().map(|(k, v)| (k.clone(), v.clone())).collect()
+/// Every conversation's latest seq and members, as comparable values.
+type Snapshot = BTreeMap<ConversationId, (Seq, BTreeMap<UserId, Member>)>;
+
+fn snapshot(s: &PartitionState) -> Snapshot {
+    s.conversations()
+        .map(|(k, v)| {
+            let members = v.members().map(|(u, m)| (u.clone(), m)).collect();
+            (k.clone(), (v.latest_seq(), members))
+        })
+        .collect()
 }
 
 proptest! {
@@ -576,7 +606,7 @@ proptest! {
         for (i, record) in delivered.iter().enumerate() {
             apply(&mut s, record);
             for (c, conv) in s.conversations() {
-                for (u, m) in &conv.members {
+                for (u, m) in conv.members() {
                     let key = CursorKey { conversation_id: c.clone(), user_id: u.clone() };
                     let before = seen.insert(key.clone(), m.cursor).unwrap_or(Seq::ZERO);
                     prop_assert!(m.cursor >= before, "cursor moved back");
@@ -614,8 +644,8 @@ proptest! {
         let restored = restore_from(&changelog);
         for (c, conv) in live.conversations() {
             let other = restored.conversation(c).unwrap();
-            for (u, m) in &conv.members {
-                let r = &other.members[u];
+            for (u, m) in conv.members() {
+                let r = other.member(u).unwrap();
                 prop_assert_eq!(m.left, r.left);
                 prop_assert_eq!(m.listed, r.listed);
                 prop_assert_eq!(m.private_cursor, r.private_cursor);

@@ -17,9 +17,7 @@
 //! conversations, then a CRC-32 of all that came before. Integers are
 //! little-endian; strings are a u32 length and UTF-8 bytes.
 
-use readfold_core::fold::{
-    Conversation, IdMap, Member, MemberStateUpdate, MembershipVersion, PartitionState, UnreadMark,
-};
+use readfold_core::fold::{Member, MemberStateUpdate, MembershipVersion, PartitionState, UnreadMark};
 use readfold_core::{ConversationId, Seq, UserId};
 
 const MAGIC: &[u8; 6] = b"RFCKPT";
@@ -74,11 +72,11 @@ pub fn encode(meta: &CheckpointMeta, state: &PartitionState) -> Vec<u8> {
     out.extend_from_slice(&(conversations.len() as u64).to_le_bytes());
     for (id, conversation) in conversations {
         put_str(&mut out, id.as_str());
-        out.extend_from_slice(&conversation.latest_seq.get().to_le_bytes());
-        out.extend_from_slice(&(conversation.members.len() as u32).to_le_bytes());
-        for (user, member) in &conversation.members {
+        out.extend_from_slice(&conversation.latest_seq().get().to_le_bytes());
+        out.extend_from_slice(&(conversation.len() as u32).to_le_bytes());
+        for (user, member) in conversation.members() {
             put_str(&mut out, user.as_str());
-            put_member(&mut out, member);
+            put_member(&mut out, &member);
         }
     }
     let crc = crc32(&out);
@@ -112,13 +110,13 @@ pub fn decode(
         if count > input.len() / MEMBER_MIN_BYTES {
             return Err(CheckpointError::Malformed);
         }
-        let mut members = IdMap::with_capacity_and_hasher(count, Default::default());
+        let mut members = Vec::with_capacity(count);
         for _ in 0..count {
             let user = UserId::parse(take_str(&mut input)?, max_id_bytes)
                 .map_err(|e| CheckpointError::Id(e.to_string()))?;
-            members.insert(user, take_member(&mut input)?);
+            members.push((user, take_member(&mut input)?));
         }
-        state.restore_conversation(id, Conversation { latest_seq, members });
+        state.restore_conversation(id, latest_seq, members);
     }
     if !input.is_empty() {
         return Err(CheckpointError::Malformed);

@@ -82,7 +82,7 @@ fn input(op: u8, c: u8, u: u8, seq: u8, at: u8) -> Input {
 /// latest seq in a restore but not in the live fold, which only messages
 /// raise; with events and reports in order, as here, no client sends one).
 fn realistic(input: Input, live: &PartitionState) -> Input {
-    let latest = |c: &ConversationId| live.conversation(c).map_or(Seq::ZERO, |conv| conv.latest_seq);
+    let latest = |c: &ConversationId| live.conversation(c).map_or(Seq::ZERO, |conv| conv.latest_seq());
     match input {
         Input::Report(mut r) => {
             if latest(&r.conversation_id) == Seq::ZERO {
@@ -130,9 +130,8 @@ fn exact(state: &PartitionState) -> Vec<(String, Seq, String, String)> {
     let mut out: Vec<_> = state
         .conversations()
         .flat_map(|(c, conv)| {
-            conv.members
-                .iter()
-                .map(move |(u, m)| (c.to_string(), conv.latest_seq, u.to_string(), format!("{m:?}")))
+            conv.members()
+                .map(move |(u, m)| (c.to_string(), conv.latest_seq(), u.to_string(), format!("{m:?}")))
         })
         .collect();
     out.sort();
@@ -154,8 +153,8 @@ fn answers(state: &PartitionState) -> (Vec<String>, BTreeMap<String, Seq>) {
             .collect();
         view.sort();
         out.push(format!("{c} {view:?}"));
-        latest.insert(c.to_string(), conv.latest_seq);
-        for (u, m) in &conv.members {
+        latest.insert(c.to_string(), conv.latest_seq());
+        for (u, m) in conv.members() {
             out.push(format!(
                 "{c}/{u} left={} listed={} epoch={} membership={:?} private={:?} mark={:?}",
                 m.left, m.listed, m.epoch, m.membership, m.private_cursor, m.mark

@@ -1,0 +1,343 @@
+//! Compact member storage: 48 bytes per (conversation, user) cursor.
+//!
+//! A partition holds millions of members, most of whom only ever have a
+//! cursor, a join_seq and a time. A hash map of [`Member`] per conversation
+//! cost about 175 bytes each (a 16-byte id and a 104-byte value per entry,
+//! the map's spare room, and an id allocation per member). Here:
+//! - each user id is kept once per partition ([`UserTable`]); members refer
+//!   to it by a `u32` index;
+//! - a member is one 48-byte [`Slot`]; what few members have (a private
+//!   cursor, an unread mark, a leave, an epoch past 2^29) lives in a boxed
+//!   [`Extra`], absent for the rest;
+//! - a conversation's members are one vector ([`Members`]), sorted by user
+//!   index but for a short unsorted tail, grown a little at a time.
+//!
+//! The fold works on unpacked [`Member`] values and packs them back, so the
+//! rules in `mod.rs` never see this layout.
+
+use super::{IdMap, Member, MembershipVersion, UnreadMark};
+use crate::domain::{Seq, UserId};
+
+/// The user ids of one partition's state, each kept once.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct UserTable {
+    ids: Vec<UserId>,
+    index: IdMap<UserId, u32>,
+}
+
+impl UserTable {
+    pub(crate) fn find(&self, user: &UserId) -> Option<u32> {
+        self.index.get(user).copied()
+    }
+
+    /// The user's index, added if new.
+    pub(crate) fn intern(&mut self, user: &UserId) -> u32 {
+        if let Some(&i) = self.index.get(user) {
+            return i;
+        }
+        let i = u32::try_from(self.ids.len()).expect("fewer than 2^32 users in one partition");
+        self.ids.push(user.clone());
+        self.index.insert(user.clone(), i);
+        i
+    }
+
+    pub(crate) fn id(&self, index: u32) -> &UserId {
+        &self.ids[index as usize]
+    }
+
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.ids.shrink_to_fit();
+        self.index.shrink_to_fit();
+    }
+}
+
+const LISTED: u32 = 1;
+const LEFT: u32 = 1 << 1;
+const HAS_MEMBERSHIP: u32 = 1 << 2;
+const EPOCH_SHIFT: u32 = 3;
+/// Epochs up to this fit in the slot; a larger one goes to [`Extra`].
+const EPOCH_INLINE_MAX: u64 = (u32::MAX >> EPOCH_SHIFT) as u64;
+
+/// One member, packed.
+#[derive(Clone, Debug)]
+pub(crate) struct Slot {
+    cursor: Seq,
+    join_seq: Seq,
+    updated_at: i64,
+    /// The membership version's time; its seq is `join_seq - 1` (a join)
+    /// unless [`Extra::membership_seq`] says otherwise (a leave).
+    membership_at: i64,
+    extra: Option<Box<Extra>>,
+    user: u32,
+    /// Flags in the low bits, the epoch above them.
+    bits: u32,
+}
+
+/// What most members do not have.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Extra {
+    private_cursor: Seq,
+    mark: Option<UnreadMark>,
+    /// The membership version's seq, when it is not `join_seq - 1`.
+    membership_seq: Option<Seq>,
+    /// The epoch, when it does not fit in the slot.
+    epoch: Option<u64>,
+}
+
+impl Slot {
+    pub(crate) fn new(user: u32, member: &Member) -> Slot {
+        let mut slot = Slot {
+            cursor: Seq::ZERO,
+            join_seq: Seq::ZERO,
+            updated_at: 0,
+            membership_at: 0,
+            extra: None,
+            user,
+            bits: 0,
+        };
+        slot.store(member);
+        slot
+    }
+
+    pub(crate) fn user(&self) -> u32 {
+        self.user
+    }
+
+    pub(crate) fn load(&self) -> Member {
+        let extra = self.extra.as_deref();
+        let membership = (self.bits & HAS_MEMBERSHIP != 0).then(|| MembershipVersion {
+            seq: extra
+                .and_then(|e| e.membership_seq)
+                .unwrap_or(Seq(self.join_seq.get().wrapping_sub(1))),
+            at: self.membership_at,
+        });
+        Member {
+            cursor: self.cursor,
+            private_cursor: extra.map_or(Seq::ZERO, |e| e.private_cursor),
+            join_seq: self.join_seq,
+            left: self.bits & LEFT != 0,
+            listed: self.bits & LISTED != 0,
+            membership,
+            epoch: extra
+                .and_then(|e| e.epoch)
+                .unwrap_or((self.bits >> EPOCH_SHIFT) as u64),
+            mark: extra.and_then(|e| e.mark),
+            updated_at: self.updated_at,
+        }
+    }
+
+    /// Replaces the slot's member, keeping its box when it still needs one.
+    pub(crate) fn store(&mut self, m: &Member) {
+        let wide_epoch = m.epoch > EPOCH_INLINE_MAX;
+        let membership_seq = m
+            .membership
+            .map(|v| v.seq)
+            .filter(|&seq| seq.get().checked_add(1) != Some(m.join_seq.get()));
+        let extra = Extra {
+            private_cursor: m.private_cursor,
+            mark: m.mark,
+            membership_seq,
+            epoch: wide_epoch.then_some(m.epoch),
+        };
+        if extra == Extra::default() {
+            self.extra = None;
+        } else if let Some(boxed) = self.extra.as_deref_mut() {
+            *boxed = extra;
+        } else {
+            self.extra = Some(Box::new(extra));
+        }
+        self.cursor = m.cursor;
+        self.join_seq = m.join_seq;
+        self.updated_at = m.updated_at;
+        self.membership_at = m.membership.map_or(0, |v| v.at);
+        let epoch = if wide_epoch { 0 } else { m.epoch as u32 };
+        self.bits = (epoch << EPOCH_SHIFT)
+            | if m.listed { LISTED } else { 0 }
+            | if m.left { LEFT } else { 0 }
+            | if m.membership.is_some() { HAS_MEMBERSHIP } else { 0 };
+    }
+}
+
+/// Unsorted slots at the end of [`Members`] before they are merged in: a
+/// lookup scans at most this many.
+const UNSORTED_TAIL: usize = 16;
+
+/// One conversation's members: sorted by user index, but for an unsorted
+/// tail of at most [`UNSORTED_TAIL`], so that members arriving in any order
+/// (a restore) cost no quadratic shifting.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Members {
+    slots: Vec<Slot>,
+    sorted: usize,
+}
+
+impl Members {
+    /// From slots of distinct users, in any order.
+    pub(crate) fn from_slots(mut slots: Vec<Slot>) -> Members {
+        slots.sort_unstable_by_key(Slot::user);
+        slots.shrink_to_fit();
+        Members {
+            sorted: slots.len(),
+            slots,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(crate) fn position(&self, user: u32) -> Option<usize> {
+        let (sorted, tail) = self.slots.split_at(self.sorted);
+        match sorted.binary_search_by_key(&user, Slot::user) {
+            Ok(i) => Some(i),
+            Err(_) => tail.iter().position(|s| s.user == user).map(|i| self.sorted + i),
+        }
+    }
+
+    pub(crate) fn get(&self, user: u32) -> Option<&Slot> {
+        self.position(user).map(|i| &self.slots[i])
+    }
+
+    pub(crate) fn slot_mut(&mut self, index: usize) -> &mut Slot {
+        &mut self.slots[index]
+    }
+
+    /// Adds a slot for a user not held yet; returns its position.
+    pub(crate) fn insert(&mut self, slot: Slot) -> usize {
+        let user = slot.user;
+        if self.slots.len() == self.slots.capacity() {
+            // A little at a time: most conversations stop at 2 members, and
+            // doubling would leave a third of a big group's room unused.
+            self.slots.reserve_exact((self.slots.len() / 8).max(1));
+        }
+        self.slots.push(slot);
+        if self.slots.len() - self.sorted <= UNSORTED_TAIL {
+            return self.slots.len() - 1;
+        }
+        // A stable sort merges the sorted run and the sorted tail in one pass.
+        self.slots.sort_by_key(Slot::user);
+        self.sorted = self.slots.len();
+        self.position(user).expect("just inserted")
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Slot> {
+        self.slots.iter()
+    }
+
+    pub(crate) fn shrink_to_fit(&mut self) {
+        self.slots.shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(cursor: u64) -> Member {
+        let mut m = Member::new(5);
+        m.cursor = Seq(cursor);
+        m
+    }
+
+    #[test]
+    fn a_slot_is_48_bytes() {
+        assert_eq!(std::mem::size_of::<Slot>(), 48);
+    }
+
+    #[test]
+    fn every_member_comes_back_as_it_was_stored() {
+        let marks = [
+            None,
+            Some(UnreadMark { at: 9, seq: None }),
+            Some(UnreadMark {
+                at: 3,
+                seq: Some(Seq(4)),
+            }),
+        ];
+        let memberships = [
+            None,
+            Some(MembershipVersion { seq: Seq(6), at: 1 }),
+            Some(MembershipVersion { seq: Seq(2), at: -4 }),
+            Some(MembershipVersion {
+                seq: Seq(u64::MAX),
+                at: i64::MIN,
+            }),
+        ];
+        let mut slot = Slot::new(7, &member(0));
+        for mark in marks {
+            for membership in memberships {
+                for epoch in [0, 1, EPOCH_INLINE_MAX, EPOCH_INLINE_MAX + 1, u64::MAX] {
+                    for (left, listed) in [(false, false), (true, true), (false, true)] {
+                        for private_cursor in [Seq::ZERO, Seq(11)] {
+                            let m = Member {
+                                cursor: Seq(10),
+                                private_cursor,
+                                join_seq: Seq(7),
+                                left,
+                                listed,
+                                membership,
+                                epoch,
+                                mark,
+                                updated_at: -3,
+                            };
+                            // Stored over whatever the slot held before.
+                            slot.store(&m);
+                            assert_eq!(slot.load(), m);
+                            assert_eq!(Slot::new(7, &m).load(), m);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_plain_member_needs_no_box() {
+        let mut m = member(3);
+        m.listed = true;
+        m.join_seq = Seq(5);
+        m.epoch = 1;
+        m.membership = Some(MembershipVersion { seq: Seq(4), at: 8 });
+        assert!(
+            Slot::new(0, &m).extra.is_none(),
+            "a join's version is join_seq - 1"
+        );
+        m.left = true;
+        m.membership = Some(MembershipVersion { seq: Seq(9), at: 8 });
+        assert!(Slot::new(0, &m).extra.is_some(), "a leave's version is kept");
+    }
+
+    #[test]
+    fn members_are_found_in_any_insertion_order() {
+        let mut members = Members::default();
+        // Descending, so that every merge of the tail moves everything.
+        let users: Vec<u32> = (0..200).rev().collect();
+        for (n, &u) in users.iter().enumerate() {
+            assert!(members.get(u).is_none());
+            let at = members.insert(Slot::new(u, &member(u as u64)));
+            assert_eq!(members.slots[at].user, u);
+            assert_eq!(members.len(), n + 1);
+            for &seen in &users[..=n] {
+                assert_eq!(members.get(seen).unwrap().load().cursor, Seq(seen as u64));
+            }
+        }
+        let rebuilt = Members::from_slots(members.iter().cloned().collect());
+        for &u in &users {
+            assert_eq!(rebuilt.get(u).unwrap().load().cursor, Seq(u as u64));
+        }
+        assert!(rebuilt.get(200).is_none());
+    }
+
+    #[test]
+    fn users_are_interned_once() {
+        let mut users = UserTable::default();
+        let a: UserId = "a".parse().unwrap();
+        let b: UserId = "b".parse().unwrap();
+        assert_eq!(users.find(&a), None);
+        assert_eq!(users.intern(&a), 0);
+        assert_eq!(users.intern(&b), 1);
+        assert_eq!(users.intern(&a), 0);
+        assert_eq!(users.find(&b), Some(1));
+        assert_eq!(users.id(1), &b);
+    }
+}

@@ -1,0 +1,122 @@
+//! `readfold bench --memory-cursors N`: resident memory per cursor of one
+//! partition's state holding N cursors, in the shapes a partition takes.
+//! No I/O: the states are built in this process, one after the other, and
+//! each is measured as the growth of resident memory it causes.
+
+use readfold_core::fold::{ConversationEvent, CursorUpdate, EventKind, PartitionState, ReadReport};
+use readfold_core::{ConversationId, Seq, UserId};
+
+use super::resident_bytes;
+
+/// One shape's figure.
+pub struct MemoryRow {
+    pub shape: &'static str,
+    pub cursors: usize,
+    pub bytes_per_cursor: f64,
+}
+
+/// How the state is built.
+#[derive(Clone, Copy)]
+enum Build {
+    /// From changelog records, then shrunk, as a restore leaves it.
+    Restored,
+    /// Joins then reads through the fold, as a live partition grows.
+    Folded,
+}
+
+/// Members per conversation, and how a state is built.
+const SHAPES: [(&str, u64, Build); 3] = [
+    ("restored, 100 members per conversation", 100, Build::Restored),
+    (
+        "folded live (joins, reads), 100 members per conversation",
+        100,
+        Build::Folded,
+    ),
+    ("restored, 1:1 chats", 2, Build::Restored),
+];
+
+/// Every user is in about this many of the state's conversations.
+const CONVERSATIONS_PER_USER: u64 = 10;
+
+pub fn memory(cursors: u64) -> Vec<MemoryRow> {
+    SHAPES
+        .iter()
+        .map(|&(shape, members, build)| {
+            let before = resident_bytes();
+            let state = build_state(cursors, members, build);
+            let grown = resident_bytes().saturating_sub(before);
+            let held = state.cursor_count();
+            drop(state);
+            MemoryRow {
+                shape,
+                cursors: held,
+                bytes_per_cursor: grown as f64 / held.max(1) as f64,
+            }
+        })
+        .collect()
+}
+
+/// A state of `cursors` cursors, `members` per conversation; members are
+/// drawn so that each user is in about [`CONVERSATIONS_PER_USER`] of them.
+fn build_state(cursors: u64, members: u64, build: Build) -> PartitionState {
+    let conversations = (cursors / members).max(1);
+    let users = (cursors / CONVERSATIONS_PER_USER).max(members);
+    let stride = users / members;
+    let id = |c: u64| ConversationId::parse(&format!("conv-{c}"), 64).expect("id");
+    let user = |c: u64, j: u64| UserId::parse(&format!("user-{}", (c + j * stride) % users), 64).expect("id");
+    let mut state = PartitionState::new();
+    for c in 0..conversations {
+        let conversation_id = id(c);
+        for j in 0..members {
+            let user_id = user(c, j);
+            let seq = Seq((c * 31 + j * 17) % 1000 + 1);
+            match build {
+                Build::Restored => state.restore_update(&CursorUpdate {
+                    conversation_id: conversation_id.clone(),
+                    user_id,
+                    cursor: seq,
+                    join_seq: Seq(1),
+                    latest_seq: Seq(1000),
+                    updated_at: 1_700_000_000_000,
+                }),
+                Build::Folded => {
+                    state.apply_event(&ConversationEvent {
+                        conversation_id: conversation_id.clone(),
+                        seq: Seq::ZERO,
+                        at: 1_700_000_000_000,
+                        kind: EventKind::MemberJoined {
+                            user_id: user_id.clone(),
+                        },
+                    });
+                    state.apply_report(&ReadReport {
+                        conversation_id: conversation_id.clone(),
+                        user_id,
+                        seq,
+                        reported_at: 1_700_000_000_001,
+                        private: false,
+                    });
+                }
+            }
+        }
+        if (c + 1) % (5_000 / members).max(1) == 0 {
+            // A flush about every 5,000 changes, as under load: the dirty
+            // set stays small.
+            state.mark_flushed();
+        }
+    }
+    state.mark_flushed();
+    if let Build::Restored = build {
+        state.shrink_to_fit();
+    }
+    state
+}
+
+pub fn print_memory(rows: &[MemoryRow]) {
+    println!("memory per cursor (resident growth; users each in ~{CONVERSATIONS_PER_USER} conversations):");
+    for r in rows {
+        println!(
+            "  {:<58} {:>10} cursors {:>8.1} bytes",
+            r.shape, r.cursors, r.bytes_per_cursor
+        );
+    }
+}
