@@ -111,6 +111,10 @@ enum Command {
         /// many cursors, in several shapes (0: skip).
         #[arg(long, default_value_t = 1_000_000)]
         memory_cursors: u64,
+        /// Internal: measure only this shape and print its figure (the
+        /// memory bench runs each shape in a process of its own).
+        #[arg(long, hide = true)]
+        memory_shape: Option<usize>,
         /// Also time a restore of this many cursors from a changelog topic
         /// on the configured broker (0: skip).
         #[arg(long, default_value_t = 0)]
@@ -232,6 +236,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             direct_chats,
             flush_every,
             memory_cursors,
+            memory_shape,
             restore_cursors,
             pipeline_reports,
             serve_seconds,
@@ -252,9 +257,13 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                 direct_chats: direct_chats.max(1),
                 flush_every: flush_every.max(1),
             };
+            if let Some(shape) = memory_shape {
+                println!("{}", readfold::bench::memory_shape(memory_cursors, shape));
+                return Ok(());
+            }
             readfold::bench::print(w, readfold::bench::run(w));
             if memory_cursors > 0 {
-                readfold::bench::print_memory(&readfold::bench::memory(memory_cursors));
+                readfold::bench::print_memory(&readfold::bench::memory(memory_cursors)?);
             }
             if restore_cursors > 0 {
                 let figures = runtime.block_on(readfold::bench::restore(&config, restore_cursors))?;

@@ -1,12 +1,15 @@
 //! `readfold bench --memory-cursors N`: resident memory per cursor of one
 //! partition's state holding N cursors, in the shapes a partition takes.
-//! No I/O: the states are built in this process, one after the other, and
-//! each is measured as the growth of resident memory it causes.
+//! No I/O. Each shape is built in a process of its own (this binary again,
+//! with a hidden `--memory-shape`), so that memory freed by one shape does
+//! not hide the growth of the next; each figure is the growth of resident
+//! memory the state causes, divided by its cursors.
 
 use readfold_core::fold::{ConversationEvent, CursorUpdate, EventKind, PartitionState, ReadReport};
 use readfold_core::{ConversationId, Seq, UserId};
 
 use super::resident_bytes;
+use crate::error::{Error, Result};
 
 /// One shape's figure.
 pub struct MemoryRow {
@@ -38,22 +41,45 @@ const SHAPES: [(&str, u64, Build); 3] = [
 /// Every user is in about this many of the state's conversations.
 const CONVERSATIONS_PER_USER: u64 = 10;
 
-pub fn memory(cursors: u64) -> Vec<MemoryRow> {
-    SHAPES
-        .iter()
-        .map(|&(shape, members, build)| {
-            let before = resident_bytes();
-            let state = build_state(cursors, members, build);
-            let grown = resident_bytes().saturating_sub(before);
-            let held = state.cursor_count();
-            drop(state);
-            MemoryRow {
-                shape,
-                cursors: held,
-                bytes_per_cursor: grown as f64 / held.max(1) as f64,
-            }
-        })
-        .collect()
+pub fn memory(cursors: u64) -> Result<Vec<MemoryRow>> {
+    let failed = |what: String| Error::Run(format!("the memory bench: {what}"));
+    let exe = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
+    let mut rows = Vec::new();
+    for (i, &(shape, _, _)) in SHAPES.iter().enumerate() {
+        let output = std::process::Command::new(&exe)
+            .args(["bench", "--memory-cursors", &cursors.to_string()])
+            .args(["--memory-shape", &i.to_string()])
+            .output()
+            .map_err(|e| failed(e.to_string()))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let mut figures = text.split_whitespace().map(str::parse::<f64>);
+        let (Some(Ok(held)), Some(Ok(bytes))) = (figures.next(), figures.next()) else {
+            return Err(failed(format!(
+                "the child for {shape:?} failed ({}): {text}{}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            )));
+        };
+        rows.push(MemoryRow {
+            shape,
+            cursors: held as usize,
+            bytes_per_cursor: bytes,
+        });
+    }
+    Ok(rows)
+}
+
+/// Builds shape `index` of [`SHAPES`] in this process; returns "cursors
+/// bytes-per-cursor" for [`memory`] to read.
+pub fn memory_shape(cursors: u64, index: usize) -> String {
+    let Some(&(_, members, build)) = SHAPES.get(index) else {
+        return format!("no shape {index}");
+    };
+    let before = resident_bytes();
+    let state = build_state(cursors, members, build);
+    let grown = resident_bytes().saturating_sub(before);
+    let held = state.cursor_count();
+    format!("{held} {}", grown as f64 / held.max(1) as f64)
 }
 
 /// A state of `cursors` cursors, `members` per conversation; members are

@@ -25,7 +25,7 @@ pub(crate) use readfold_kafka::now_ms;
 
 pub use gateway::{gateway, print_gateway, GatewayFigures};
 pub use latency::{latency, print_latency, LatencyFigures, LatencyRow};
-pub use memory::{memory, print_memory, MemoryRow};
+pub use memory::{memory, memory_shape, print_memory, MemoryRow};
 pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
 pub use replay::{print_replay, replay, ReplayRow};
 pub use restart::{print_restart, restart, RestartRow};
