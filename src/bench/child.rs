@@ -13,6 +13,11 @@ impl ChildGuard {
     pub fn pid(&self) -> u32 {
         self.0.id()
     }
+
+    /// The child's exit status, if it has exited.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.0.try_wait().ok().flatten()
+    }
 }
 
 impl Drop for ChildGuard {

@@ -52,6 +52,8 @@ pub struct LatencyRow {
 pub struct LatencyFigures {
     pub max_rate: f64,
     pub measured_max: bool,
+    /// Whether the processor wrote CQL snapshots (`cql.enabled`).
+    pub cql: bool,
     pub rows: Vec<LatencyRow>,
 }
 
@@ -72,11 +74,14 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     let metrics = free_addr()?;
     let mut vars = config_vars(&config);
     vars.push(("READFOLD__METRICS__LISTEN".into(), metrics));
-    let child = spawn("run", &vars)?;
+    let mut child = spawn("run", &vars)?;
 
     // Every changelog record from now on: (updated_at, arrival) in ms.
     let arrivals: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
     let following = Arc::new(AtomicBool::new(true));
+    // On any early return too: a follower left running would keep the
+    // runtime from shutting down.
+    let _stop_following = StopOnDrop(following.clone());
     let reader = super::changelog_watcher(&config)?;
     reader.follow(None)?;
     let follower = {
@@ -105,7 +110,20 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     let redis = Arc::new(RedisStore::connect(&config.redis).await?);
     let mut probe_seq = 1i64;
     // Warm up: the processor joins, restores, and a first probe lands.
-    probe(&producer, &redis, 0, &mut probe_seq, Duration::from_secs(120)).await?;
+    let warming = Instant::now();
+    loop {
+        if let Some(status) = child.exited() {
+            return Err(Error::Run(format!(
+                "readfold run exited ({status}) before it answered a probe; \
+                 READFOLD_BENCH_CHILD_LOG=info shows its log"
+            )));
+        }
+        match probe(&producer, &redis, 0, &mut probe_seq, Duration::from_secs(5)).await {
+            Ok(_) => break,
+            Err(e) if warming.elapsed() > Duration::from_secs(120) => return Err(e),
+            Err(_) => {}
+        }
+    }
 
     let mut workload = ChatWorkload::new("");
     let mut rows = Vec::new();
@@ -187,8 +205,18 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     Ok(LatencyFigures {
         max_rate,
         measured_max,
+        cql: config.cql.enabled,
         rows,
     })
+}
+
+/// Sets the flag to false when dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
 }
 
 /// Sends probe report `seq` for probe conversation `k` and polls Redis
@@ -232,13 +260,14 @@ async fn probe(
 
 pub fn print_latency(f: &LatencyFigures) {
     println!(
-        "latency at fixed offered rates (records/s over both inputs; maximum {:.0}/s{}), Redis and CQL on:",
+        "latency at fixed offered rates (records/s over both inputs; maximum {:.0}/s{}), Redis on, CQL {}:",
         f.max_rate,
         if f.measured_max {
             ", from a catch-up of 500,000 records"
         } else {
             ", given"
-        }
+        },
+        if f.cql { "on" } else { "off (cql.enabled = false)" }
     );
     println!(
         "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6}",
