@@ -516,52 +516,10 @@ impl PartitionState {
                     },
                 )
             }
-            EventKind::MemberJoined { user_id } => {
+            EventKind::MemberJoined { user_id } | EventKind::MemberLeft { user_id } => {
+                let joined = matches!(event.kind, EventKind::MemberJoined { .. });
                 let (mut outputs, created) = with_member(users, conv, user_id, event.at, |member| {
-                    let mut outputs = if list(member) {
-                        Outputs::PUBLIC
-                    } else {
-                        Outputs::default()
-                    };
-                    if member.membership.is_none_or(|v| version > v) {
-                        // Unread 0 for history, but no credit as a reader of it.
-                        let join_seq = Seq(event.seq.get() + 1);
-                        if member.left || member.join_seq != join_seq {
-                            outputs = Outputs::BOTH;
-                        }
-                        outputs = outputs.union(Outputs::STATE);
-                        member.membership = Some(version);
-                        member.epoch += 1;
-                        member.left = false;
-                        member.join_seq = join_seq;
-                    }
-                    if advance(&mut member.cursor, event.seq) {
-                        outputs = outputs.union(Outputs::PUBLIC);
-                    }
-                    outputs
-                });
-                if created {
-                    outputs = outputs.union(Outputs::PUBLIC);
-                }
-                (user_id, outputs)
-            }
-            EventKind::MemberLeft { user_id } => {
-                let (mut outputs, created) = with_member(users, conv, user_id, event.at, |member| {
-                    let mut outputs = if list(member) {
-                        Outputs::PUBLIC
-                    } else {
-                        Outputs::default()
-                    };
-                    if member.membership.is_none_or(|v| version > v) {
-                        if !member.left {
-                            outputs = Outputs::BOTH;
-                        }
-                        outputs = outputs.union(Outputs::STATE);
-                        member.membership = Some(version);
-                        member.epoch += 1;
-                        member.left = true;
-                    }
-                    outputs
+                    membership_event(member, version, joined)
                 });
                 if created {
                     outputs = outputs.union(Outputs::PUBLIC);
@@ -771,6 +729,37 @@ fn with_member<R>(
     let result = change(&mut member);
     slot.store(&member);
     (result, created)
+}
+
+/// Applies a join (or a leave) at `version` to the member; a replayed or
+/// older event than the last one applied changes nothing but listing.
+/// Returns the outputs it concerns.
+fn membership_event(member: &mut Member, version: MembershipVersion, joined: bool) -> Outputs {
+    let mut outputs = if list(member) {
+        Outputs::PUBLIC
+    } else {
+        Outputs::default()
+    };
+    if member.membership.is_none_or(|v| version > v) {
+        if joined {
+            // Unread 0 for history, but no credit as a reader of it.
+            let join_seq = Seq(version.seq.get() + 1);
+            if member.left || member.join_seq != join_seq {
+                outputs = Outputs::BOTH;
+            }
+            member.join_seq = join_seq;
+        } else if !member.left {
+            outputs = Outputs::BOTH;
+        }
+        outputs = outputs.union(Outputs::STATE);
+        member.membership = Some(version);
+        member.epoch += 1;
+        member.left = !joined;
+    }
+    if joined && advance(&mut member.cursor, version.seq) {
+        outputs = outputs.union(Outputs::PUBLIC);
+    }
+    outputs
 }
 
 /// Lists the member (see [`Member::listed`]); returns whether they were not
