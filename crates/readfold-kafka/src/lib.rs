@@ -17,6 +17,7 @@ pub mod producer;
 pub mod reader;
 
 pub use config::{KafkaConfig, TopicsConfig};
+pub use error::{is_fatal, Error, Result};
 
 /// Milliseconds since the Unix epoch, as readfold stamps the records it
 /// writes (record times, `updated_at`, report and event times).
@@ -25,4 +26,3 @@ pub fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
 }
-pub use error::{is_fatal, Error, Result};

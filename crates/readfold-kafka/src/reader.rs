@@ -77,23 +77,24 @@ impl TopicReader {
     /// the stores right after starting would then miss a change that
     /// reached the changelog before the stores.
     pub fn assign_from_end(&self, topic: &str, partitions: Option<&[i32]>) -> Result<Vec<i32>> {
-        let partitions = match partitions {
-            Some(p) => p.to_vec(),
-            None => self.partitions(topic)?,
-        };
-        let mut starts = Vec::with_capacity(partitions.len());
-        for &p in &partitions {
-            let (_, end) = self.watermarks(topic, p)?;
-            starts.push((p, Offset::Offset(end)));
-        }
+        let starts = self
+            .partitions_or_all(topic, partitions)?
+            .into_iter()
+            .map(|p| Ok((p, Offset::Offset(self.watermarks(topic, p)?.1))))
+            .collect::<Result<Vec<_>>>()?;
         self.assign_at(topic, &starts)
     }
 
+    /// `partitions`, or every partition of `topic` when `None`.
+    fn partitions_or_all(&self, topic: &str, partitions: Option<&[i32]>) -> Result<Vec<i32>> {
+        match partitions {
+            Some(p) => Ok(p.to_vec()),
+            None => self.partitions(topic),
+        }
+    }
+
     fn assign(&self, topic: &str, partitions: Option<&[i32]>, from: Offset) -> Result<Vec<i32>> {
-        let partitions = match partitions {
-            Some(p) => p.to_vec(),
-            None => self.partitions(topic)?,
-        };
+        let partitions = self.partitions_or_all(topic, partitions)?;
         let mut tpl = TopicPartitionList::new();
         for &p in &partitions {
             tpl.add_partition_offset(topic, p, from)?;

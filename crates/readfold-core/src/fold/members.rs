@@ -172,9 +172,13 @@ pub(crate) struct Members {
 }
 
 impl Members {
-    /// From slots of distinct users, in any order.
+    /// From slots in any order; of a user's several slots, the last wins
+    /// (as repeated inserts into a map would).
     pub(crate) fn from_slots(mut slots: Vec<Slot>) -> Members {
-        slots.sort_unstable_by_key(Slot::user);
+        slots.reverse();
+        // Stable: a user's last slot is now first among theirs, and kept.
+        slots.sort_by_key(Slot::user);
+        slots.dedup_by_key(|s| s.user());
         slots.shrink_to_fit();
         Members {
             sorted: slots.len(),
@@ -326,6 +330,13 @@ mod tests {
             assert_eq!(rebuilt.get(u).unwrap().load().cursor, Seq(u as u64));
         }
         assert!(rebuilt.get(200).is_none());
+        let repeated = Members::from_slots(vec![Slot::new(1, &member(1)), Slot::new(1, &member(2))]);
+        assert_eq!(repeated.len(), 1);
+        assert_eq!(
+            repeated.get(1).unwrap().load().cursor,
+            Seq(2),
+            "the last slot wins"
+        );
     }
 
     #[test]

@@ -571,14 +571,10 @@ impl PartitionState {
         latest_seq: Seq,
         members: impl IntoIterator<Item = (UserId, Member)>,
     ) {
-        let mut slots: Vec<Slot> = members
+        let slots = members
             .into_iter()
             .map(|(user, member)| Slot::new(self.users.intern(&user), &member))
             .collect();
-        // Last entry wins, as repeated inserts into a map would.
-        slots.reverse();
-        slots.sort_by_key(Slot::user);
-        slots.dedup_by_key(|s| s.user());
         let members = Members::from_slots(slots);
         self.conversations
             .insert(id, Conversation { latest_seq, members });
@@ -680,9 +676,8 @@ impl PartitionState {
 
     /// A member held, and their conversation's latest seq.
     fn member(&self, key: &CursorKey) -> Option<(Member, Seq)> {
-        let conv = self.conversations.get(&key.conversation_id)?;
-        let slot = conv.members.get(self.users.find(&key.user_id)?)?;
-        Some((slot.load(), conv.latest_seq))
+        let conv = self.conversation(&key.conversation_id)?;
+        Some((conv.member(&key.user_id)?, conv.latest_seq()))
     }
 
     fn change_for(&self, key: &CursorKey, outputs: Outputs) -> Change {
