@@ -110,3 +110,47 @@ async fn the_processor_waits_for_a_sink_that_is_down_at_start() {
     assert!(processor.log_text().contains("sink unreachable at start"));
     assert!(processor.terminate(Duration::from_secs(30)));
 }
+
+/// The stores are written while the flush's transaction is open, and the
+/// commit waits for them; a Redis that hangs must not keep it open until
+/// the broker aborts it (which would fence the producer): the processor
+/// aborts it itself, commits nothing, and goes on once Redis answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_aborts_the_open_transaction_in_time() {
+    let env = TestEnv::new("frozen-redis", 2).await;
+    let mut redis = PrivateRedis::fresh();
+    redis.up();
+    let url = redis.url();
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__REDIS__URL", url.as_str()),
+            ("READFOLD__REDIS__TIMEOUT_MS", "60000"),
+            ("READFOLD__KAFKA__TRANSACTION_TIMEOUT_MS", "4000"),
+        ],
+    );
+    let mut reference = Reference::default();
+    env.feed(&mut reference).report(report("C", "u", 1)).await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+
+    redis.signal("STOP");
+    env.feed(&mut reference).report(report("C", "u", 2)).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let during = env.changelog();
+    assert!(
+        during.latest().values().all(|v| matches!(v, Some((1, _)))),
+        "nothing may be committed while Redis hangs: {:?}",
+        during.latest()
+    );
+    assert!(
+        processor.log_text().contains("the stores did not answer in time"),
+        "{}",
+        processor.log_text()
+    );
+
+    redis.signal("CONT");
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert_matches(&log, &reference);
+    assert!(processor.is_running(), "{}", processor.log_text());
+    assert!(processor.terminate(Duration::from_secs(30)));
+}

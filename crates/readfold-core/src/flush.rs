@@ -5,8 +5,8 @@
 //! that folding goes on while the plan is written. A failed flush gives its
 //! keys back ([`failed`]), and the next one publishes their then current
 //! values, at least as new; nothing is dropped and state never rewinds. The
-//! processor executes the plan: the stores first (idempotent max-merges),
-//! then one Kafka transaction.
+//! processor executes the plan: the stores (idempotent max-merges) and one
+//! Kafka transaction, which commits only once the stores took the plan.
 
 use std::collections::{BTreeMap, HashSet};
 

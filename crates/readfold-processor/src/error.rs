@@ -16,6 +16,10 @@ pub enum Error {
     /// The producer was fenced by a newer incarnation or broke for good.
     #[error("kafka transaction failed fatally (fenced or broken producer), stopping: {0}")]
     FatalTransaction(#[source] KafkaError),
+    /// The stores did not take a flush (or not in time), so its
+    /// transaction was aborted; retried like the stores' own failures.
+    #[error("the stores did not take the flush in time; its transaction was aborted")]
+    StoresNotWritten,
     #[error("the consumer failed fatally: {0}")]
     Consumer(#[source] KafkaError),
     #[error("a background task failed: {0}")]
@@ -36,7 +40,7 @@ impl Error {
         match self {
             Error::Kafka(e) => e.is_retriable(),
             Error::Store(e) => e.is_retriable(),
-            Error::Transaction(_) => true,
+            Error::Transaction(_) | Error::StoresNotWritten => true,
             Error::Registry(e) => e.is_retriable(),
             Error::FatalTransaction(_) | Error::Consumer(_) | Error::Task(_) => false,
         }

@@ -1,8 +1,9 @@
 //! Flush execution: carries out the pure [`readfold_core::flush`] plan.
-//! The stores first (idempotent max-merges, so writing them again on retry
-//! changes nothing), then one Kafka transaction; if anything fails, nothing
-//! is committed and the plan's keys wait for the next flush, with newer
-//! values.
+//! The stores (idempotent max-merges, so writing them again on retry
+//! changes nothing) and one Kafka transaction, written side by side; the
+//! transaction commits only once the stores took the plan. If anything
+//! fails, nothing is committed and the plan's keys wait for the next flush,
+//! with newer values.
 //!
 //! One flush is in flight at a time, on a task of its own, while the run
 //! loop goes on folding: what arrives meanwhile goes into the next flush,
@@ -202,12 +203,43 @@ impl Processor {
 }
 
 impl Writer {
+    /// Writes the stores and, next to them, the transaction, which commits
+    /// only once the stores took the plan.
     async fn write(
         self,
         plan: Arc<FlushPlan<OutRecord>>,
         group: Option<ConsumerGroupMetadata>,
     ) -> Result<()> {
+        // A snapshot-only flush has nothing for Kafka: no transaction.
+        if !plan.needs_transaction() {
+            return self.write_stores(&plan).await;
+        }
         let started = Instant::now();
+        let (records, offsets) = self.transaction_contents(&plan)?;
+        let encoded = started.elapsed();
+        let (written, gate) = std::sync::mpsc::sync_channel(1);
+        let stores = async {
+            let outcome = self.write_stores(&plan).await;
+            // The buffer of one never blocks; a transaction that already
+            // gave up has dropped the receiver, which is fine too.
+            let _ = written.send(outcome.is_ok());
+            (outcome, started.elapsed())
+        };
+        let committed = self.transactions.commit(records, offsets, group, gate);
+        let ((stores, stores_done), committed) = tokio::join!(stores, committed);
+        tracing::debug!(
+            encode_ms = encoded.as_millis() as u64,
+            stores_ms = (stores_done - encoded).as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "flush phases (stores and transaction overlap)"
+        );
+        // The stores' own error says more than the aborted transaction's.
+        stores?;
+        committed
+    }
+
+    /// Redis for a flush's changes, CQL for a snapshot's rows.
+    async fn write_stores(&self, plan: &FlushPlan<OutRecord>) -> Result<()> {
         if let (false, Some(redis)) = (plan.changes.is_empty(), &self.redis) {
             let changes = || plan.changes.iter().map(|(_, c)| c);
             timed_write(
@@ -226,11 +258,14 @@ impl Writer {
             )
             .await?;
         }
-        // A snapshot-only flush has nothing for Kafka: no transaction.
-        if !plan.needs_transaction() {
-            return Ok(());
-        }
-        let stores = started.elapsed();
+        Ok(())
+    }
+
+    /// The changelog records, dead letters and input offsets of a flush.
+    fn transaction_contents(
+        &self,
+        plan: &FlushPlan<OutRecord>,
+    ) -> Result<(Vec<OutRecord>, TopicPartitionList)> {
         let mut records = Vec::with_capacity(plan.changes.len() * 2 + plan.dead_letters.len());
         for (partition, change) in &plan.changes {
             records.extend(changelog_records(change, *partition, &self.out));
@@ -247,15 +282,7 @@ impl Writer {
             };
             offsets.add_partition_offset(topic, partition, Offset::Offset(offset))?;
         }
-        let encoded = started.elapsed();
-        let committed = self.transactions.commit(records, offsets, group).await;
-        tracing::debug!(
-            stores_ms = stores.as_millis() as u64,
-            encode_ms = (encoded - stores).as_millis() as u64,
-            transaction_ms = (started.elapsed() - encoded).as_millis() as u64,
-            "flush phases"
-        );
-        committed
+        Ok((records, offsets))
     }
 }
 

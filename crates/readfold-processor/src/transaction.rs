@@ -2,6 +2,11 @@
 //! changelog records, the dead letters and the input offsets. librdkafka's
 //! transaction calls block, so [`Transactions::commit`] runs them on a
 //! blocking thread, never on an async worker.
+//!
+//! The stores are written while the transaction's records are produced,
+//! and the commit waits for them ([`StoresGate`]): a flush then takes the
+//! longer of the two, not their sum, and the changelog (read_committed)
+//! still never shows a cursor before the stores hold it.
 
 use std::time::Duration;
 
@@ -19,10 +24,19 @@ use crate::error::{Error, Result};
 
 const TXN_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Whether the stores took the flush's writes, sent by the flush once they
+/// answered. The commit waits for it; `false` (or a dropped sender) aborts.
+/// A plain channel: the blocking thread waits on it with a timeout.
+pub type StoresGate = std::sync::mpsc::Receiver<bool>;
+
 /// The processor's transactional producer.
 #[derive(Clone)]
 pub struct Transactions {
     producer: FutureProducer<LogContext>,
+    /// How long an open transaction waits for the stores before it aborts:
+    /// half the transaction timeout, so that the coordinator never aborts
+    /// it first (which would fence the producer).
+    stores_wait: Duration,
 }
 
 impl Transactions {
@@ -47,21 +61,29 @@ impl Transactions {
             .create_with_context(LogContext)?;
         producer.init_transactions(TXN_TIMEOUT)?;
         tracing::info!(%transactional_id, "transactional producer ready");
-        Ok(Transactions { producer })
+        let stores_wait = Duration::from_millis(kafka.transaction_timeout_ms / 2);
+        Ok(Transactions {
+            producer,
+            stores_wait,
+        })
     }
 
     /// Publishes `records` and commits `offsets` for the group in one
-    /// transaction, on a blocking thread. On failure the transaction is
-    /// aborted: [`Error::Transaction`] may be retried,
-    /// [`Error::FatalTransaction`] may not.
+    /// transaction, on a blocking thread, once `stores` says the stores
+    /// took the same flush. On failure the transaction is aborted:
+    /// [`Error::Transaction`] may be retried, [`Error::FatalTransaction`]
+    /// may not; [`Error::StoresNotWritten`] means the stores failed (their
+    /// writer has the reason).
     pub async fn commit(
         &self,
         records: Vec<OutRecord>,
         offsets: TopicPartitionList,
         group: Option<ConsumerGroupMetadata>,
+        stores: StoresGate,
     ) -> Result<()> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.commit_blocking(&records, &offsets, group.as_ref())).await?
+        tokio::task::spawn_blocking(move || this.commit_blocking(&records, &offsets, group.as_ref(), stores))
+            .await?
     }
 
     fn commit_blocking(
@@ -69,6 +91,7 @@ impl Transactions {
         records: &[OutRecord],
         offsets: &TopicPartitionList,
         group: Option<&ConsumerGroupMetadata>,
+        stores: StoresGate,
     ) -> Result<()> {
         let classify = |e: KafkaError| {
             if is_fatal(&e) {
@@ -78,7 +101,8 @@ impl Transactions {
             }
         };
         self.producer.begin_transaction().map_err(classify)?;
-        let body = || -> std::result::Result<(), KafkaError> {
+        // Ok(false): the stores did not take the flush.
+        let body = move || -> std::result::Result<bool, KafkaError> {
             for record in records {
                 self.send(record)?;
             }
@@ -89,25 +113,50 @@ impl Transactions {
                     .send_offsets_to_transaction(offsets, group, TXN_TIMEOUT)?;
             }
             self.wait_delivered()?;
+            if !self.stores_written(stores) {
+                return Ok(false);
+            }
             let mut attempt = 0;
             loop {
                 match self.producer.commit_transaction(TXN_TIMEOUT) {
                     Err(KafkaError::Transaction(e)) if e.is_retriable() && attempt < 3 => attempt += 1,
-                    other => return other,
+                    other => return other.map(|()| true),
                 }
             }
         };
-        match body() {
+        let abort = || match self.producer.abort_transaction(TXN_TIMEOUT) {
+            Err(abort) if is_fatal(&abort) => Err(Error::FatalTransaction(abort)),
+            Err(abort) => {
+                tracing::warn!(error = %abort, "abort_transaction failed");
+                Ok(())
+            }
             Ok(()) => Ok(()),
+        };
+        match body() {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                abort()?;
+                Err(Error::StoresNotWritten)
+            }
             Err(e) if is_fatal(&e) => Err(Error::FatalTransaction(e)),
             Err(e) => {
-                if let Err(abort) = self.producer.abort_transaction(TXN_TIMEOUT) {
-                    if is_fatal(&abort) {
-                        return Err(Error::FatalTransaction(abort));
-                    }
-                    tracing::warn!(error = %abort, "abort_transaction failed");
-                }
+                abort()?;
                 Err(Error::Transaction(e))
+            }
+        }
+    }
+
+    /// Waits, at most `stores_wait`, for the stores' answer.
+    fn stores_written(&self, stores: StoresGate) -> bool {
+        match stores.recv_timeout(self.stores_wait) {
+            Ok(written) => written,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => false,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                tracing::warn!(
+                    waited_ms = self.stores_wait.as_millis() as u64,
+                    "the stores did not answer in time: aborting the flush's transaction"
+                );
+                false
             }
         }
     }
