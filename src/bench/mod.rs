@@ -5,6 +5,7 @@
 
 mod child;
 mod gateway;
+mod kstreams_peer;
 mod latency;
 mod memory;
 mod pipeline;

@@ -12,6 +12,7 @@ use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_replay::source::{sources, KafkaInputs, Polled};
 use readfold_replay::{Format, ProgressMode, ReplayOptions, TableKind};
+use readfold_wire::codec::ReadReportRecord;
 
 use super::child::cpu_secs_of;
 use super::now_ms;
@@ -119,13 +120,25 @@ fn replay_once(config: &Config, table: TableKind) -> Result<u64> {
 /// `records` records of the [`ChatWorkload`], stamped 100 apart per ms.
 /// Returns how many reports and events it produced.
 pub(super) async fn produce(producer: &InputProducer, records: u64) -> Result<(u64, u64)> {
+    produce_seeing(producer, records, |_| {}).await
+}
+
+/// [`produce`], showing each report to `seen` as it goes.
+pub(super) async fn produce_seeing(
+    producer: &InputProducer,
+    records: u64,
+    mut seen: impl FnMut(&ReadReportRecord),
+) -> Result<(u64, u64)> {
     let mut workload = ChatWorkload::new("");
     let now = now_ms();
     let (mut reports, mut events) = (Vec::new(), Vec::new());
     let (mut report_count, mut event_count) = (0, 0);
     for i in 0..records {
         match workload.next(now + i as i64 / 100) {
-            Generated::Report(r) => reports.push(r),
+            Generated::Report(r) => {
+                seen(&r);
+                reports.push(r);
+            }
             Generated::Event(e) => events.push(e),
         }
         if reports.len() + events.len() >= 20_000 {

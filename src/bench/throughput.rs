@@ -18,7 +18,10 @@ use rdkafka::{Offset, TopicPartitionList};
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 
+use readfold_wire::codec::ReadAction;
+
 use super::child::{config_vars, cpu_secs_of, free_addr, peak_rss_of, scrape, spawn};
+use super::kstreams_peer;
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -41,13 +44,23 @@ pub struct ThroughputFigures {
     pub reports: u64,
     pub events: u64,
     pub rows: Vec<ThroughputRow>,
+    /// Rows that could not run, and why.
+    pub notes: Vec<String>,
 }
 
 pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigures> {
     let config = super::on_fresh_topics(config, "throughput");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
-    let (reports, events) = super::replay::produce(&producer, records).await?;
+    let mut expected = kstreams_peer::Expected::new();
+    let (reports, events) = super::replay::produce_seeing(&producer, records, |r| {
+        if r.action == ReadAction::Read && !r.private {
+            let key = (r.conversation_id.clone(), r.user_id.clone());
+            let cursor = expected.entry(key).or_insert(0);
+            *cursor = (*cursor).max(r.seq.max(0) as u64);
+        }
+    })
+    .await?;
     drop(producer);
     let total = reports + events;
 
@@ -100,6 +113,25 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
         rows.push(row);
     }
     topics_made.push(events_topic);
+    // Kafka Streams doing the same fold, where Maven and Java are here.
+    let mut notes = Vec::new();
+    match kstreams_peer::unavailable(&config) {
+        Some(why) => notes.push(format!("Kafka Streams peer skipped: {why}")),
+        None => {
+            let mut run = config.clone();
+            run.kafka.group_id = format!("{}-kstreams", config.kafka.group_id);
+            run.topics.read_cursors.push_str("-kstreams");
+            run.topics.user_read_cursors.push_str("-kstreams");
+            ensure_topics(&run.kafka, &run.topics).await?;
+            topics_made.extend(run.topics.names().into_iter().cloned());
+            topics_made.extend(kstreams_peer::internal_topics(&run));
+            let row =
+                tokio::task::spawn_blocking(move || kstreams_peer::kstreams_peer(&run, expected, reports))
+                    .await
+                    .map_err(|e| Error::Run(format!("kstreams peer: {e}")))??;
+            rows.push(row);
+        }
+    }
     topics_made.sort();
     topics_made.dedup();
     super::delete_bench_topics(&config.kafka, &topics_made).await?;
@@ -107,6 +139,7 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
         reports,
         events,
         rows,
+        notes,
     })
 }
 
@@ -219,7 +252,7 @@ pub(super) fn metric(scraped: &str, series: &str) -> f64 {
 pub fn print_throughput(f: &ThroughputFigures) {
     let raw_secs = f.rows.first().map_or(1.0, |r| r.secs);
     println!(
-        "catching up on a backlog of {} reports and {} conversation events (readfold timed from process start to its last commit; the seed design reads the reports only, in this process, until its events are acknowledged):",
+        "catching up on a backlog of {} reports and {} conversation events (readfold timed from process start to its last commit; the seed design reads the reports only, in this process, until its events are acknowledged; the Kafka Streams peer folds the reports only, in its own JVM, timed from its start until its output holds every cursor):",
         f.reports, f.events
     );
     println!(
@@ -243,6 +276,9 @@ pub fn print_throughput(f: &ThroughputFigures) {
             per(r.redis_calls),
             per(r.cql_statements),
         );
+    }
+    for note in &f.notes {
+        println!("  ({note})");
     }
 }
 
