@@ -69,13 +69,18 @@ public final class Peer {
         topology.addSource("reports", new ByteArrayDeserializer(), new ByteArrayDeserializer(), opts.get("reports"));
         topology.addProcessor("fold", () -> new MaxFold(report, commitMs), "reports");
         topology.addStateStore(
-                Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore(CURSORS), Serdes.Bytes(), Serdes.Long()),
+                // Cached as the DSL's stores are (the Processor API's are not
+                // by default): RocksDB and the changelog see each key once
+                // per commit, not once per report.
+                Stores.keyValueStoreBuilder(Stores.persistentKeyValueStore(CURSORS), Serdes.Bytes(), Serdes.Long())
+                        .withCachingEnabled(),
                 "fold");
         topology.addStateStore(
                 // In memory but logged (restored from its changelog after a
                 // crash): a set that is emptied on every punctuation would
                 // leave RocksDB iterating over its own tombstones.
-                Stores.keyValueStoreBuilder(Stores.inMemoryKeyValueStore(CHANGED), Serdes.Bytes(), Serdes.Long()),
+                Stores.keyValueStoreBuilder(Stores.inMemoryKeyValueStore(CHANGED), Serdes.Bytes(), Serdes.Long())
+                        .withCachingEnabled(),
                 "fold");
         topology.addSink("by-conversation", opts.get("by-conversation"), new ByteArraySerializer(),
                 new ByteArraySerializer(), "fold");
