@@ -171,3 +171,36 @@ pub fn internal_topics(config: &Config) -> Vec<String> {
         .map(|store| format!("{}-{store}-changelog", config.kafka.group_id))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_project_and_the_schemas_are_found_from_the_repository() {
+        let (peer, schemas) = project_dirs().expect("bench/kstreams-peer and schemas/");
+        assert!(peer.join("src/main/java/readfold/peer/Peer.java").is_file());
+        assert!(schemas.join("ReadReport.avsc").is_file());
+    }
+
+    #[test]
+    fn a_secured_broker_skips_the_peer_with_the_reason() {
+        let mut config = Config::defaults();
+        config
+            .kafka
+            .properties
+            .insert("security.protocol".into(), "SASL_SSL".into());
+        let why = unavailable(&config).expect("skipped");
+        assert!(why.contains("plaintext"), "{why}");
+    }
+
+    #[test]
+    fn the_internal_topics_are_the_two_stores_changelogs() {
+        let mut config = Config::defaults();
+        config.kafka.group_id = "g".into();
+        assert_eq!(
+            internal_topics(&config),
+            ["g-cursors-changelog", "g-changed-changelog"]
+        );
+    }
+}

@@ -99,6 +99,18 @@ impl ClientContext for LogContext {
 
 impl rdkafka::consumer::ConsumerContext for LogContext {}
 
+/// For the transactional producer: a failed delivery fails the
+/// transaction's commit, which reports it; here it is only logged.
+impl rdkafka::producer::ProducerContext for LogContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &rdkafka::producer::DeliveryResult<'_>, _: ()) {
+        if let Err((error, _)) = result {
+            tracing::debug!(target: "librdkafka", %error, "delivery failed");
+        }
+    }
+}
+
 /// For the reachability probe, a producer that never sends.
 impl rdkafka::producer::ProducerContext for CheckedContext {
     type DeliveryOpaque = ();

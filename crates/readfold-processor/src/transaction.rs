@@ -8,12 +8,13 @@
 //! longer of the two, not their sum, and the changelog (read_committed)
 //! still never shows a cursor before the stores hold it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::TopicPartitionList;
 use readfold_kafka::context::LogContext;
@@ -32,7 +33,10 @@ pub type StoresGate = std::sync::mpsc::Receiver<bool>;
 /// The processor's transactional producer.
 #[derive(Clone)]
 pub struct Transactions {
-    producer: FutureProducer<LogContext>,
+    /// Threaded, not a `FutureProducer`: nothing waits on one record's
+    /// delivery (the commit checks them all), and a future per record cost
+    /// a channel and its allocations on every changelog record.
+    producer: Arc<ThreadedProducer<LogContext>>,
     /// How long an open transaction waits for the stores before it aborts:
     /// half the transaction timeout, so that the coordinator never aborts
     /// it first (which would fence the producer).
@@ -44,7 +48,7 @@ impl Transactions {
     /// transactional id, aborting whatever it left open. Blocks.
     pub fn init(kafka: &KafkaConfig) -> Result<Self> {
         let transactional_id = kafka.transactional_id();
-        let producer: FutureProducer<LogContext> = kafka
+        let producer: ThreadedProducer<LogContext> = kafka
             .client_config()
             .set("transactional.id", &transactional_id)
             .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
@@ -63,7 +67,7 @@ impl Transactions {
         tracing::info!(%transactional_id, "transactional producer ready");
         let stores_wait = Duration::from_millis(kafka.transaction_timeout_ms / 2);
         Ok(Transactions {
-            producer,
+            producer: Arc::new(producer),
             stores_wait,
         })
     }
@@ -179,28 +183,30 @@ impl Transactions {
     /// Queues one record; waits (this is a blocking thread) while the
     /// producer's queue is full.
     fn send(&self, record: &OutRecord) -> std::result::Result<(), KafkaError> {
-        let mut headers = OwnedHeaders::new();
-        for (name, value) in &record.headers {
-            headers = headers.insert(Header {
-                key: name,
-                value: Some(value.as_bytes()),
-            });
+        let mut base: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&record.topic).partition(record.partition);
+        // Most records have none: no header list to allocate for them.
+        if !record.headers.is_empty() {
+            let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
+            for (name, value) in &record.headers {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: Some(value.as_bytes()),
+                });
+            }
+            base = base.headers(headers);
         }
-        let mut future: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&record.topic)
-            .partition(record.partition)
-            .headers(headers);
         if let Some(key) = &record.key {
-            future = future.key(key);
+            base = base.key(key);
         }
         if let Some(value) = &record.value {
-            future = future.payload(value);
+            base = base.payload(value);
         }
         loop {
-            match self.producer.send_result(future) {
+            match self.producer.send(base) {
                 // Delivery is checked by commit_transaction as a whole.
-                Ok(_delivery) => return Ok(()),
+                Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    future = back;
+                    base = back;
                     std::thread::sleep(Duration::from_millis(5));
                 }
                 Err((e, _)) => return Err(e),
