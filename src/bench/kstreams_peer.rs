@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use readfold_wire::changelog::ChangelogEntry;
+use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use super::child::{cpu_secs_of, peak_rss_of, ChildGuard};
 use super::throughput::ThroughputRow;
@@ -28,6 +29,16 @@ pub const COMMIT_INTERVAL_MS: u64 = 100;
 
 /// (conversation, user) -> the highest public READ seq among the reports.
 pub type Expected = HashMap<(String, String), u64>;
+
+/// Adds a produced report to what the peer's output must hold: the peer
+/// folds READ reports that are not private, as `Peer.java` does.
+pub fn expect(expected: &mut Expected, r: &ReadReportRecord) {
+    if r.action == ReadAction::Read && !r.private {
+        let key = (r.conversation_id.clone(), r.user_id.clone());
+        let cursor = expected.entry(key).or_insert(0);
+        *cursor = (*cursor).max(r.seq.max(0) as u64);
+    }
+}
 
 /// The repository's `bench/kstreams-peer` and `schemas`: from the working
 /// directory, else from where this binary was built.

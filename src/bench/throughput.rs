@@ -18,8 +18,6 @@ use rdkafka::{Offset, TopicPartitionList};
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 
-use readfold_wire::codec::ReadAction;
-
 use super::child::{config_vars, cpu_secs_of, free_addr, peak_rss_of, scrape, spawn};
 use super::kstreams_peer;
 use crate::config::Config;
@@ -53,14 +51,9 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
     let mut expected = kstreams_peer::Expected::new();
-    let (reports, events) = super::replay::produce_seeing(&producer, records, |r| {
-        if r.action == ReadAction::Read && !r.private {
-            let key = (r.conversation_id.clone(), r.user_id.clone());
-            let cursor = expected.entry(key).or_insert(0);
-            *cursor = (*cursor).max(r.seq.max(0) as u64);
-        }
-    })
-    .await?;
+    let (reports, events) =
+        super::replay::produce_seeing(&producer, records, |r| kstreams_peer::expect(&mut expected, r))
+            .await?;
     drop(producer);
     let total = reports + events;
 
