@@ -56,21 +56,8 @@ async fn a_redis_outage_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_exits_at_once() {
     let env = TestEnv::new("second-signal", 2).await;
-    let mut redis = PrivateRedis::fresh();
-    redis.up();
-    let url = redis.url();
-    let mut processor = env.spawn_with(
-        "a",
-        &[
-            ("READFOLD__REDIS__URL", url.as_str()),
-            ("READFOLD__REDIS__TIMEOUT_MS", "60000"),
-            ("READFOLD__SHUTDOWN__TIMEOUT_MS", "120000"),
-        ],
-    );
-    let mut reference = Reference::default();
-    let mut feed = env.feed(&mut reference);
-    feed.report(report("C", "u", 1)).await;
-    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    let (redis, mut processor, mut reference) =
+        one_report_through_a_patient_redis(&env, ("READFOLD__SHUTDOWN__TIMEOUT_MS", "120000")).await;
 
     // A frozen Redis makes the next flush hang, and the graceful stop with it.
     redis.signal("STOP");
@@ -118,20 +105,8 @@ async fn the_processor_waits_for_a_sink_that_is_down_at_start() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_redis_aborts_the_open_transaction_in_time() {
     let env = TestEnv::new("frozen-redis", 2).await;
-    let mut redis = PrivateRedis::fresh();
-    redis.up();
-    let url = redis.url();
-    let mut processor = env.spawn_with(
-        "a",
-        &[
-            ("READFOLD__REDIS__URL", url.as_str()),
-            ("READFOLD__REDIS__TIMEOUT_MS", "60000"),
-            ("READFOLD__KAFKA__TRANSACTION_TIMEOUT_MS", "4000"),
-        ],
-    );
-    let mut reference = Reference::default();
-    env.feed(&mut reference).report(report("C", "u", 1)).await;
-    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    let (redis, mut processor, mut reference) =
+        one_report_through_a_patient_redis(&env, ("READFOLD__KAFKA__TRANSACTION_TIMEOUT_MS", "4000")).await;
 
     redis.signal("STOP");
     env.feed(&mut reference).report(report("C", "u", 2)).await;
@@ -153,4 +128,28 @@ async fn a_frozen_redis_aborts_the_open_transaction_in_time() {
     assert_matches(&log, &reference);
     assert!(processor.is_running(), "{}", processor.log_text());
     assert!(processor.terminate(Duration::from_secs(30)));
+}
+
+/// A processor on a private Redis that it waits on for a minute before a
+/// call times out (so that a frozen Redis hangs a flush rather than fails
+/// it), with one more setting, once report C/u/1 is in the changelog.
+async fn one_report_through_a_patient_redis(
+    env: &TestEnv,
+    setting: (&str, &str),
+) -> (PrivateRedis, Processor, Reference) {
+    let mut redis = PrivateRedis::fresh();
+    redis.up();
+    let url = redis.url();
+    let processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__REDIS__URL", url.as_str()),
+            ("READFOLD__REDIS__TIMEOUT_MS", "60000"),
+            setting,
+        ],
+    );
+    let mut reference = Reference::default();
+    env.feed(&mut reference).report(report("C", "u", 1)).await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    (redis, processor, reference)
 }
