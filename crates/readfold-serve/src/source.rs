@@ -90,14 +90,14 @@ impl ReadSource {
                 Err(e) => {
                     telemetry::store_failed("cql");
                     if !failure.is_empty() {
-                        return Err(Unavailable(format!("redis: {failure}; cql: {e}")));
+                        return Err(Unavailable(format!("{failure}; {e}")));
                     }
-                    return Err(Unavailable(format!("cql: {e}")));
+                    return Err(Unavailable(e.to_string()));
                 }
             }
         }
         if !failure.is_empty() && self.cql.is_none() {
-            return Err(Unavailable(format!("redis: {failure}")));
+            return Err(Unavailable(failure));
         }
         Ok(counted(None, Source::None))
     }
@@ -132,9 +132,9 @@ impl ReadSource {
             let unavailable = |e: readfold_store::Error| {
                 telemetry::store_failed("cql");
                 Unavailable(if failure.is_empty() {
-                    format!("cql: {e}")
+                    e.to_string()
                 } else {
-                    format!("redis: {failure}; cql: {e}")
+                    format!("{failure}; {e}")
                 })
             };
             for (slot, conversation) in found.iter_mut().zip(conversations) {
@@ -160,7 +160,7 @@ impl ReadSource {
                 );
             }
         } else if missing && !failure.is_empty() {
-            return Err(Unavailable(format!("redis: {failure}")));
+            return Err(Unavailable(failure));
         }
         let private = private.unwrap_or_else(|| vec![PrivateState::default(); conversations.len()]);
         Ok(found
