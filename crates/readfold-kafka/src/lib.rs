@@ -6,6 +6,7 @@
 //! - [`admin`]: topic creation and the layout checks the fold relies on.
 //! - [`producer`]: a producer of the inputs, placed as readfold expects.
 //! - [`reader`]: committed-record readers (tail, changelogs).
+//! - [`partition_queue`]: one partition's queue, read a batch at a time.
 //! - [`changelog`]: the changelog reader: restore, read, follow.
 
 pub mod admin;
@@ -13,6 +14,7 @@ pub mod changelog;
 pub mod config;
 pub mod context;
 pub mod error;
+pub mod partition_queue;
 pub mod producer;
 pub mod reader;
 

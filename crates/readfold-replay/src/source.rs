@@ -9,13 +9,13 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, DefaultConsumerContext};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 
 use readfold_core::fold::InputKind;
+use readfold_kafka::partition_queue::{BatchedPartitionQueue, QueuedMessage};
 use readfold_kafka::reader::partition_ids;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_wire::ChangelogKind;
@@ -108,7 +108,7 @@ pub struct KafkaInputs {
     partitions: Vec<InputPartition>,
     /// Which consumer reads each partition.
     owner: Vec<usize>,
-    queues: Vec<Option<PartitionQueue<DefaultConsumerContext>>>,
+    queues: Vec<Option<BatchedPartitionQueue<DefaultConsumerContext>>>,
     /// Per partition: records that reached the shared queue before the
     /// split, in offset order, and whether its end was seen there.
     early: Vec<(VecDeque<Early>, bool)>,
@@ -191,7 +191,7 @@ impl KafkaInputs {
             // taken aside below.
             for p in &inputs_read.partitions[first..] {
                 let queue = (p.end > p.start)
-                    .then(|| consumer.split_partition_queue(&p.topic, p.partition))
+                    .then(|| BatchedPartitionQueue::split(&consumer, &p.topic, p.partition))
                     .flatten();
                 inputs_read.queues.push(queue);
             }
@@ -259,15 +259,15 @@ impl KafkaInputs {
         } else if self.early[i].1 {
             // The end was reached before the split.
             (Polled::Done, true)
-        } else if let Some(queue) = &self.queues[i] {
+        } else if let Some(queue) = &mut self.queues[i] {
             let consumer = &self.consumers[self.owner[i]];
             self.polls += 1;
             if self.polls.is_multiple_of(4096) {
                 // Serves the client's callbacks and surfaces its errors.
                 serve(consumer)?;
             }
-            match queue.poll(wait) {
-                Some(Ok(message)) => deliver(partition, raw(&message), each),
+            match queue.next(wait) {
+                Some(Ok(message)) => deliver(partition, raw(message), each),
                 Some(Err(KafkaError::PartitionEOF(_))) => (Polled::Done, true),
                 Some(Err(e)) if readfold_kafka::is_fatal(&e) => return Err(e.into()),
                 Some(Err(e)) => {
@@ -327,12 +327,12 @@ pub enum Polled<T> {
     Done,
 }
 
-fn raw<'a>(message: &'a BorrowedMessage<'_>) -> RawRecord<'a> {
+fn raw(message: QueuedMessage<'_>) -> RawRecord<'_> {
     RawRecord {
-        timestamp: message.timestamp().to_millis().unwrap_or(0),
-        offset: message.offset(),
-        key: message.key(),
-        value: message.payload(),
+        timestamp: message.timestamp.unwrap_or(0),
+        offset: message.offset,
+        key: message.key,
+        value: message.payload,
     }
 }
 
