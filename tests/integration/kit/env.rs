@@ -27,44 +27,6 @@ pub struct TestEnv {
     _services: ServicesGuard,
 }
 
-/// A passing test's topics are deleted, so that a developer's broker does
-/// not fill up with thousands of them (which slows the benches run on it);
-/// a failing test's are kept for a look. The processes a test started are
-/// stopped before (they are declared after the environment).
-impl Drop for TestEnv {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            return;
-        }
-        let kafka = self.config.kafka.clone();
-        let names: Vec<String> = self.config.topics.names().into_iter().cloned().collect();
-        // Its own runtime on its own thread: a drop cannot await, and may run
-        // on a runtime's worker.
-        let deleted = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            let names: Vec<&str> = names.iter().map(String::as_str).collect();
-            runtime.block_on(async {
-                tokio::time::timeout(
-                    Duration::from_secs(20),
-                    readfold_kafka::admin::delete_topics(&kafka, &names),
-                )
-                .await
-            })
-        })
-        .join();
-        match deleted {
-            Ok(Ok(Ok(()))) => {}
-            // Its panic message is printed already.
-            Err(_) => eprintln!("deleting the test's topics failed; left them"),
-            Ok(Ok(Err(e))) => eprintln!("could not delete the test's topics: {e}"),
-            Ok(Err(_)) => eprintln!("deleting the test's topics took over 20 s; left them"),
-        }
-    }
-}
-
 impl TestEnv {
     pub async fn new(test: &str, partitions: i32) -> TestEnv {
         Self::with_services(test, partitions, shared_services().await).await
