@@ -8,7 +8,6 @@
 //! one call; [`BatchedPartitionQueue`] wraps it behind the same
 //! one-message-at-a-time interface, so callers keep their per-record logic.
 
-use std::collections::VecDeque;
 use std::ffi::CString;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -37,12 +36,15 @@ pub struct QueuedMessage<'a> {
 pub struct BatchedPartitionQueue<C: ConsumerContext + 'static> {
     queue: NonNull<rdsys::rd_kafka_queue_t>,
     partition: i32,
-    /// Taken off the queue, not handed over yet, in offset order.
-    pending: VecDeque<NonNull<rdsys::rd_kafka_message_t>>,
-    /// Handed over by the last `next`: destroyed by the next call, so that
-    /// what it lent stays valid until then.
-    current: Option<NonNull<rdsys::rd_kafka_message_t>>,
+    /// The last batch librdkafka took off the queue, in offset order:
+    /// `slots[..taken]`, of which `slots[..next]` were handed over.
     slots: Vec<*mut rdsys::rd_kafka_message_t>,
+    taken: usize,
+    next: usize,
+    /// Whether `slots[next - 1]`, handed over by the last `next`, is still
+    /// to be destroyed: by the next call, so that what it lent stays valid
+    /// until then.
+    lent: bool,
     /// Keeps the client alive as long as the queue.
     _consumer: Arc<BaseConsumer<C>>,
 }
@@ -69,9 +71,10 @@ impl<C: ConsumerContext + 'static> BatchedPartitionQueue<C> {
         Some(BatchedPartitionQueue {
             queue,
             partition,
-            pending: VecDeque::with_capacity(BATCH),
-            current: None,
             slots: vec![std::ptr::null_mut(); BATCH],
+            taken: 0,
+            next: 0,
+            lent: false,
             _consumer: consumer.clone(),
         })
     }
@@ -79,12 +82,17 @@ impl<C: ConsumerContext + 'static> BatchedPartitionQueue<C> {
     /// The next message or error, waiting at most `wait` when none is
     /// queued. What it lends is valid until the next call.
     pub fn next(&mut self, wait: Duration) -> Option<Result<QueuedMessage<'_>, KafkaError>> {
-        self.destroy_current();
-        if self.pending.is_empty() {
+        self.destroy_lent();
+        if self.next == self.taken {
             self.fill(wait);
         }
-        let message = self.pending.pop_front()?;
-        self.current = Some(message);
+        if self.next == self.taken {
+            return None;
+        }
+        // librdkafka fills the slots it counts with messages, never null.
+        let message = NonNull::new(self.slots[self.next]).expect("a message in a filled slot");
+        self.next += 1;
+        self.lent = true;
         // SAFETY: librdkafka owns the message until `rd_kafka_message_destroy`,
         // which happens only in the next call or on drop, both of which need
         // `&mut self` and so end this borrow first.
@@ -124,27 +132,24 @@ impl<C: ConsumerContext + 'static> BatchedPartitionQueue<C> {
                 self.slots.len(),
             )
         };
-        for &slot in &self.slots[..taken.max(0) as usize] {
-            if let Some(message) = NonNull::new(slot) {
-                self.pending.push_back(message);
-            }
-        }
+        self.taken = taken.max(0) as usize;
+        self.next = 0;
     }
 
-    fn destroy_current(&mut self) {
-        if let Some(message) = self.current.take() {
+    fn destroy_lent(&mut self) {
+        if std::mem::take(&mut self.lent) {
             // SAFETY: taken off the queue by us and destroyed once.
-            unsafe { rdsys::rd_kafka_message_destroy(message.as_ptr()) };
+            unsafe { rdsys::rd_kafka_message_destroy(self.slots[self.next - 1]) };
         }
     }
 }
 
 impl<C: ConsumerContext + 'static> Drop for BatchedPartitionQueue<C> {
     fn drop(&mut self) {
-        self.destroy_current();
-        for message in self.pending.drain(..) {
-            // SAFETY: as in `destroy_current`.
-            unsafe { rdsys::rd_kafka_message_destroy(message.as_ptr()) };
+        self.destroy_lent();
+        for &message in &self.slots[self.next..self.taken] {
+            // SAFETY: as in `destroy_lent`.
+            unsafe { rdsys::rd_kafka_message_destroy(message) };
         }
         // SAFETY: our reference to the queue, released once, before the
         // consumer (a field) can be dropped.
