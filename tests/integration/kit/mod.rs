@@ -12,6 +12,7 @@ pub mod load;
 pub mod reference;
 pub mod services;
 pub mod stores;
+pub mod sweep;
 pub mod terminal;
 pub mod ws;
 

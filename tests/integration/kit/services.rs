@@ -53,6 +53,7 @@ pub fn require_services() {
              (or `scripts/services.sh up {service}`), or point {var} at a running one."
         );
     }
+    super::sweep::sweep_leftovers_once();
 }
 
 /// Tests share one Kafka, Redis and CQL server. Most only need them up

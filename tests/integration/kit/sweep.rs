@@ -1,0 +1,174 @@
+//! Leftovers of earlier test runs on the shared services: each test makes
+//! its own topics (`it.<test>-<pid>-<nanos>.<topic>`) and CQL keyspace
+//! (`it_<test>_<pid>_<nanos>`), and a failing or killed test cannot remove
+//! them. On a machine that keeps the services' data between runs they pile
+//! up: 743 keyspaces once filled the CQL server's 1 GB heap and failed a
+//! whole run. So each test process, before its first test, deletes those
+//! whose process has ended; a running test process's (another `cargo
+//! test` on the same services) are left alone.
+
+use std::sync::LazyLock;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+
+use super::services::bootstrap;
+use super::stores::cql_config;
+
+/// Sweeps once per test process; later callers wait for the first.
+pub fn sweep_leftovers_once() {
+    static SWEPT: LazyLock<()> = LazyLock::new(|| {
+        // Its own runtime on its own thread: callers may be on a runtime's
+        // worker, where one cannot block on another.
+        let swept = std::thread::spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime")
+                .block_on(sweep())
+        })
+        .join();
+        if swept.is_err() {
+            eprintln!("sweeping earlier runs' test topics and keyspaces failed; went on");
+        }
+    });
+    LazyLock::force(&SWEPT);
+}
+
+async fn sweep() {
+    let started = Instant::now();
+    let topics = match leftover_topics() {
+        Ok(topics) => topics,
+        Err(e) => {
+            eprintln!("listing test topics failed ({e}); left them");
+            Vec::new()
+        }
+    };
+    if !topics.is_empty() {
+        let kafka = readfold_kafka_config();
+        let names: Vec<&str> = topics.iter().map(String::as_str).collect();
+        // Batches of a few hundred keep each request small.
+        for chunk in names.chunks(200) {
+            match tokio::time::timeout(
+                Duration::from_secs(60),
+                readfold_kafka::admin::delete_topics(&kafka, chunk),
+            )
+            .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("deleting earlier runs' test topics failed: {e}"),
+                Err(_) => eprintln!("deleting earlier runs' test topics took over 60 s"),
+            }
+        }
+    }
+    let keyspaces = sweep_keyspaces().await;
+    if !topics.is_empty() || keyspaces > 0 {
+        eprintln!(
+            "removed {} topics and {keyspaces} CQL keyspaces left by earlier test runs in {:.1} s",
+            topics.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+fn readfold_kafka_config() -> readfold_kafka::config::KafkaConfig {
+    let mut kafka = readfold::config::Config::defaults().kafka;
+    kafka.bootstrap_servers = bootstrap();
+    kafka
+}
+
+fn leftover_topics() -> Result<Vec<String>, rdkafka::error::KafkaError> {
+    let consumer: BaseConsumer = readfold_kafka_config().client_config().create()?;
+    let metadata = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+    Ok(metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .filter(|name| {
+            // `it.<test>-<pid>-<nanos>.<topic>`
+            let Some(rest) = name.strip_prefix("it.") else {
+                return false;
+            };
+            rest.rsplit_once('.')
+                .and_then(|(prefix, _)| owner_pid(prefix, '-'))
+                .is_some_and(ended)
+        })
+        .collect())
+}
+
+/// Drops ended runs' keyspaces; returns how many.
+async fn sweep_keyspaces() -> usize {
+    let store = match readfold_store::cql::CqlStore::connect(&cql_config("system")).await {
+        Ok(store) => store,
+        Err(e) => {
+            eprintln!("connecting to the CQL server to sweep test keyspaces failed ({e}); left them");
+            return 0;
+        }
+    };
+    let session = store.session();
+    let names: Vec<String> = match session
+        .query_unpaged("SELECT keyspace_name FROM system_schema.keyspaces", &[])
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.into_rows_result().map_err(|e| e.to_string()))
+        .and_then(|rows| {
+            rows.rows::<(String,)>()
+                .map_err(|e| e.to_string())?
+                .map(|row| row.map(|(name,)| name).map_err(|e| e.to_string()))
+                .collect()
+        }) {
+        Ok(names) => names,
+        Err(e) => {
+            eprintln!("listing CQL keyspaces failed ({e}); left them");
+            return 0;
+        }
+    };
+    let mut dropped = 0;
+    for name in names {
+        // `it_<test>_<pid>_<nanos>`
+        let leftover = name
+            .strip_prefix("it_")
+            .and_then(|rest| owner_pid(rest, '_'))
+            .is_some_and(ended);
+        if !leftover {
+            continue;
+        }
+        match session
+            .query_unpaged(format!("DROP KEYSPACE IF EXISTS {name}"), &[])
+            .await
+        {
+            Ok(_) => dropped += 1,
+            Err(e) => eprintln!("dropping leftover keyspace {name} failed: {e}"),
+        }
+    }
+    dropped
+}
+
+/// The process id in `<anything><sep><pid><sep><nanos>`.
+fn owner_pid(name: &str, sep: char) -> Option<u32> {
+    let mut parts = name.rsplitn(3, sep);
+    let nanos = parts.next()?;
+    let pid = parts.next()?;
+    parts.next()?;
+    nanos.parse::<u64>().ok()?;
+    pid.parse().ok()
+}
+
+/// True when no process with this id runs on this machine (the services
+/// are local); a reused id only keeps a leftover for a later sweep.
+fn ended(pid: u32) -> bool {
+    pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::owner_pid;
+
+    #[test]
+    fn reads_the_pid_of_topic_prefixes_and_keyspaces() {
+        assert_eq!(owner_pid("checkpoint-bad-4242-123456789012", '-'), Some(4242));
+        assert_eq!(owner_pid("cql_race_17_99", '_'), Some(17));
+        assert_eq!(owner_pid("other-value", '-'), None);
+        assert_eq!(owner_pid("a-b-c", '-'), None);
+    }
+}
