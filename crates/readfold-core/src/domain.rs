@@ -42,6 +42,13 @@ macro_rules! id_newtype {
             }
         }
 
+        /// A clone: lets maps insert a key looked up by reference.
+        impl From<&$name> for $name {
+            fn from(id: &$name) -> Self {
+                id.clone()
+            }
+        }
+
         impl FromStr for $name {
             type Err = IdError;
             fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -358,15 +358,43 @@ pub struct MemberStateUpdate {
     pub updated_at: i64,
 }
 
+/// The conversations of a partition. hashbrown's map, as std's is, but
+/// with `entry_ref`: a lookup of a held conversation clones no id.
+type Conversations = hashbrown::HashMap<ConversationId, Conversation, foldhash::fast::RandomState>;
+
 /// All read state of one input partition, plus the members changed since
 /// the last successful flush.
 #[derive(Clone, Debug, Default)]
 pub struct PartitionState {
-    conversations: IdMap<ConversationId, Conversation>,
+    conversations: Conversations,
     users: UserTable,
-    dirty: IdMap<CursorKey, Outputs>,
-    /// Off for readers that never flush (replay): no dirty set is kept.
+    dirty: DirtySet,
+}
+
+/// The members changed since the last flush: their slots carry what
+/// changed (see `members.rs`); this lists their conversations.
+#[derive(Clone, Debug, Default)]
+struct DirtySet {
+    /// Conversations with a dirty member, each once.
+    conversations: Vec<ConversationId>,
+    /// Dirty members.
+    members: usize,
+    /// Off for readers that never flush (replay): nothing is marked.
     untracked: bool,
+}
+
+impl DirtySet {
+    /// Adds `outputs` to what changed of the member at `position` of `conv`.
+    fn mark(&mut self, id: &ConversationId, conv: &mut Conversation, position: usize, outputs: Outputs) {
+        if self.untracked {
+            return;
+        }
+        let (new_member, new_conversation) = conv.members.mark_dirty(position, outputs);
+        self.members += usize::from(new_member);
+        if new_conversation {
+            self.conversations.push(id.clone());
+        }
+    }
 }
 
 impl PartitionState {
@@ -378,7 +406,10 @@ impl PartitionState {
     /// readers that only look at the end result (replay).
     pub fn untracked() -> Self {
         PartitionState {
-            untracked: true,
+            dirty: DirtySet {
+                untracked: true,
+                ..DirtySet::default()
+            },
             ..Self::default()
         }
     }
@@ -425,17 +456,14 @@ impl PartitionState {
 
     /// Number of members changed since the last [`PartitionState::mark_flushed`].
     pub fn dirty_len(&self) -> usize {
-        self.dirty.len()
+        self.dirty.members
     }
 
     /// Folds one read report: a public one moves the cursor others see, a
     /// private one only the member's own. Returns whether a cursor moved.
     pub fn apply_report(&mut self, report: &ReadReport) -> bool {
-        let conv = self
-            .conversations
-            .entry(report.conversation_id.clone())
-            .or_default();
-        let (moved, created) = with_member(
+        let conv = self.conversations.entry_ref(&report.conversation_id).or_default();
+        let (moved, created, position) = with_member(
             &mut self.users,
             conv,
             &report.user_id,
@@ -455,7 +483,7 @@ impl PartitionState {
             Outputs::PUBLIC
         };
         if moved || created {
-            self.mark_dirty(&report.conversation_id, &report.user_id, outputs);
+            self.dirty.mark(&report.conversation_id, conv, position, outputs);
         }
         moved
     }
@@ -463,33 +491,29 @@ impl PartitionState {
     /// Folds a mark-as-unread action or its clearing; the latest action, by
     /// [`UnreadMark`] order, wins. Returns whether the mark changed.
     pub fn apply_mark(&mut self, mark: &UnreadMarkReport) -> bool {
-        let conv = self
-            .conversations
-            .entry(mark.conversation_id.clone())
-            .or_default();
+        let conv = self.conversations.entry_ref(&mark.conversation_id).or_default();
         let version = UnreadMark {
             at: mark.at,
             seq: mark.marked.then_some(mark.seq),
         };
-        let (changed, created) = with_member(&mut self.users, conv, &mark.user_id, mark.at, |member| {
-            let changed = member.mark.is_none_or(|m| version > m);
-            if changed {
-                member.mark = Some(version);
-            }
-            changed
-        });
+        let (changed, created, position) =
+            with_member(&mut self.users, conv, &mark.user_id, mark.at, |member| {
+                let changed = member.mark.is_none_or(|m| version > m);
+                if changed {
+                    member.mark = Some(version);
+                }
+                changed
+            });
         if changed || created {
-            self.mark_dirty(&mark.conversation_id, &mark.user_id, Outputs::STATE);
+            self.dirty
+                .mark(&mark.conversation_id, conv, position, Outputs::STATE);
         }
         changed
     }
 
     /// Folds one conversation event. Returns whether any member changed.
     pub fn apply_event(&mut self, event: &ConversationEvent) -> bool {
-        let conv = self
-            .conversations
-            .entry(event.conversation_id.clone())
-            .or_default();
+        let conv = self.conversations.entry_ref(&event.conversation_id).or_default();
         // Stores learn the latest seq only through member updates, so a
         // message that raises it must publish one, even if its sender had
         // already read past it.
@@ -500,15 +524,15 @@ impl PartitionState {
             at: event.at,
         };
         let users = &mut self.users;
-        let (user, outputs) = match &event.kind {
+        let (position, outputs) = match &event.kind {
             EventKind::MessageSent { sender_id } => {
                 // The sender has read what they wrote.
-                let (moved, created) = with_member(users, conv, sender_id, event.at, |member| {
+                let (moved, created, position) = with_member(users, conv, sender_id, event.at, |member| {
                     let listed = list(member);
                     advance(&mut member.cursor, event.seq) || listed
                 });
                 (
-                    sender_id,
+                    position,
                     if moved || created || raised {
                         Outputs::PUBLIC
                     } else {
@@ -518,18 +542,18 @@ impl PartitionState {
             }
             EventKind::MemberJoined { user_id } | EventKind::MemberLeft { user_id } => {
                 let joined = matches!(event.kind, EventKind::MemberJoined { .. });
-                let (mut outputs, created) = with_member(users, conv, user_id, event.at, |member| {
-                    membership_event(member, version, joined)
-                });
+                let (mut outputs, created, position) =
+                    with_member(users, conv, user_id, event.at, |member| {
+                        membership_event(member, version, joined)
+                    });
                 if created {
                     outputs = outputs.union(Outputs::PUBLIC);
                 }
-                (user_id, outputs)
+                (position, outputs)
             }
         };
         if outputs.any() {
-            let user = user.clone();
-            self.mark_dirty(&event.conversation_id, &user, outputs);
+            self.dirty.mark(&event.conversation_id, conv, position, outputs);
         }
         outputs.any()
     }
@@ -537,10 +561,7 @@ impl PartitionState {
     /// Rebuilds state from a public changelog record (restore). Marks
     /// nothing dirty: the changelog already holds it.
     pub fn restore_update(&mut self, update: &CursorUpdate) {
-        let conv = self
-            .conversations
-            .entry(update.conversation_id.clone())
-            .or_default();
+        let conv = self.conversations.entry_ref(&update.conversation_id).or_default();
         conv.latest_seq = conv.latest_seq.max(update.latest_seq).max(update.cursor);
         with_member(
             &mut self.users,
@@ -576,13 +597,21 @@ impl PartitionState {
             .map(|(user, member)| Slot::new(self.users.intern(&user), &member))
             .collect();
         let members = Members::from_slots(slots);
+        if let Some(replaced) = self.conversations.get_mut(&id) {
+            // Its changes go with it (a restore runs before any fold: this
+            // scan of the dirty list is for correctness, not speed).
+            if replaced.members.is_dirty() {
+                self.dirty.members -= replaced.members.clear_dirty();
+                self.dirty.conversations.retain(|c| c != &id);
+            }
+        }
         self.conversations
             .insert(id, Conversation { latest_seq, members });
     }
 
     /// Applies a public changelog tombstone (restore): the member has left.
     pub fn restore_tombstone(&mut self, key: &CursorKey) {
-        let conv = self.conversations.entry(key.conversation_id.clone()).or_default();
+        let conv = self.conversations.entry_ref(&key.conversation_id).or_default();
         with_member(&mut self.users, conv, &key.user_id, i64::MIN, |member| {
             member.left = true;
             member.listed = true;
@@ -598,7 +627,7 @@ impl PartitionState {
     pub fn restore_state(&mut self, state: &MemberStateUpdate) {
         let conv = self
             .conversations
-            .entry(state.key.conversation_id.clone())
+            .entry_ref(&state.key.conversation_id)
             .or_default();
         with_member(
             &mut self.users,
@@ -620,23 +649,47 @@ impl PartitionState {
     /// The current value of every dirty member, without clearing the dirty
     /// set, so that a failed flush can be retried with values at least as new.
     pub fn pending_changes(&self) -> Vec<Change> {
-        self.dirty
-            .iter()
-            .map(|(key, &outputs)| self.change_for(key, outputs))
-            .collect()
+        let mut changes = Vec::with_capacity(self.dirty.members);
+        for id in &self.dirty.conversations {
+            let Some(conv) = self.conversations.get(id) else {
+                continue;
+            };
+            changes.extend(conv.members.dirty_slots().map(|slot| Change {
+                key: CursorKey {
+                    conversation_id: id.clone(),
+                    user_id: self.users.id(slot.user()).clone(),
+                },
+                member: slot.load(),
+                latest_seq: conv.latest_seq,
+                outputs: slot.dirty(),
+            }));
+        }
+        changes
     }
 
     /// Forgets the dirty set after every sink has acknowledged.
     pub fn mark_flushed(&mut self) {
-        self.dirty.clear();
+        for id in self.dirty.conversations.drain(..) {
+            if let Some(conv) = self.conversations.get_mut(&id) {
+                conv.members.clear_dirty();
+            }
+        }
+        self.dirty.members = 0;
     }
 
     /// Marks `key` changed again with `outputs`, for a flush that took its
     /// change and failed: the next flush publishes its then current value.
     /// A member no longer held is skipped.
     pub fn redirty(&mut self, key: &CursorKey, outputs: Outputs) {
-        if self.member(key).is_some() {
-            self.mark_dirty(&key.conversation_id, &key.user_id, outputs);
+        let Some(conv) = self.conversations.get_mut(&key.conversation_id) else {
+            return;
+        };
+        let position = self
+            .users
+            .find(&key.user_id)
+            .and_then(|user| conv.members.position(user));
+        if let Some(position) = position {
+            self.dirty.mark(&key.conversation_id, conv, position, outputs);
         }
     }
 
@@ -679,40 +732,19 @@ impl PartitionState {
         let conv = self.conversation(&key.conversation_id)?;
         Some((conv.member(&key.user_id)?, conv.latest_seq()))
     }
-
-    fn change_for(&self, key: &CursorKey, outputs: Outputs) -> Change {
-        let (member, latest_seq) = self.member(key).expect("a dirty member is held");
-        Change {
-            key: key.clone(),
-            member,
-            latest_seq,
-            outputs,
-        }
-    }
-
-    fn mark_dirty(&mut self, conversation_id: &ConversationId, user_id: &UserId, outputs: Outputs) {
-        if self.untracked {
-            return;
-        }
-        let key = CursorKey {
-            conversation_id: conversation_id.clone(),
-            user_id: user_id.clone(),
-        };
-        let entry = self.dirty.entry(key).or_default();
-        *entry = entry.union(outputs);
-    }
 }
 
 /// Runs `change` on the member (created with defaults when unknown) and
-/// stores the result; returns what `change` returned and whether the
-/// member was created. Touching a member raises its `updated_at`.
+/// stores the result; returns what `change` returned, whether the member
+/// was created, and its position among the members. Touching a member
+/// raises its `updated_at`.
 fn with_member<R>(
     users: &mut UserTable,
     conv: &mut Conversation,
     user: &UserId,
     at: i64,
     change: impl FnOnce(&mut Member) -> R,
-) -> (R, bool) {
+) -> (R, bool, usize) {
     let index = users.intern(user);
     let (position, created) = match conv.members.position(index) {
         Some(p) => (p, false),
@@ -723,7 +755,7 @@ fn with_member<R>(
     member.updated_at = member.updated_at.max(at);
     let result = change(&mut member);
     slot.store(&member);
-    (result, created)
+    (result, created, position)
 }
 
 /// Applies a join (or a leave) at `version` to the member; a replayed or

@@ -659,4 +659,70 @@ proptest! {
             }
         }
     }
+
+    #[test]
+    fn every_change_between_two_drains_is_in_the_second(
+        (_, delivered) in arb_delivery(),
+        flush_every in 1usize..8,
+    ) {
+        // What a drain must publish: each member whose state (but for the
+        // time it was last touched) or conversation's latest seq moved.
+        fn comparable(s: &PartitionState) -> BTreeMap<CursorKey, (Member, Seq)> {
+            s.conversations()
+                .flat_map(|(c, conv)| {
+                    conv.members().map(move |(u, mut m)| {
+                        m.updated_at = 0;
+                        let key = CursorKey { conversation_id: c.clone(), user_id: u.clone() };
+                        (key, (m, conv.latest_seq()))
+                    })
+                })
+                .collect()
+        }
+        let mut s = PartitionState::new();
+        let mut flushed = comparable(&s);
+        for (i, record) in delivered.iter().enumerate() {
+            apply(&mut s, record);
+            prop_assert_eq!(s.dirty_len(), s.pending_changes().len());
+            if i % flush_every == 0 || i + 1 == delivered.len() {
+                let now = comparable(&s);
+                let drained: BTreeMap<CursorKey, Change> =
+                    s.drain().into_iter().map(|c| (c.key.clone(), c)).collect();
+                for (key, (member, _)) in &now {
+                    let Some(change) = drained.get(key) else {
+                        prop_assert_eq!(
+                            flushed.get(key).map(|(m, _)| m),
+                            Some(member),
+                            "a member changed but was not drained"
+                        );
+                        continue;
+                    };
+                    prop_assert_eq!(&s.current(key).unwrap().member, &change.member);
+                }
+                prop_assert_eq!(s.dirty_len(), 0);
+                prop_assert!(s.pending_changes().is_empty());
+                flushed = now;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_conversation_put_back_whole_takes_its_changes_with_it() {
+    let mut s = PartitionState::new();
+    s.apply_report(&report("C", "a", 3));
+    s.apply_report(&report("D", "a", 1));
+    assert_eq!(s.dirty_len(), 2);
+    let mut restored = Member::new(0);
+    restored.cursor = Seq(5);
+    restored.listed = true;
+    s.restore_conversation(conv("C"), Seq(5), [(user("a"), restored)]);
+    assert_eq!(s.dirty_len(), 1, "C's change went with the old C");
+    s.apply_report(&report("C", "a", 7));
+    let mut keys: Vec<String> = s
+        .drain()
+        .iter()
+        .map(|c| c.key.conversation_id.to_string())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, ["C", "D"], "each change once");
 }
