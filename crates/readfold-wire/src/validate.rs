@@ -8,7 +8,8 @@ use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, IdError, Seq, UserId};
 
 use crate::codec::{
-    self, ConversationEventRecord, DecodeError, EventRecord, ReadAction, ReadReportRecord, WireFormat,
+    self, ConversationEventRecord, ConversationEventView, DecodeError, Decoded, EventView, ReadAction,
+    ReadReportRecord, ReadReportView, WireFormat,
 };
 
 /// Input limits: the `[input]` section of the configuration, whose defaults
@@ -133,11 +134,16 @@ pub fn ingest(
 ) -> Result<Input, Rejection> {
     let value = value.ok_or_else(|| Rejection::new(RejectReason::MissingValue, "record has no value"))?;
     let input = match kind {
-        InputKind::ReadReports => read_report(codec::decode_read_report(value, limits.format)?, limits)?,
-        InputKind::ConversationEvents => Input::Event(conversation_event(
-            codec::decode_conversation_event(value, limits.format)?,
-            limits,
-        )?),
+        InputKind::ReadReports => match codec::decode_read_report_view(value, limits.format)? {
+            Decoded::Borrowed(view) => read_report_view(view, limits)?,
+            Decoded::Owned(record) => read_report(record, limits)?,
+        },
+        InputKind::ConversationEvents => Input::Event(
+            match codec::decode_conversation_event_view(value, limits.format)? {
+                Decoded::Borrowed(view) => conversation_event_view(view, limits)?,
+                Decoded::Owned(record) => conversation_event(record, limits)?,
+            },
+        ),
     };
     if limits.check_partitioning {
         check_placement(input.conversation_id(), placement)?;
@@ -205,13 +211,18 @@ fn seq(field: &str, raw: i64, min: u64, limits: &Limits) -> Result<Seq, Rejectio
 /// 0 <= seq <= max_seq (the cursor may be 0). `private` only applies to
 /// reads (marks are only ever seen by the member).
 pub fn read_report(r: ReadReportRecord, limits: &Limits) -> Result<Input, Rejection> {
+    read_report_view(r.view(), limits)
+}
+
+/// [`read_report`] of a borrowed record.
+pub fn read_report_view(r: ReadReportView<'_>, limits: &Limits) -> Result<Input, Rejection> {
     let conversation_id = id(
         "conversation_id",
-        &r.conversation_id,
+        r.conversation_id,
         limits,
         ConversationId::parse,
     )?;
-    let user_id = id("user_id", &r.user_id, limits, UserId::parse)?;
+    let user_id = id("user_id", r.user_id, limits, UserId::parse)?;
     Ok(match r.action {
         ReadAction::Read => Input::Report(ReadReport {
             conversation_id,
@@ -236,26 +247,34 @@ pub fn conversation_event(
     e: ConversationEventRecord,
     limits: &Limits,
 ) -> Result<ConversationEvent, Rejection> {
+    conversation_event_view(e.view(), limits)
+}
+
+/// [`conversation_event`] of a borrowed record.
+pub fn conversation_event_view(
+    e: ConversationEventView<'_>,
+    limits: &Limits,
+) -> Result<ConversationEvent, Rejection> {
     let conversation_id = id(
         "conversation_id",
-        &e.conversation_id,
+        e.conversation_id,
         limits,
         ConversationId::parse,
     )?;
-    let (kind, min_seq) = match &e.event {
-        EventRecord::MessageSent { sender_id } => (
+    let (kind, min_seq) = match e.event {
+        EventView::MessageSent { sender_id } => (
             EventKind::MessageSent {
                 sender_id: id("sender_id", sender_id, limits, UserId::parse)?,
             },
             1,
         ),
-        EventRecord::MemberJoined { user_id } => (
+        EventView::MemberJoined { user_id } => (
             EventKind::MemberJoined {
                 user_id: id("user_id", user_id, limits, UserId::parse)?,
             },
             0,
         ),
-        EventRecord::MemberLeft { user_id } => (
+        EventView::MemberLeft { user_id } => (
             EventKind::MemberLeft {
                 user_id: id("user_id", user_id, limits, UserId::parse)?,
             },
@@ -273,7 +292,7 @@ pub fn conversation_event(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::{encode_conversation_event, encode_read_report, frame_confluent};
+    use crate::codec::{encode_conversation_event, encode_read_report, frame_confluent, EventRecord};
 
     fn record(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
         ReadReportRecord {

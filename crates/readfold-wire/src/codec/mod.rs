@@ -23,8 +23,8 @@ use apache_avro::Schema;
 pub(crate) use fast::Cursor;
 pub(crate) use fast_encode::Writer;
 pub use records::{
-    ConversationEventRecord, CursorKeyRecord, CursorUpdateRecord, EventRecord, MemberStateRecord, ReadAction,
-    ReadReportRecord, UserCursorKeyRecord,
+    ConversationEventRecord, ConversationEventView, CursorKeyRecord, CursorUpdateRecord, EventRecord,
+    EventView, MemberStateRecord, ReadAction, ReadReportRecord, ReadReportView, UserCursorKeyRecord,
 };
 
 /// Largest single allocation the Avro decoder may make for one field, so a
@@ -330,10 +330,10 @@ fn encode_value(codec: &SchemaCodec, value: Value) -> Vec<u8> {
 /// Decodes an input value. In `Auto` mode a value starting with 0 is tried as
 /// a Confluent frame first and as plain Avro after, so that a plain record
 /// with an empty first id is reported as such rather than as garbage.
-fn decode_input<T>(
-    bytes: &[u8],
+fn decode_input<'a, T>(
+    bytes: &'a [u8],
     format: WireFormat,
-    decode: impl Fn(&[u8]) -> Result<T, DecodeError>,
+    decode: impl Fn(&'a [u8]) -> Result<T, DecodeError>,
 ) -> Result<T, DecodeError> {
     let framed = decode(unframe(bytes, format)?);
     match framed {
@@ -342,10 +342,29 @@ fn decode_input<T>(
     }
 }
 
+/// A record as its decoder read it: borrowed from the bytes by the fast
+/// decoder, or owned from the generic reader (earlier schema versions).
+pub enum Decoded<V, R> {
+    Borrowed(V),
+    Owned(R),
+}
+
 pub fn decode_read_report(bytes: &[u8], format: WireFormat) -> Result<ReadReportRecord, DecodeError> {
+    Ok(match decode_read_report_view(bytes, format)? {
+        Decoded::Borrowed(view) => view.to_record(),
+        Decoded::Owned(record) => record,
+    })
+}
+
+/// [`decode_read_report`], borrowing the strings where it can: the
+/// processor's and replay's hot path.
+pub fn decode_read_report_view(
+    bytes: &[u8],
+    format: WireFormat,
+) -> Result<Decoded<ReadReportView<'_>, ReadReportRecord>, DecodeError> {
     decode_input(bytes, format, |b| match fast::read_report(b) {
-        Some(record) => Ok(record),
-        None => ReadReportRecord::from_value(decode_value(&codecs().read_report, b)?),
+        Some(view) => Ok(Decoded::Borrowed(view)),
+        None => ReadReportRecord::from_value(decode_value(&codecs().read_report, b)?).map(Decoded::Owned),
     })
 }
 
@@ -357,9 +376,21 @@ pub fn decode_conversation_event(
     bytes: &[u8],
     format: WireFormat,
 ) -> Result<ConversationEventRecord, DecodeError> {
+    Ok(match decode_conversation_event_view(bytes, format)? {
+        Decoded::Borrowed(view) => view.to_record(),
+        Decoded::Owned(record) => record,
+    })
+}
+
+/// [`decode_conversation_event`], borrowing the strings where it can.
+pub fn decode_conversation_event_view(
+    bytes: &[u8],
+    format: WireFormat,
+) -> Result<Decoded<ConversationEventView<'_>, ConversationEventRecord>, DecodeError> {
     decode_input(bytes, format, |b| match fast::conversation_event(b) {
-        Some(record) => Ok(record),
-        None => ConversationEventRecord::from_value(decode_value(&codecs().conversation_event, b)?),
+        Some(view) => Ok(Decoded::Borrowed(view)),
+        None => ConversationEventRecord::from_value(decode_value(&codecs().conversation_event, b)?)
+            .map(Decoded::Owned),
     })
 }
 

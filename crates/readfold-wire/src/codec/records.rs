@@ -19,6 +19,49 @@ pub struct ReadReportRecord {
     pub action: ReadAction,
 }
 
+/// A [`ReadReportRecord`] with its strings borrowed, from the record's
+/// bytes (the fast decoder) or from an owned record: validation reads
+/// this, so that an id is copied once, into the fold's id, and not first
+/// into a `String` it drops right after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadReportView<'a> {
+    pub conversation_id: &'a str,
+    pub user_id: &'a str,
+    pub seq: i64,
+    pub device_id: Option<&'a str>,
+    pub reported_at: i64,
+    pub private: bool,
+    pub action: ReadAction,
+}
+
+impl ReadReportRecord {
+    pub fn view(&self) -> ReadReportView<'_> {
+        ReadReportView {
+            conversation_id: &self.conversation_id,
+            user_id: &self.user_id,
+            seq: self.seq,
+            device_id: self.device_id.as_deref(),
+            reported_at: self.reported_at,
+            private: self.private,
+            action: self.action,
+        }
+    }
+}
+
+impl ReadReportView<'_> {
+    pub fn to_record(&self) -> ReadReportRecord {
+        ReadReportRecord {
+            conversation_id: self.conversation_id.to_owned(),
+            user_id: self.user_id.to_owned(),
+            seq: self.seq,
+            device_id: self.device_id.map(str::to_owned),
+            reported_at: self.reported_at,
+            private: self.private,
+            action: self.action,
+        }
+    }
+}
+
 /// `readfold.v1.ReadAction`, symbols in schema order.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -66,6 +109,60 @@ pub enum EventRecord {
     MessageSent { sender_id: String },
     MemberJoined { user_id: String },
     MemberLeft { user_id: String },
+}
+
+/// A [`ConversationEventRecord`] with its strings borrowed (see
+/// [`ReadReportView`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConversationEventView<'a> {
+    pub conversation_id: &'a str,
+    pub seq: i64,
+    pub at: i64,
+    pub event: EventView<'a>,
+}
+
+/// [`EventRecord`], borrowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventView<'a> {
+    MessageSent { sender_id: &'a str },
+    MemberJoined { user_id: &'a str },
+    MemberLeft { user_id: &'a str },
+}
+
+impl ConversationEventRecord {
+    pub fn view(&self) -> ConversationEventView<'_> {
+        ConversationEventView {
+            conversation_id: &self.conversation_id,
+            seq: self.seq,
+            at: self.at,
+            event: match &self.event {
+                EventRecord::MessageSent { sender_id } => EventView::MessageSent { sender_id },
+                EventRecord::MemberJoined { user_id } => EventView::MemberJoined { user_id },
+                EventRecord::MemberLeft { user_id } => EventView::MemberLeft { user_id },
+            },
+        }
+    }
+}
+
+impl ConversationEventView<'_> {
+    pub fn to_record(&self) -> ConversationEventRecord {
+        ConversationEventRecord {
+            conversation_id: self.conversation_id.to_owned(),
+            seq: self.seq,
+            at: self.at,
+            event: match self.event {
+                EventView::MessageSent { sender_id } => EventRecord::MessageSent {
+                    sender_id: sender_id.to_owned(),
+                },
+                EventView::MemberJoined { user_id } => EventRecord::MemberJoined {
+                    user_id: user_id.to_owned(),
+                },
+                EventView::MemberLeft { user_id } => EventRecord::MemberLeft {
+                    user_id: user_id.to_owned(),
+                },
+            },
+        }
+    }
 }
 
 /// `readfold.v1.CursorKey`: key of `chat.read-cursors`.
