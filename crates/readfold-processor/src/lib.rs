@@ -130,6 +130,7 @@ impl Processor {
     pub async fn new(settings: Settings, layout: Layout) -> Result<Self> {
         telemetry::register();
         let (consumer, events) = group::consumer(&settings.kafka, &settings.topics)?;
+        let transactions = init_producer(&settings).await?;
         let restorer = Restorer::new(&settings.kafka, &settings.topics, settings.input.max_id_bytes)?;
         let redis = if settings.redis.enabled {
             let store = connect_with_retry("redis", || RedisStore::connect_writer(&settings.redis)).await?;
@@ -154,18 +155,6 @@ impl Processor {
         } else {
             (None, None)
         };
-        // Subscribed once the stores answer (a member waiting for them
-        // would hold partitions that others could fold), but before the
-        // producer is ready, so that the group join (a few hundred ms) runs
-        // in librdkafka's threads meanwhile; its assignment waits in the
-        // queue until `run` polls.
-        let topics = [
-            settings.topics.read_reports.as_str(),
-            settings.topics.conversation_events.as_str(),
-        ];
-        consumer.subscribe(&topics)?;
-        tracing::info!(group = %settings.kafka.group_id, ?topics, "subscribed");
-        let transactions = init_producer(&settings).await?;
         let checkpoints = Checkpoints::new(&settings, layout.partitions).map(Arc::new);
         if let Some(c) = &checkpoints {
             tracing::info!(dir = %c.dir().display(), "local state checkpoints on");
@@ -217,6 +206,12 @@ impl Processor {
     /// Runs until `shutdown` turns true, then flushes, commits and leaves
     /// the group.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
+        let topics = [
+            self.settings.topics.read_reports.as_str(),
+            self.settings.topics.conversation_events.as_str(),
+        ];
+        self.consumer.subscribe(&topics)?;
+        tracing::info!(group = %self.settings.kafka.group_id, ?topics, "subscribed");
         self.health.set_running(true);
         let mut tick = tokio::time::interval(self.settings.flush.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
