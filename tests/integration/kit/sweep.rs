@@ -5,14 +5,19 @@
 //! up: 743 keyspaces once filled the CQL server's 1 GB heap and failed a
 //! whole run. So each test process, before its first test, deletes those
 //! whose process has ended; a running test process's (another `cargo
-//! test` on the same services) are left alone.
+//! test` on the same services) are left alone. Whether a process runs is
+//! known only on this machine, so services elsewhere are never swept; and
+//! the sweep stops after [`BUDGET`], leaving the rest to the next run.
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use super::services::bootstrap;
+use super::services::{bootstrap, cql_contact_point};
+
+/// How long the sweep may hold up the first test.
+const BUDGET: Duration = Duration::from_secs(60);
 use super::stores::cql_config;
 
 /// Sweeps once per test process; later callers wait for the first.
@@ -36,6 +41,9 @@ pub fn sweep_leftovers_once() {
 }
 
 async fn sweep() {
+    if !is_local(&bootstrap()) || !is_local(&cql_contact_point()) {
+        return;
+    }
     let started = Instant::now();
     let topics = match leftover_topics() {
         Ok(topics) => topics,
@@ -49,6 +57,9 @@ async fn sweep() {
         let names: Vec<&str> = topics.iter().map(String::as_str).collect();
         // Batches of a few hundred keep each request small.
         for chunk in names.chunks(200) {
+            if started.elapsed() > BUDGET {
+                break;
+            }
             match tokio::time::timeout(
                 Duration::from_secs(60),
                 readfold_kafka::admin::delete_topics(&kafka, chunk),
@@ -61,7 +72,7 @@ async fn sweep() {
             }
         }
     }
-    let keyspaces = sweep_keyspaces().await;
+    let keyspaces = sweep_keyspaces(started).await;
     if !topics.is_empty() || keyspaces > 0 {
         eprintln!(
             "removed {} topics and {keyspaces} CQL keyspaces left by earlier test runs in {:.1} s",
@@ -96,8 +107,8 @@ fn leftover_topics() -> Result<Vec<String>, rdkafka::error::KafkaError> {
         .collect())
 }
 
-/// Drops ended runs' keyspaces; returns how many.
-async fn sweep_keyspaces() -> usize {
+/// Drops ended runs' keyspaces until `started + BUDGET`; returns how many.
+async fn sweep_keyspaces(started: Instant) -> usize {
     let store = match readfold_store::cql::CqlStore::connect(&cql_config("system")).await {
         Ok(store) => store,
         Err(e) => {
@@ -133,6 +144,10 @@ async fn sweep_keyspaces() -> usize {
         if !leftover {
             continue;
         }
+        if started.elapsed() > BUDGET {
+            eprintln!("the sweep of earlier runs' keyspaces took over {BUDGET:?}; the next run goes on");
+            break;
+        }
         match session
             .query_unpaged(format!("DROP KEYSPACE IF EXISTS {name}"), &[])
             .await
@@ -144,14 +159,26 @@ async fn sweep_keyspaces() -> usize {
     dropped
 }
 
-/// The process id in `<anything><sep><pid><sep><nanos>`.
+/// The process id in `<anything><sep><pid><sep><nanos>`, as `unique`
+/// makes names (its nanos are below 10^12, so at most 12 digits).
 fn owner_pid(name: &str, sep: char) -> Option<u32> {
     let mut parts = name.rsplitn(3, sep);
     let nanos = parts.next()?;
     let pid = parts.next()?;
     parts.next()?;
-    nanos.parse::<u64>().ok()?;
-    pid.parse().ok()
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(nanos) || nanos.len() > 12 || !digits(pid) {
+        return None;
+    }
+    pid.parse().ok().filter(|&pid| pid > 1)
+}
+
+/// Whether `address` (host:port) is on this machine, where `/proc` tells
+/// which test processes still run.
+fn is_local(address: &str) -> bool {
+    let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// True when no process with this id runs on this machine (the services
@@ -170,5 +197,16 @@ mod tests {
         assert_eq!(owner_pid("cql_race_17_99", '_'), Some(17));
         assert_eq!(owner_pid("other-value", '-'), None);
         assert_eq!(owner_pid("a-b-c", '-'), None);
+        assert_eq!(owner_pid("sales_2023_-1", '_'), None);
+        assert_eq!(owner_pid("x_1_2", '_'), None, "pid 1 is init, never a test");
+    }
+
+    #[test]
+    fn sweeps_only_services_on_this_machine() {
+        assert!(super::is_local("127.0.0.1:9092"));
+        assert!(super::is_local("localhost:9042"));
+        assert!(super::is_local("[::1]:9042"));
+        assert!(!super::is_local("kafka.internal:9092"));
+        assert!(!super::is_local("10.0.0.5:9042"));
     }
 }
