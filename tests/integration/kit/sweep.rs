@@ -15,10 +15,10 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
 use super::services::{bootstrap, cql_contact_point};
+use super::stores::cql_config;
 
 /// How long the sweep may hold up the first test.
 const BUDGET: Duration = Duration::from_secs(60);
-use super::stores::cql_config;
 
 /// Sweeps once per test process; later callers wait for the first.
 pub fn sweep_leftovers_once() {

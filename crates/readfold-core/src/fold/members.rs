@@ -298,9 +298,7 @@ impl Members {
 
     /// The slots changed since the last flush.
     pub(crate) fn dirty_slots(&self) -> impl Iterator<Item = &Slot> {
-        self.slots
-            .iter()
-            .filter(|slot| self.dirty && slot.bits & DIRTY != 0)
+        self.slots.iter().filter(|slot| slot.bits & DIRTY != 0)
     }
 
     /// Forgets what changed, after a flush; returns how many slots were dirty.
