@@ -3,6 +3,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use readfold_core::flush::{ConversationBatch, MemberWrite};
+use readfold_core::Seq;
 use readfold_store::redis::keys;
 use readfold_store::CursorStore;
 
@@ -33,6 +35,94 @@ async fn racing_writers_never_lower_a_cursor() {
     // A lower value written later changes nothing.
     assert_eq!(a.write(&[sink_batch("C", 2, &[("u", 2)])]).await.unwrap(), 0);
     assert_eq!(hash(&prefix, "C").await["u"], 300);
+}
+
+/// Every field of conversation `conv`'s four keys, raw.
+async fn stored(prefix: &str, conv: &str) -> Vec<HashMap<String, String>> {
+    let mut conn = redis_conn(&redis_url()).await;
+    let [cursors, latest, joined, epoch] = keys(prefix, conv);
+    let mut all = Vec::new();
+    for key in [cursors, joined, epoch] {
+        all.push(
+            redis::cmd("HGETALL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .unwrap(),
+        );
+    }
+    let latest: Option<String> = redis::cmd("GET")
+        .arg(latest)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    all.push(latest.into_iter().map(|l| ("latest".to_owned(), l)).collect());
+    all
+}
+
+/// The script reads a batch's stored fields once and writes them back once:
+/// that must leave what merging its members one call at a time leaves, with
+/// repeated users, departures, rejoins and stale epochs in one batch, and
+/// batches larger than the script's chunk of fields per command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_merges_as_its_members_one_at_a_time() {
+    let _services = shared_services().await;
+    let prefix = unique("batched");
+    let sink = redis_store(&redis_url(), &prefix).await;
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    for round in 0..60u64 {
+        let (batched, single) = (format!("B{round}"), format!("S{round}"));
+        // The last rounds: thousands of users, past the script's chunks.
+        let (users, size) = if round >= 58 {
+            (3000, 2600)
+        } else {
+            (8, 1 + next(30))
+        };
+        for _ in 0..4 {
+            let latest = Seq(next(25));
+            let members: Vec<MemberWrite> = (0..size)
+                .map(|k| MemberWrite {
+                    user_id: format!("u{}", if users > 8 { k } else { next(users) })
+                        .parse()
+                        .unwrap(),
+                    cursor: Seq(next(20)),
+                    join_seq: Seq(1 + next(6)),
+                    left: next(6) == 0,
+                    epoch: next(4),
+                })
+                .collect();
+            let batch = |conv: &str, members: Vec<MemberWrite>| ConversationBatch {
+                conversation_id: conv.parse().unwrap(),
+                latest_seq: latest,
+                members,
+            };
+            let raised_batched = sink.write(&[batch(&batched, members.clone())]).await.unwrap();
+            let mut raised_single = 0;
+            if users > 8 {
+                // One call per member would take long: groups of 100 stand
+                // in, each against the state the one before left.
+                for part in members.chunks(100) {
+                    raised_single += sink.write(&[batch(&single, part.to_vec())]).await.unwrap();
+                }
+            } else {
+                for m in members {
+                    raised_single += sink.write(&[batch(&single, vec![m])]).await.unwrap();
+                }
+            }
+            assert_eq!(raised_batched, raised_single, "round {round}: fields raised");
+        }
+        assert_eq!(
+            stored(&prefix, &batched).await,
+            stored(&prefix, &single).await,
+            "round {round}: cursors, joined, epochs and latest"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
