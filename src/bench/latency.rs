@@ -30,6 +30,8 @@ use crate::error::{Error, Result};
 
 /// The offered rates, as fractions of the maximum.
 const FRACTIONS: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
+/// The backlog whose catch-up rate is the maximum, when none is given.
+const MAX_RATE_BACKLOG: u64 = 500_000;
 /// Probe reports per second, each timed to Redis.
 const PROBES_PER_SEC: u64 = 50;
 /// Probe conversations (spread over the partitions).
@@ -61,12 +63,10 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     let (max_rate, measured_max) = if max_rate > 0.0 {
         (max_rate, false)
     } else {
-        let catch_up = super::throughput::throughput(config, 500_000).await?;
-        let on = catch_up
-            .rows
-            .last()
-            .ok_or_else(|| Error::Run("the catch-up run measured nothing".into()))?;
-        (on.records as f64 / on.secs.max(1e-9), true)
+        (
+            super::throughput::readfold_max_rate(config, MAX_RATE_BACKLOG).await?,
+            true,
+        )
     };
 
     let config = super::on_fresh_topics(config, "latency");
@@ -108,6 +108,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
         layout.partitions,
     )?);
     let redis = Arc::new(RedisStore::connect(&config.redis).await?);
+    let mut cursors = ProbeCursors::watch(redis, following.clone());
     let mut probe_seq = 1i64;
     // Warm up: the processor joins, restores, and a first probe lands.
     let warming = Instant::now();
@@ -118,7 +119,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
                  READFOLD_BENCH_CHILD_LOG=info shows its log"
             )));
         }
-        match probe(&producer, &redis, 0, &mut probe_seq, Duration::from_secs(5)).await {
+        match probe(&producer, &mut cursors, 0, probe_seq, Duration::from_secs(5)).await {
             Ok(_) => break,
             Err(e) if warming.elapsed() > Duration::from_secs(120) => return Err(e),
             Err(_) => {}
@@ -153,17 +154,10 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
             if (elapsed * PROBES_PER_SEC as f64) as u64 >= next_probe {
                 next_probe += 1;
                 probe_seq += 1;
-                let (producer, redis, seq) = (producer.clone(), redis.clone(), probe_seq);
+                let (producer, mut cursors, seq) = (producer.clone(), cursors.clone(), probe_seq);
                 probes.spawn(async move {
-                    let mut seq_at = seq;
-                    probe(
-                        &producer,
-                        &redis,
-                        seq as u64 % PROBE_CONVERSATIONS,
-                        &mut seq_at,
-                        Duration::from_secs(60),
-                    )
-                    .await
+                    let k = seq as u64 % PROBE_CONVERSATIONS;
+                    probe(&producer, &mut cursors, k, seq, Duration::from_secs(60)).await
                 });
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -219,43 +213,84 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// Sends probe report `seq` for probe conversation `k` and polls Redis
-/// every millisecond until it shows; returns the latency in ms.
+/// The prober's cursor in each probe conversation, as Redis holds it,
+/// read with one pipelined round trip per millisecond however many probes
+/// wait: a poll per probe would load Redis (and the bench) with its own
+/// reads as latencies grow, and measure that.
+#[derive(Clone)]
+struct ProbeCursors(tokio::sync::watch::Receiver<Vec<Option<u64>>>);
+
+impl ProbeCursors {
+    /// Starts the poller; it stops when `running` turns false.
+    fn watch(redis: Arc<RedisStore>, running: Arc<AtomicBool>) -> Self {
+        let conversations: Vec<String> = (0..PROBE_CONVERSATIONS).map(probe_conversation).collect();
+        let (tx, rx) = tokio::sync::watch::channel(vec![None; conversations.len()]);
+        tokio::spawn(async move {
+            let ids: Vec<&str> = conversations.iter().map(String::as_str).collect();
+            while running.load(Ordering::Relaxed) {
+                // A read that fails on a saturated machine is tried again:
+                // a probe's latency then includes the wait, as a client's
+                // would.
+                if let Ok(cursors) = redis.user_cursors(&ids, PROBER).await {
+                    let cursors: Vec<Option<u64>> = cursors.into_iter().map(|c| c.map(|s| s.get())).collect();
+                    tx.send_if_modified(|held| {
+                        let changed = *held != cursors;
+                        *held = cursors;
+                        changed
+                    });
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        });
+        ProbeCursors(rx)
+    }
+
+    /// Waits until the prober's cursor in probe conversation `k` reaches
+    /// `seq`, at most `within`.
+    async fn reached(&mut self, k: u64, seq: i64, within: Duration) -> Result<()> {
+        let reached = self
+            .0
+            .wait_for(|cursors| cursors[k as usize].is_some_and(|c| c as i64 >= seq));
+        match tokio::time::timeout(within, reached).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(Error::Run("the probe poller stopped".into())),
+            Err(_) => Err(Error::Run(format!(
+                "probe {} seq {seq} never reached Redis",
+                probe_conversation(k)
+            ))),
+        }
+    }
+}
+
+/// The user whose reports are the probes.
+const PROBER: &str = "prober";
+
+fn probe_conversation(k: u64) -> String {
+    format!("probe-{k}")
+}
+
+/// Sends probe report `seq` for probe conversation `k` and waits until
+/// Redis shows it; returns the latency in ms.
 async fn probe(
     producer: &InputProducer,
-    redis: &RedisStore,
+    cursors: &mut ProbeCursors,
     k: u64,
-    seq: &mut i64,
+    seq: i64,
     within: Duration,
 ) -> Result<f64> {
-    let conversation = format!("probe-{k}");
     let report = ReadReportRecord {
-        conversation_id: conversation.clone(),
-        user_id: "prober".into(),
-        seq: *seq,
+        conversation_id: probe_conversation(k),
+        user_id: PROBER.into(),
+        seq,
         device_id: None,
         reported_at: now_ms(),
         private: false,
         action: ReadAction::Read,
     };
-    let user = "prober"
-        .parse()
-        .map_err(|e| Error::Run(format!("probe user: {e}")))?;
     let sent = Instant::now();
     producer.report(&report).await?;
-    loop {
-        if let Some(view) = redis.conversation(&conversation).await? {
-            if view.cursor(&user).get() as i64 >= *seq {
-                return Ok(sent.elapsed().as_secs_f64() * 1000.0);
-            }
-        }
-        if sent.elapsed() > within {
-            return Err(Error::Run(format!(
-                "probe {conversation} seq {seq} never reached Redis"
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    cursors.reached(k, seq, within).await?;
+    Ok(sent.elapsed().as_secs_f64() * 1000.0)
 }
 
 pub fn print_latency(f: &LatencyFigures) {
@@ -263,7 +298,7 @@ pub fn print_latency(f: &LatencyFigures) {
         "latency at fixed offered rates (records/s over both inputs; maximum {:.0}/s{}), Redis on, CQL {}:",
         f.max_rate,
         if f.measured_max {
-            ", from a catch-up of 500,000 records"
+            ", from a catch-up of 500,000 records with Redis and CQL on"
         } else {
             ", given"
         },

@@ -46,6 +46,50 @@ pub struct ThroughputFigures {
     pub notes: Vec<String>,
 }
 
+/// The readfold rows, with Redis and CQL off and on.
+const READFOLD_ROWS: [(&str, &str, bool); 2] = [
+    ("readfold, Redis and CQL off", "off", false),
+    ("readfold, Redis and CQL on", "on", true),
+];
+
+/// The rate (records/s over both inputs) at which `readfold run`, Redis and
+/// CQL on, catches up on a backlog of `records`: the latency bench's 100%.
+pub async fn readfold_max_rate(config: &Config, records: u64) -> Result<f64> {
+    let config = super::on_fresh_topics(config, "max-rate");
+    let layout = ensure_topics(&config.kafka, &config.topics).await?;
+    let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
+    let (reports, events) = super::replay::produce(&producer, records).await?;
+    drop(producer);
+    let (what, tag, sinks) = READFOLD_ROWS[1];
+    let run = with_own_outputs(&config, tag);
+    ensure_topics(&run.kafka, &run.topics).await?;
+    let row = catch_up(&run, what, sinks, reports + events).await;
+    let mut topics_made: Vec<String> = config.topics.names().into_iter().cloned().collect();
+    topics_made.extend(run.topics.names().into_iter().cloned());
+    topics_made.sort();
+    topics_made.dedup();
+    super::delete_bench_topics(&config.kafka, &topics_made).await?;
+    let row = row?;
+    Ok(row.records as f64 / row.secs.max(1e-9))
+}
+
+/// `config` with a group and output topics of its own, named after `tag`,
+/// so that each timed run starts from nothing on the same inputs.
+fn with_own_outputs(config: &Config, tag: &str) -> Config {
+    let mut run = config.clone();
+    run.kafka.group_id = format!("{}-{tag}", config.kafka.group_id);
+    let t = &mut run.topics;
+    for topic in [
+        &mut t.read_cursors,
+        &mut t.user_read_cursors,
+        &mut t.member_state,
+        &mut t.dlq,
+    ] {
+        topic.push_str(&format!("-{tag}"));
+    }
+    run
+}
+
 pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigures> {
     let config = super::on_fresh_topics(config, "throughput");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
@@ -75,21 +119,8 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
     .map_err(|e| Error::Run(format!("raw read: {e}")))??];
 
     let mut topics_made: Vec<String> = config.topics.names().into_iter().cloned().collect();
-    for (what, tag, sinks) in [
-        ("readfold, Redis and CQL off", "off", false),
-        ("readfold, Redis and CQL on", "on", true),
-    ] {
-        let mut run = config.clone();
-        run.kafka.group_id = format!("{}-{tag}", config.kafka.group_id);
-        let t = &mut run.topics;
-        for topic in [
-            &mut t.read_cursors,
-            &mut t.user_read_cursors,
-            &mut t.member_state,
-            &mut t.dlq,
-        ] {
-            topic.push_str(&format!("-{tag}"));
-        }
+    for (what, tag, sinks) in READFOLD_ROWS {
+        let run = with_own_outputs(&config, tag);
         ensure_topics(&run.kafka, &run.topics).await?;
         topics_made.extend(run.topics.names().into_iter().cloned());
         rows.push(catch_up(&run, what, sinks, total).await?);

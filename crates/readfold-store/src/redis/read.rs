@@ -51,6 +51,22 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// One user's cursor in each of `conversation_ids`, in one pipelined
+    /// round trip; `None` where the user has none (not a member, or Redis
+    /// holds nothing of the conversation).
+    pub async fn user_cursors(&self, conversation_ids: &[&str], user_id: &str) -> Result<Vec<Option<Seq>>> {
+        let mut pipe = redis::pipe();
+        for conversation_id in conversation_ids {
+            let [cursors, ..] = keys(&self.prefix, conversation_id);
+            pipe.cmd("HGET").arg(cursors).arg(user_id);
+        }
+        let mut conn = self.conn.clone();
+        let cursors: Vec<Option<u64>> = pipe.query_async(&mut conn).await?;
+        Ok(cursors.into_iter().map(|c| c.map(Seq)).collect())
+    }
+}
+
 /// What only a user's own devices see of one conversation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PrivateState {
