@@ -104,27 +104,43 @@ impl Transactions {
                 Error::Transaction(e)
             }
         };
+        let started = std::time::Instant::now();
         self.producer.begin_transaction().map_err(classify)?;
         // Ok(false): the stores did not take the flush.
         let body = move || -> std::result::Result<bool, KafkaError> {
+            let ms = |at: std::time::Instant| at.elapsed().as_millis() as u64;
             for record in records {
                 self.send(record)?;
             }
+            let queued = ms(started);
             if offsets.count() > 0 {
                 // Not in a group generation (yet): retry after the next rebalance.
                 let group = group.ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
                 self.producer
                     .send_offsets_to_transaction(offsets, group, TXN_TIMEOUT)?;
             }
+            let offsets_sent = ms(started);
             self.wait_delivered()?;
+            let delivered = ms(started);
             if !self.stores_written(stores) {
                 return Ok(false);
             }
+            let stores_took = ms(started);
             let mut attempt = 0;
             loop {
                 match self.producer.commit_transaction(TXN_TIMEOUT) {
                     Err(KafkaError::Transaction(e)) if e.is_retriable() && attempt < 3 => attempt += 1,
-                    other => return other.map(|()| true),
+                    other => {
+                        tracing::debug!(
+                            queued,
+                            offsets_sent,
+                            delivered,
+                            stores_took,
+                            committed = ms(started),
+                            "transaction phases (ms since it began)"
+                        );
+                        return other.map(|()| true);
+                    }
                 }
             }
         };
