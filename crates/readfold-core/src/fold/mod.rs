@@ -463,20 +463,31 @@ impl PartitionState {
     /// private one only the member's own. Returns whether a cursor moved.
     pub fn apply_report(&mut self, report: &ReadReport) -> bool {
         let conv = self.conversations.entry_ref(&report.conversation_id).or_default();
-        let (moved, created, position) = with_member(
-            &mut self.users,
-            conv,
-            &report.user_id,
-            report.reported_at,
-            |member| {
-                if report.private {
-                    advance(&mut member.private_cursor, report.seq)
-                } else {
-                    let listed = list(member);
-                    advance(&mut member.cursor, report.seq) || listed
+        let user = self.users.intern(&report.user_id);
+        if !report.private {
+            let in_place = conv.members.position(user).and_then(|position| {
+                let moved = conv
+                    .members
+                    .slot_mut(position)
+                    .advance_in_place(report.seq, report.reported_at)?;
+                Some((moved, position))
+            });
+            if let Some((moved, position)) = in_place {
+                if moved {
+                    self.dirty
+                        .mark(&report.conversation_id, conv, position, Outputs::PUBLIC);
                 }
-            },
-        );
+                return moved;
+            }
+        }
+        let (moved, created, position) = with_member_at(conv, user, report.reported_at, |member| {
+            if report.private {
+                advance(&mut member.private_cursor, report.seq)
+            } else {
+                let listed = list(member);
+                advance(&mut member.cursor, report.seq) || listed
+            }
+        });
         let outputs = if report.private {
             Outputs::STATE
         } else {
@@ -745,7 +756,16 @@ fn with_member<R>(
     at: i64,
     change: impl FnOnce(&mut Member) -> R,
 ) -> (R, bool, usize) {
-    let index = users.intern(user);
+    with_member_at(conv, users.intern(user), at, change)
+}
+
+/// [`with_member`] for an interned user.
+fn with_member_at<R>(
+    conv: &mut Conversation,
+    index: u32,
+    at: i64,
+    change: impl FnOnce(&mut Member) -> R,
+) -> (R, bool, usize) {
     let (position, created) = match conv.members.position(index) {
         Some(p) => (p, false),
         None => (conv.members.insert(Slot::new(index, &Member::new(at))), true),
