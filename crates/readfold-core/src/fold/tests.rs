@@ -220,6 +220,31 @@ fn stale_and_duplicate_reports_never_move_back_or_dirty() {
     assert_eq!(s.dirty_len(), 0);
 }
 
+/// Reads are folded in the slot when they can be; across 2^32 they go
+/// through the whole member, and either way the same rules hold.
+#[test]
+fn reads_past_32_bits_move_the_cursor_as_any_other() {
+    let wide = u64::from(u32::MAX) + 5;
+    let mut s = PartitionState::new();
+    assert!(s.apply_report(&report("C", "u", 3)));
+    s.drain();
+    assert!(s.apply_report(&report("C", "u", u64::from(u32::MAX))));
+    assert!(s.apply_report(&report("C", "u", wide)));
+    assert_eq!(cursor_of(&s, "C", "u"), wide);
+    assert!(!s.apply_report(&report("C", "u", 9)), "stale under a wide cursor");
+    assert!(!s.apply_report(&report("C", "u", wide)), "a duplicate");
+    assert!(s.apply_report(&report("C", "u", wide + 1)));
+    let changes = s.drain();
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].public_update().unwrap().cursor, Seq(wide + 1));
+    // A read's time is kept even when it moves nothing.
+    let mut late = report("C", "u", 2);
+    late.reported_at = i64::MAX;
+    assert!(!s.apply_report(&late));
+    let member = s.conversation(&conv("C")).unwrap().member(&user("u")).unwrap();
+    assert_eq!(member.updated_at, i64::MAX);
+}
+
 #[test]
 fn a_message_publishes_the_new_latest_seq_even_if_its_sender_read_ahead() {
     let mut s = PartitionState::new();
