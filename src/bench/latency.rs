@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use readfold_core::Seq;
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_store::redis::RedisStore;
@@ -218,7 +219,7 @@ impl Drop for StopOnDrop {
 /// wait: a poll per probe would load Redis (and the bench) with its own
 /// reads as latencies grow, and measure that.
 #[derive(Clone)]
-struct ProbeCursors(tokio::sync::watch::Receiver<Vec<Option<u64>>>);
+struct ProbeCursors(tokio::sync::watch::Receiver<Vec<Option<Seq>>>);
 
 impl ProbeCursors {
     /// Starts the poller; it stops when `running` turns false.
@@ -232,7 +233,6 @@ impl ProbeCursors {
                 // a probe's latency then includes the wait, as a client's
                 // would.
                 if let Ok(cursors) = redis.user_cursors(&ids, PROBER).await {
-                    let cursors: Vec<Option<u64>> = cursors.into_iter().map(|c| c.map(|s| s.get())).collect();
                     tx.send_if_modified(|held| {
                         let changed = *held != cursors;
                         *held = cursors;
@@ -250,7 +250,7 @@ impl ProbeCursors {
     async fn reached(&mut self, k: u64, seq: i64, within: Duration) -> Result<()> {
         let reached = self
             .0
-            .wait_for(|cursors| cursors[k as usize].is_some_and(|c| c as i64 >= seq));
+            .wait_for(|cursors| cursors[k as usize].is_some_and(|c| c.get() as i64 >= seq));
         match tokio::time::timeout(within, reached).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err(Error::Run("the probe poller stopped".into())),

@@ -78,19 +78,15 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
     };
     for round in 0..60u64 {
         let (batched, single) = (format!("B{round}"), format!("S{round}"));
-        // The last rounds: thousands of users, past the script's chunks.
-        let (users, size) = if round >= 58 {
-            (3000, 2600)
-        } else {
-            (8, 1 + next(30))
-        };
+        // The last rounds: 2,600 distinct users, past the script's chunks;
+        // the others: up to 30 members drawn from 8 users, so repeated.
+        let big = round >= 58;
+        let size = if big { 2600 } else { 1 + next(30) };
         for _ in 0..4 {
             let latest = Seq(next(25));
             let members: Vec<MemberWrite> = (0..size)
                 .map(|k| MemberWrite {
-                    user_id: format!("u{}", if users > 8 { k } else { next(users) })
-                        .parse()
-                        .unwrap(),
+                    user_id: format!("u{}", if big { k } else { next(8) }).parse().unwrap(),
                     cursor: Seq(next(20)),
                     join_seq: Seq(1 + next(6)),
                     left: next(6) == 0,
@@ -104,7 +100,7 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
             };
             let raised_batched = sink.write(&[batch(&batched, members.clone())]).await.unwrap();
             let mut raised_single = 0;
-            if users > 8 {
+            if big {
                 // One call per member would take long: groups of 100 stand
                 // in, each against the state the one before left.
                 for part in members.chunks(100) {

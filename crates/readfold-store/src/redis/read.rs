@@ -49,9 +49,7 @@ impl RedisStore {
             members,
         }))
     }
-}
 
-impl RedisStore {
     /// One user's cursor in each of `conversation_ids`, in one pipelined
     /// round trip; `None` where the user has none (not a member, or Redis
     /// holds nothing of the conversation).
