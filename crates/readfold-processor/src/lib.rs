@@ -101,6 +101,9 @@ const FOLD_BATCH: usize = 512;
 /// What [`Processor::fold_record`] did with a record.
 enum Folded {
     Done,
+    /// Its partition is not ours (any more): dropped; see
+    /// [`partitions::Partitions::owns`].
+    NotOwned,
     /// Its partition has no state yet: restore it, then fold again.
     Unrestored,
     /// Framed with a schema id not yet checked: ask the registry, then
@@ -470,7 +473,7 @@ impl Processor {
             return Some(message.detach());
         }
         match self.fold_record(&message) {
-            Folded::Done => None,
+            Folded::Done | Folded::NotOwned => None,
             Folded::Unrestored | Folded::UnknownSchema(..) => Some(message.detach()),
         }
     }
@@ -480,7 +483,7 @@ impl Processor {
     async fn process(&mut self, message: OwnedMessage) -> Result<()> {
         loop {
             match self.fold_record(&message) {
-                Folded::Done => return Ok(()),
+                Folded::Done | Folded::NotOwned => return Ok(()),
                 Folded::Unrestored => {
                     for (partition, slot) in self.restore(&[message.partition()]).await? {
                         self.partitions.slots.insert(partition, slot);
@@ -516,6 +519,15 @@ impl Processor {
             return Folded::Done;
         };
         let partition = message.partition();
+        if !self.partitions.owns(partition) {
+            tracing::debug!(
+                topic,
+                partition,
+                offset = message.offset(),
+                "dropping a record of a partition no longer assigned"
+            );
+            return Folded::NotOwned;
+        }
         let Some(slot) = self.partitions.slots.get_mut(&partition) else {
             return Folded::Unrestored;
         };
@@ -690,11 +702,7 @@ impl Processor {
             "the transactional producer was fenced; dropping uncommitted state and starting over from the committed offsets"
         );
         self.consumer.unsubscribe();
-        self.partitions = Partitions {
-            suspended: true,
-            generation: self.partitions.generation + 1,
-            ..Partitions::default()
-        };
+        self.partitions.start_over();
         self.flush_at = None;
         self.paused = false;
         self.retry.succeeded();

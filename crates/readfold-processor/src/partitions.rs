@@ -1,7 +1,7 @@
 //! The state of the assigned input partitions, and how group events change
 //! it. Pure: the run loop feeds it the consumer's events and records.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use readfold_core::flush::{self, PartitionSlot};
 use readfold_wire::OutRecord;
@@ -25,6 +25,9 @@ pub struct Assignment {
 #[derive(Default)]
 pub struct Partitions {
     pub slots: BTreeMap<i32, Slot>,
+    /// The partitions of the current assignment; none between a revoke and
+    /// the next assignment.
+    owned: BTreeSet<i32>,
     /// Between a revoke and the next assignment nothing is flushed.
     pub suspended: bool,
     /// Counts group events: a flush that began in another generation must
@@ -41,6 +44,7 @@ impl Partitions {
         self.generation += 1;
         match event {
             GroupEvent::Revoked { lost } => {
+                self.owned.clear();
                 for slot in self.slots.values_mut() {
                     slot.forget_uncommitted();
                 }
@@ -68,10 +72,13 @@ impl Partitions {
                     .chain(events.iter().filter(|p| !reports.contains(p)))
                     .copied()
                     .collect();
+                self.owned = reports.iter().chain(&events).copied().collect();
                 // Another member may have owned a partition we did not get
-                // back: its state here is stale.
-                self.slots
-                    .retain(|p, _| reports.contains(p) || events.contains(p));
+                // back: its state here is stale. A slot is only ever made
+                // for an owned partition (see `owns`), so one we got back
+                // was ours throughout.
+                let owned = &self.owned;
+                self.slots.retain(|p, _| owned.contains(p));
                 self.suspended = false;
                 Some(Assignment {
                     read_reports: reports,
@@ -80,6 +87,26 @@ impl Partitions {
                 })
             }
         }
+    }
+
+    /// Forgets every partition and its state, until the next assignment:
+    /// for a member that leaves the group and joins again.
+    pub fn start_over(&mut self) {
+        *self = Partitions {
+            suspended: true,
+            generation: self.generation + 1,
+            ..Partitions::default()
+        };
+    }
+
+    /// Whether `partition` is in the current assignment. A record of any
+    /// other is dropped, never folded: it was fetched before a revoke, and
+    /// whoever owns its partition now reads it again from the committed
+    /// offsets. Folding it would need that partition's state, and a state
+    /// restored for a partition owned elsewhere goes stale at once: were the
+    /// partition to come back, it would be kept instead of restored.
+    pub fn owns(&self, partition: i32) -> bool {
+        self.owned.contains(&partition)
     }
 
     pub fn dirty_len(&self) -> usize {
@@ -142,5 +169,18 @@ mod tests {
         assert_eq!(a.conversation_events, [1]);
         assert_eq!(a.one_sided, [2]);
         assert_eq!(parts.slots.keys().copied().collect::<Vec<_>>(), [1]);
+    }
+
+    #[test]
+    fn only_the_current_assignment_is_owned() {
+        let mut parts = Partitions::default();
+        assert!(!parts.owns(0), "nothing before the first assignment");
+        parts.apply(assigned(&[("reports", 0), ("events", 0), ("events", 3)]), INPUTS);
+        assert!(parts.owns(0) && parts.owns(3));
+        assert!(!parts.owns(1));
+        parts.apply(GroupEvent::Revoked { lost: false }, INPUTS);
+        assert!(!parts.owns(0), "nothing between a revoke and the next assignment");
+        parts.apply(assigned(&[("reports", 1), ("events", 1)]), INPUTS);
+        assert!(parts.owns(1) && !parts.owns(0) && !parts.owns(3));
     }
 }
