@@ -45,3 +45,86 @@ async fn a_restart_emits_no_lower_cursor() {
     );
     assert!(second.terminate(Duration::from_secs(30)), "{}", second.log_text());
 }
+
+/// The old owner's last flush may count for the group (its offsets) before
+/// its commit markers reach the changelog: a restore must wait for the
+/// changelog's open transactions, never stop short of them and then fold on
+/// with an older state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_waits_for_a_transaction_open_in_the_changelog() {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    use rdkafka::ClientConfig;
+    use readfold_wire::codec::{
+        encode_cursor_key, encode_cursor_update, CursorKeyRecord, CursorUpdateRecord,
+    };
+
+    let env = TestEnv::new("settle", 1).await;
+    let timeout = Duration::from_secs(30);
+    // Another owner's flush, produced but not committed yet: u has read 7.
+    let old_owner: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", unique("it.settle-old-owner"))
+        .create()
+        .unwrap();
+    old_owner.init_transactions(timeout).unwrap();
+    old_owner.begin_transaction().unwrap();
+    let key = encode_cursor_key(&CursorKeyRecord {
+        conversation_id: "c0".into(),
+        user_id: "u".into(),
+    });
+    let value = encode_cursor_update(&CursorUpdateRecord {
+        conversation_id: "c0".into(),
+        user_id: "u".into(),
+        cursor: 7,
+        join_seq: 1,
+        latest_seq: 7,
+        updated_at: 1,
+        private_cursor: None,
+        unread_mark: None,
+    });
+    let record = BaseRecord::to(&env.config.topics.read_cursors)
+        .partition(0)
+        .key(&key)
+        .payload(&value);
+    old_owner.send(record).map_err(|(e, _)| e).unwrap();
+    old_owner.flush(timeout).unwrap();
+
+    let mut processor = env.spawn("a");
+    let waiting = "waiting for a transaction open in the changelog";
+    let deadline = std::time::Instant::now() + timeout;
+    while !processor.log_text().contains(waiting) {
+        assert!(std::time::Instant::now() < deadline, "{}", processor.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !processor.log_text().contains("restored partition state"),
+        "restored past an open transaction:\n{}",
+        processor.log_text()
+    );
+    old_owner.commit_transaction(timeout).unwrap();
+
+    // A stale read of u, then a read of v to know both were folded.
+    let producer = env.producer();
+    producer.report(&report("c0", "u", 6)).await.unwrap();
+    producer.report(&report("c0", "v", 1)).await.unwrap();
+    let v = ("c0".to_owned(), "v".to_owned());
+    let log = loop {
+        let log = env.changelog();
+        if log.history.contains_key(&v) {
+            break log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline + timeout,
+            "{}",
+            processor.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        log.history[&("c0".to_owned(), "u".to_owned())],
+        [Some((7, 1))],
+        "the restore missed the committed read of 7"
+    );
+    assert!(processor.terminate(timeout), "{}", processor.log_text());
+}

@@ -16,7 +16,7 @@ use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind};
 use readfold_wire::checkpoint::member_states as member_states_of;
 
 use crate::config::{KafkaConfig, TopicsConfig};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::reader::{TopicReader, Until};
 
 /// How long a restore or a read to the end may take.
@@ -39,6 +39,12 @@ pub struct RestoreStats {
 pub struct Restorer {
     public: ChangelogReader,
     member_state: ChangelogReader,
+    /// High watermarks, for [`Restorer::wait_for_settled`].
+    uncommitted: TopicReader,
+    /// How long a transaction may stay open in a changelog before a restore
+    /// gives up (and is tried again): the broker aborts one left open by a
+    /// dead producer after its transaction timeout.
+    settle_within: Duration,
 }
 
 impl Restorer {
@@ -59,7 +65,55 @@ impl Restorer {
                 ChangelogKind::MemberState,
                 max_id_bytes,
             )?,
+            uncommitted: TopicReader::uncommitted(kafka, &group)?,
+            settle_within: Duration::from_millis(kafka.transaction_timeout_ms) + Duration::from_secs(30),
         })
+    }
+
+    /// Waits until no transaction is open in the changelogs' `partitions`
+    /// below their present end: until each one's last stable offset (the
+    /// end a read_committed restore stops at) reaches the high watermark it
+    /// has now.
+    ///
+    /// The new owner of a partition restores right after the old one's
+    /// last commit. That commit's offsets may already count (the processor
+    /// waits for that) while the broker has yet to write its markers to the
+    /// changelogs: a restore that stopped at the last stable offset then
+    /// would miss the old owner's last flush and fold on from offsets past
+    /// it, with cursors and membership epochs behind what the stores hold.
+    fn wait_for_settled(&self, partitions: &[i32]) -> Result<()> {
+        let started = Instant::now();
+        let mut waited = false;
+        for changelog in [&self.public, &self.member_state] {
+            let topic = changelog.topic();
+            for &p in partitions {
+                let (_, high) = self.uncommitted.watermarks(topic, p)?;
+                while changelog.reader.watermarks(topic, p)?.1 < high {
+                    if started.elapsed() > self.settle_within {
+                        return Err(Error::Timeout {
+                            topic: topic.to_owned(),
+                            within: self.settle_within,
+                        });
+                    }
+                    if !waited {
+                        tracing::info!(
+                            topic,
+                            partition = p,
+                            "waiting for a transaction open in the changelog to end before restoring"
+                        );
+                        waited = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+        if waited {
+            tracing::info!(
+                waited_ms = started.elapsed().as_millis() as u64,
+                "the changelogs settled"
+            );
+        }
+        Ok(())
     }
 
     /// The states of `partitions` as the committed changelogs hold them, in
@@ -101,6 +155,7 @@ impl Restorer {
         if partitions.is_empty() {
             return Ok((states, stats));
         }
+        self.wait_for_settled(partitions)?;
         self.public.restore_into(&public_from, &mut states, &mut stats)?;
         // A restore applies member-state records after the public ones,
         // checkpointed ones included.

@@ -56,6 +56,19 @@ impl TopicReader {
         })
     }
 
+    /// A client for [`TopicReader::watermarks`] only, whose end of a
+    /// partition is the high watermark (read_uncommitted), not the last
+    /// stable offset: the two differ while a transaction is open there.
+    pub fn uncommitted(kafka: &KafkaConfig, group_id: &str) -> Result<Self> {
+        let consumer = kafka
+            .client_config()
+            .set("group.id", group_id)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_uncommitted")
+            .create_with_context(LogContext)?;
+        Ok(TopicReader { consumer })
+    }
+
     /// The partition ids of `topic`; an error if it does not exist.
     pub fn partitions(&self, topic: &str) -> Result<Vec<i32>> {
         partition_ids(&self.consumer, topic)
@@ -113,7 +126,9 @@ impl TopicReader {
         Ok(starts.iter().map(|&(p, _)| p).collect())
     }
 
-    /// The (log start, end) offsets of a partition.
+    /// The (log start, end) offsets of a partition. The end is the last
+    /// stable offset for a read_committed reader, the high watermark for an
+    /// [`TopicReader::uncommitted`] one.
     pub fn watermarks(&self, topic: &str, partition: i32) -> Result<(i64, i64)> {
         Ok(self
             .consumer
