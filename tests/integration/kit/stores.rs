@@ -68,8 +68,59 @@ pub async fn assert_redis_matches(env: &TestEnv, reference: &Reference) {
             .await
             .into_iter()
             .collect();
-        assert_eq!(got, want, "redis hash of {conv}");
+        if got != want {
+            let why = redis_mismatch_detail(env, &conv, &got, &want).await;
+            assert_eq!(got, want, "redis hash of {conv}\n{why}");
+        }
     }
+}
+
+/// What a failing Redis comparison needs to be understood: the
+/// conversation's raw join and epoch hashes, and for each user whose cursor
+/// differs, the committed changelog history and member-state records.
+async fn redis_mismatch_detail(
+    env: &TestEnv,
+    conv: &str,
+    got: &BTreeMap<String, i64>,
+    want: &BTreeMap<String, i64>,
+) -> String {
+    use readfold_kafka::changelog::ChangelogReader;
+    use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+    use redis::AsyncCommands;
+    let prefix = &env.config.redis.key_prefix;
+    let [_, latest, joined, epoch] = readfold_store::redis::keys(prefix, conv);
+    let mut conn = redis_conn(&redis_url()).await;
+    let latest: Option<String> = conn.get(&latest).await.unwrap_or_default();
+    let joined: BTreeMap<String, String> = conn.hgetall(&joined).await.unwrap_or_default();
+    let epoch: BTreeMap<String, String> = conn.hgetall(&epoch).await.unwrap_or_default();
+    let mut out = format!("redis latest {latest:?}, joined {joined:?}, epoch {epoch:?}\n");
+    let users: Vec<&String> = got
+        .keys()
+        .chain(want.keys())
+        .filter(|u| got.get(*u) != want.get(*u))
+        .collect();
+    let history = env.changelog().history;
+    let states = ChangelogReader::new(
+        &env.config.kafka,
+        &format!("{}-test-detail", env.config.kafka.group_id),
+        &env.config.topics.member_state,
+        ChangelogKind::MemberState,
+        env.config.input.max_id_bytes,
+    )
+    .and_then(|reader| reader.entries(None))
+    .unwrap_or_default();
+    for user in users {
+        let key = (conv.to_owned(), user.clone());
+        out += &format!("{user}: changelog {:?}\n", history.get(&key));
+        for (_, entry) in &states {
+            if let ChangelogEntry::State(s) = entry {
+                if s.key.conversation_id.as_str() == conv && s.key.user_id.as_str() == user {
+                    out += &format!("{user}: member state {s:?}\n");
+                }
+            }
+        }
+    }
+    out
 }
 
 /// A user's private state in each conversation, through the Redis read half.
