@@ -124,7 +124,12 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         // it fetches that partition again: a processor catching up then
         // idles between bursts. Fetch again as soon as there is room.
         .set("fetch.queue.backoff.ms", "10")
-        .set("max.partition.fetch.bytes", "10485760")
+        // Fetched but unfolded records stay small, so that librdkafka
+        // reuses their memory: 1 MB per partition and 32 MB queued (were
+        // 10 MB and the 64 MB default) took a 1M-record catch-up's peak RSS
+        // from 366-442 MB to 217-292 MB at the same rate.
+        .set("max.partition.fetch.bytes", "1048576")
+        .set("queued.max.messages.kbytes", "32768")
         .create_with_context(context)?;
     Ok((consumer, GroupEvents(events)))
 }
