@@ -202,6 +202,8 @@ pub fn replay(
 
 /// Where the table goes: stdout, or `<file>.partial` renamed to `<file>`
 /// once complete, so a failed replay never leaves a file that looks whole.
+/// A device or a pipe (`/dev/null`, a FIFO) is written as it is: renaming a
+/// file over it would replace it (as root, `/dev/null` itself).
 #[allow(clippy::type_complexity)]
 fn open_output(
     path: Option<&Path>,
@@ -210,6 +212,13 @@ fn open_output(
     match path {
         None => {}
         Some(p) if p == Path::new("-") => {}
+        Some(path) if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) => {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(|e| Error::Usage(format!("cannot open {}: {e}", path.display())))?;
+            return Ok((Box::new(file), None));
+        }
         Some(path) => {
             let mut partial = path.as_os_str().to_owned();
             partial.push(".partial");
@@ -225,4 +234,23 @@ fn open_output(
         ));
     }
     Ok((Box::new(std::io::stdout()), None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_device_is_written_in_place_and_a_file_through_a_partial_one() {
+        let (_, partial) = open_output(Some(Path::new("/dev/null")), Format::Jsonl).unwrap();
+        assert!(partial.is_none(), "a rename would replace /dev/null");
+        let dir = std::env::temp_dir().join(format!("readfold-open-output-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("cursors.jsonl");
+        let (_, partial) = open_output(Some(&file), Format::Jsonl).unwrap();
+        let (written, renamed) = partial.expect("a regular file goes through a partial one");
+        assert_eq!(renamed, file);
+        assert!(written.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
