@@ -127,7 +127,7 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         // Fetched but unfolded records stay small, so that librdkafka
         // reuses their memory: 1 MB per partition and 32 MB queued (were
         // 10 MB and the 64 MB default) took a 1M-record catch-up's peak RSS
-        // from 366-442 MB to 217-292 MB at the same rate.
+        // from 366-442 MB to 213-292 MB at the same rate.
         .set("max.partition.fetch.bytes", "1048576")
         .set("queued.max.messages.kbytes", "32768")
         .create_with_context(context)?;

@@ -240,8 +240,9 @@ impl Processor {
             Linger,
             Flushed(Result<()>),
             Snapshotted(Result<()>),
-            /// Folded, or deferred (copied) until a rebalance is applied or
-            /// its partition is restored.
+            /// Folded (or dropped, its partition no longer ours), or deferred
+            /// (copied) until a rebalance is applied or its partition is
+            /// restored.
             Fetched(Option<OwnedMessage>),
             FetchFailed(KafkaError),
         }
@@ -374,7 +375,10 @@ impl Processor {
             // Paused partitions are resumed by the next assignment anyway.
             self.paused = false;
             let Some(assignment) = self.partitions.apply(event, inputs) else {
-                self.report_partitions(self.to_restore.len());
+                // A revoke: what the last assignment brought is no longer
+                // ours to restore (several events can arrive at once).
+                self.to_restore.clear();
+                self.report_partitions(0);
                 continue;
             };
             for p in &assignment.one_sided {
@@ -411,7 +415,12 @@ impl Processor {
         if self.to_restore.is_empty() {
             return Ok(());
         }
-        let partitions = std::mem::take(&mut self.to_restore);
+        let mut partitions = std::mem::take(&mut self.to_restore);
+        // Never a slot for a partition owned elsewhere (see `owns`).
+        partitions.retain(|&p| self.partitions.owns(p));
+        if partitions.is_empty() {
+            return Ok(());
+        }
         self.wait_for_stable_offsets(&partitions);
         for (partition, slot) in self.restore(&partitions).await? {
             self.partitions.slots.insert(partition, slot);
@@ -425,7 +434,9 @@ impl Processor {
     /// must see it (read_committed reads stop at an open transaction).
     /// librdkafka asks for stable offsets under read_committed (KIP-447), so
     /// fetching the committed offsets waits for exactly that. It blocks the
-    /// calling worker, but only at a rebalance, and briefly.
+    /// calling worker, but only at a rebalance, and briefly. The changelogs
+    /// may settle later than the offsets: the restore waits for them too
+    /// (`Restorer::wait_for_settled`).
     fn wait_for_stable_offsets(&self, partitions: &[i32]) {
         let mut tpl = TopicPartitionList::new();
         for topic in [
@@ -467,7 +478,8 @@ impl Processor {
 
     /// Folds a fetched record at once, in place, unless a rebalance waits
     /// to be applied or its partition has no state yet: then it returns a
-    /// copy for [`Processor::process`], after the rebalance.
+    /// copy for [`Processor::process`], after the rebalance. A record of a
+    /// partition no longer assigned is dropped.
     fn fold_or_defer(&mut self, message: BorrowedMessage<'_>) -> Option<OwnedMessage> {
         if self.events.pending() {
             return Some(message.detach());
@@ -479,7 +491,8 @@ impl Processor {
     }
 
     /// Folds a record, first restoring its partition's state or asking the
-    /// registry about its schema id if needed.
+    /// registry about its schema id if needed; drops it if its partition is
+    /// no longer assigned.
     async fn process(&mut self, message: OwnedMessage) -> Result<()> {
         loop {
             match self.fold_record(&message) {
