@@ -21,6 +21,8 @@ use crate::reader::{TopicReader, Until};
 
 /// How long a restore or a read to the end may take.
 const READ_BOUND: Duration = Duration::from_secs(600);
+/// The longest a restore waits for a changelog's open transaction to end.
+const MAX_SETTLE_WAIT: Duration = Duration::from_secs(240);
 
 /// What one restore did.
 #[derive(Clone, Copy, Debug, Default)]
@@ -66,14 +68,18 @@ impl Restorer {
                 max_id_bytes,
             )?,
             uncommitted: TopicReader::uncommitted(kafka, &group)?,
-            settle_within: Duration::from_millis(kafka.transaction_timeout_ms) + Duration::from_secs(30),
+            // Under librdkafka's max.poll.interval.ms (300 s by default):
+            // the processor does not poll its group consumer meanwhile.
+            settle_within: (Duration::from_millis(kafka.transaction_timeout_ms) + Duration::from_secs(30))
+                .min(MAX_SETTLE_WAIT),
         })
     }
 
     /// Waits until no transaction is open in the changelogs' `partitions`
     /// below their present end: until each one's last stable offset (the
     /// end a read_committed restore stops at) reaches the high watermark it
-    /// has now.
+    /// has now. Bounded by the transaction timeout plus 30 s (at most
+    /// 240 s); past that the restore fails, to be tried again.
     ///
     /// The new owner of a partition restores right after the old one's
     /// last commit. That commit's offsets may already count (the processor
@@ -88,10 +94,14 @@ impl Restorer {
             let topic = changelog.topic();
             for &p in partitions {
                 let (_, high) = self.uncommitted.watermarks(topic, p)?;
+                // Markers land within milliseconds; a dead producer's
+                // transaction lasts until its timeout: back off to 500 ms.
+                let mut pause = Duration::from_millis(5);
                 while changelog.reader.watermarks(topic, p)?.1 < high {
                     if started.elapsed() > self.settle_within {
-                        return Err(Error::Timeout {
+                        return Err(Error::OpenTransaction {
                             topic: topic.to_owned(),
+                            partition: p,
                             within: self.settle_within,
                         });
                     }
@@ -103,7 +113,8 @@ impl Restorer {
                         );
                         waited = true;
                     }
-                    std::thread::sleep(Duration::from_millis(10));
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
                 }
             }
         }

@@ -16,6 +16,12 @@ pub enum Error {
     NoSuchTopic(String),
     #[error("{topic}: did not reach the end within {within:?}")]
     Timeout { topic: String, within: Duration },
+    #[error("{topic} [{partition}]: a transaction stayed open for more than {within:?}")]
+    OpenTransaction {
+        topic: String,
+        partition: i32,
+        within: Duration,
+    },
     #[error("the producer dropped a delivery report")]
     DeliveryCanceled,
     /// The brokers refused the connection for good: wrong credentials,
@@ -34,7 +40,7 @@ impl Error {
                 !is_fatal(e) && !matches!(e, KafkaError::ClientCreation(_) | KafkaError::ClientConfig(..))
             }
             Error::Topology(_) | Error::NoSuchTopic(_) | Error::Setup { .. } => false,
-            Error::Timeout { .. } | Error::DeliveryCanceled => true,
+            Error::Timeout { .. } | Error::OpenTransaction { .. } | Error::DeliveryCanceled => true,
         }
     }
 }
