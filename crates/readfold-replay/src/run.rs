@@ -202,8 +202,9 @@ pub fn replay(
 
 /// Where the table goes: stdout, or `<file>.partial` renamed to `<file>`
 /// once complete, so a failed replay never leaves a file that looks whole.
-/// A device or a pipe (`/dev/null`, a FIFO) is written as it is: renaming a
-/// file over it would replace it (as root, `/dev/null` itself).
+/// Anything but a plain file (a device or a pipe such as `/dev/null`, or a
+/// link such as `/dev/stdout`) is written as it is: renaming a file over it
+/// would replace it (as root, `/dev/null` itself).
 #[allow(clippy::type_complexity)]
 fn open_output(
     path: Option<&Path>,
@@ -212,7 +213,10 @@ fn open_output(
     match path {
         None => {}
         Some(p) if p == Path::new("-") => {}
-        Some(path) if std::fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) => {
+        Some(path)
+            if std::fs::symlink_metadata(path)
+                .is_ok_and(|m| m.file_type().is_symlink() || (!m.is_file() && !m.is_dir())) =>
+        {
             let file = std::fs::OpenOptions::new()
                 .write(true)
                 .open(path)

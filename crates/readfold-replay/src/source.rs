@@ -141,9 +141,10 @@ impl KafkaInputs {
             .set("isolation.level", "read_committed")
             .set("fetch.max.bytes", "52428800")
             // Small enough that librdkafka reuses the memory of records
-            // already folded: with 10 MB per partition and 256 MB queued, a
-            // replay kept taking fresh pages (and the kernel zeroing them
-            // cost a fifth of its CPU), for no gain in fetch rate.
+            // already folded: with 10 MB per partition and 256 MB queued (per
+            // partition, since each has a queue of its own), a replay kept
+            // taking fresh pages (and the kernel zeroing them cost a fifth
+            // of its CPU), for no gain in fetch rate.
             .set("max.partition.fetch.bytes", "1048576")
             .set("queued.max.messages.kbytes", "32768")
             .set("fetch.wait.max.ms", "50");

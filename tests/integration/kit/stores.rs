@@ -94,7 +94,7 @@ async fn redis_mismatch_detail(
     let joined: BTreeMap<String, String> = conn.hgetall(&joined).await.unwrap_or_default();
     let epoch: BTreeMap<String, String> = conn.hgetall(&epoch).await.unwrap_or_default();
     let mut out = format!("redis latest {latest:?}, joined {joined:?}, epoch {epoch:?}\n");
-    let users: Vec<&String> = got
+    let users: std::collections::BTreeSet<&String> = got
         .keys()
         .chain(want.keys())
         .filter(|u| got.get(*u) != want.get(*u))
