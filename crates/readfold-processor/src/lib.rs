@@ -83,8 +83,6 @@ pub struct Processor {
     retry: Backoff,
     /// Producer recoveries since the last committed flush.
     recoveries: u32,
-    /// Partitions the last assignment brought that have no state yet.
-    to_restore: Vec<i32>,
     health: Arc<Health>,
     /// With a schema registry: the ids that frame the output, and the
     /// verdicts on framed input's schema ids.
@@ -189,7 +187,6 @@ impl Processor {
             paused: false,
             retry: Backoff::new(),
             recoveries: 0,
-            to_restore: Vec::new(),
             health: Arc::new(Health::default()),
             settings,
         })
@@ -375,10 +372,7 @@ impl Processor {
             // Paused partitions are resumed by the next assignment anyway.
             self.paused = false;
             let Some(assignment) = self.partitions.apply(event, inputs) else {
-                // A revoke: what the last assignment brought is no longer
-                // ours to restore (several events can arrive at once).
-                self.to_restore.clear();
-                self.report_partitions(0);
+                self.report_partitions();
                 continue;
             };
             for p in &assignment.one_sided {
@@ -390,34 +384,21 @@ impl Processor {
             tracing::info!(read_reports = ?assignment.read_reports, conversation_events = ?assignment.conversation_events, "partitions assigned");
             self.health.joined();
             telemetry::paused(false);
-            self.to_restore = assignment
-                .read_reports
-                .iter()
-                .chain(&assignment.conversation_events)
-                .copied()
-                .filter(|p| !self.partitions.slots.contains_key(p))
-                .collect();
-            self.to_restore.sort_unstable();
-            self.to_restore.dedup();
-            self.report_partitions(self.to_restore.len());
+            self.report_partitions();
         }
     }
 
     /// Tells readiness probes how many partitions are owned and how many
     /// are still to be restored.
-    fn report_partitions(&self, restoring: usize) {
-        self.health.set_partitions(self.partitions.slots.len(), restoring);
+    fn report_partitions(&self) {
+        self.health
+            .set_partitions(self.partitions.slots.len(), self.partitions.unrestored().len());
     }
 
-    /// Restores the partitions the last assignment brought, all in one read
-    /// of the changelogs, before any of their records is folded.
+    /// Restores the owned partitions that have no state yet, all in one
+    /// read of the changelogs, before any of their records is folded.
     async fn restore_assigned(&mut self) -> Result<()> {
-        if self.to_restore.is_empty() {
-            return Ok(());
-        }
-        let mut partitions = std::mem::take(&mut self.to_restore);
-        // Never a slot for a partition owned elsewhere (see `owns`).
-        partitions.retain(|&p| self.partitions.owns(p));
+        let partitions = self.partitions.unrestored();
         if partitions.is_empty() {
             return Ok(());
         }
@@ -425,7 +406,7 @@ impl Processor {
         for (partition, slot) in self.restore(&partitions).await? {
             self.partitions.slots.insert(partition, slot);
         }
-        self.report_partitions(self.to_restore.len());
+        self.report_partitions();
         Ok(())
     }
 
@@ -501,7 +482,7 @@ impl Processor {
                     for (partition, slot) in self.restore(&[message.partition()]).await? {
                         self.partitions.slots.insert(partition, slot);
                     }
-                    self.report_partitions(self.to_restore.len());
+                    self.report_partitions();
                 }
                 Folded::UnknownSchema(kind, id) => {
                     let schemas = self.input_schemas.as_mut().expect("only checked with a registry");

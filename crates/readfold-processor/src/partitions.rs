@@ -109,6 +109,18 @@ impl Partitions {
         self.owned.contains(&partition)
     }
 
+    /// The owned partitions with no state yet, in order: to restore before
+    /// any of their records is folded. None between a revoke and the next
+    /// assignment, so a restore never makes a slot for a partition owned
+    /// elsewhere.
+    pub fn unrestored(&self) -> Vec<i32> {
+        self.owned
+            .iter()
+            .copied()
+            .filter(|p| !self.slots.contains_key(p))
+            .collect()
+    }
+
     pub fn dirty_len(&self) -> usize {
         flush::dirty_len(&self.slots)
     }
@@ -182,5 +194,26 @@ mod tests {
         assert!(!parts.owns(0), "nothing between a revoke and the next assignment");
         parts.apply(assigned(&[("reports", 1), ("events", 1)]), INPUTS);
         assert!(parts.owns(1) && !parts.owns(0) && !parts.owns(3));
+    }
+
+    #[test]
+    fn the_owned_partitions_without_state_are_the_ones_to_restore() {
+        let mut parts = Partitions::default();
+        with_slot(&mut parts, 1);
+        parts.apply(GroupEvent::Revoked { lost: false }, INPUTS);
+        parts.apply(
+            assigned(&[("reports", 2), ("events", 2), ("reports", 1), ("events", 1)]),
+            INPUTS,
+        );
+        assert_eq!(parts.unrestored(), [2], "1 came straight back with its state");
+        // An assignment then a revoke, taken together: nothing to restore.
+        parts.apply(GroupEvent::Revoked { lost: false }, INPUTS);
+        assert!(parts.unrestored().is_empty());
+        parts.apply(assigned(&[("reports", 3), ("events", 3)]), INPUTS);
+        parts.start_over();
+        assert!(
+            parts.unrestored().is_empty(),
+            "a fenced member restores after its next assignment"
+        );
     }
 }
