@@ -92,30 +92,44 @@ impl Restorer {
         let mut waited = false;
         for changelog in [&self.public, &self.member_state] {
             let topic = changelog.topic();
-            for &p in partitions {
-                let (_, high) = self.uncommitted.watermarks(topic, p)?;
-                // Markers land within milliseconds; a dead producer's
-                // transaction lasts until its timeout: back off to 500 ms.
-                let mut pause = Duration::from_millis(5);
-                while changelog.reader.watermarks(topic, p)?.1 < high {
-                    if started.elapsed() > self.settle_within {
-                        return Err(Error::OpenTransaction {
-                            topic: topic.to_owned(),
-                            partition: p,
-                            within: self.settle_within,
-                        });
-                    }
-                    if !waited {
-                        tracing::info!(
-                            topic,
-                            partition = p,
-                            "waiting for a transaction open in the changelog to end before restoring"
-                        );
-                        waited = true;
-                    }
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(500));
+            let highs = self.uncommitted.watermarks_many(topic, partitions)?;
+            let mut open: Vec<(i32, i64)> = partitions
+                .iter()
+                .zip(highs)
+                .map(|(&p, (_, high))| (p, high))
+                .collect();
+            // Markers land within milliseconds; a dead producer's
+            // transaction lasts until its timeout: back off to 500 ms.
+            let mut pause = Duration::from_millis(5);
+            loop {
+                let asked: Vec<i32> = open.iter().map(|&(p, _)| p).collect();
+                let stable = changelog.reader.watermarks_many(topic, &asked)?;
+                open = open
+                    .into_iter()
+                    .zip(stable)
+                    .filter(|((_, high), (_, stable))| stable < high)
+                    .map(|(open, _)| open)
+                    .collect();
+                let Some(&(p, _)) = open.first() else {
+                    break;
+                };
+                if started.elapsed() > self.settle_within {
+                    return Err(Error::OpenTransaction {
+                        topic: topic.to_owned(),
+                        partition: p,
+                        within: self.settle_within,
+                    });
                 }
+                if !waited {
+                    tracing::info!(
+                        topic,
+                        partition = p,
+                        "waiting for a transaction open in the changelog to end before restoring"
+                    );
+                    waited = true;
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(500));
             }
         }
         if waited {

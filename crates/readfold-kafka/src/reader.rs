@@ -135,6 +135,12 @@ impl TopicReader {
             .fetch_watermarks(topic, partition, Duration::from_secs(10))?)
     }
 
+    /// [`TopicReader::watermarks`] of several partitions, queried
+    /// concurrently ([`watermarks_of`]).
+    pub fn watermarks_many(&self, topic: &str, partitions: &[i32]) -> Result<Vec<(i64, i64)>> {
+        watermarks_of(&self.consumer, topic, partitions, Duration::from_secs(10))
+    }
+
     pub fn unassign(&self) -> Result<()> {
         Ok(self.consumer.unassign()?)
     }
@@ -221,6 +227,38 @@ pub fn partition_ids<C: rdkafka::consumer::ConsumerContext>(
         return Err(Error::NoSuchTopic(topic.to_owned()));
     }
     Ok(partitions)
+}
+
+/// Queries at most this many partitions' watermarks at once.
+const WATERMARK_QUERIES_IN_FLIGHT: usize = 16;
+
+/// The (log start, end) offsets of each of `partitions` of `topic`, in
+/// their order; the end as [`TopicReader::watermarks`] says. Each partition
+/// is a request of its own in librdkafka, so they are sent concurrently: one
+/// after another, 12 partitions took a tenth of a 1M-record replay.
+pub fn watermarks_of<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &(impl Consumer<C> + Sync),
+    topic: &str,
+    partitions: &[i32],
+    timeout: Duration,
+) -> Result<Vec<(i64, i64)>> {
+    let mut found = Vec::with_capacity(partitions.len());
+    for chunk in partitions.chunks(WATERMARK_QUERIES_IN_FLIGHT) {
+        let answers: Vec<_> = std::thread::scope(|scope| {
+            let queries: Vec<_> = chunk
+                .iter()
+                .map(|&p| scope.spawn(move || consumer.fetch_watermarks(topic, p, timeout)))
+                .collect();
+            queries
+                .into_iter()
+                .map(|q| q.join().expect("a watermark query does not panic"))
+                .collect()
+        });
+        for answer in answers {
+            found.push(answer?);
+        }
+    }
+    Ok(found)
 }
 
 /// Whether a consumer error ends a read: fatal ones do; transport errors,

@@ -171,18 +171,19 @@ impl Replayer {
 
     /// One row per member, in (conversation, user) order. Members seen only
     /// through private receipts or marks appear only with `include_private`.
-    pub fn cursor_rows(&self, include_private: bool) -> Vec<Vec<Value>> {
+    /// Made as they are written: a state of millions of cursors is not
+    /// held twice, once as rows.
+    pub fn cursor_rows(&self, include_private: bool) -> impl Iterator<Item = Vec<Value>> + '_ {
         let mut conversations: Vec<_> = self.state.conversations().collect();
         conversations.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let mut rows = vec![];
-        for (id, conversation) in conversations {
+        conversations.into_iter().flat_map(move |(id, conversation)| {
             let view = conversation.view();
             let mut members: Vec<_> = conversation
                 .members()
                 .filter(|(_, m)| m.listed || include_private)
                 .collect();
             members.sort_unstable_by(|a, b| a.0.cmp(b.0));
-            for (user, member) in members {
+            members.into_iter().map(move |(user, member)| {
                 let present = member.present().is_some();
                 let mut row = vec![
                     Value::Str(id.to_string()),
@@ -206,10 +207,9 @@ impl Replayer {
                         }),
                     ]);
                 }
-                rows.push(row);
-            }
-        }
-        rows
+                row
+            })
+        })
     }
 
     /// One row per message seen sent in the chosen conversations, in
@@ -289,7 +289,7 @@ mod tests {
     #[test]
     fn the_private_cursor_shows_only_when_asked() {
         let r = seed(TableKind::Cursors);
-        let public = r.cursor_rows(false);
+        let public: Vec<_> = r.cursor_rows(false).collect();
         let b = public
             .iter()
             .find(|row| row[1] == Value::Str("B".into()))
@@ -300,7 +300,7 @@ mod tests {
             (&Value::Int(1), &Value::Int(2)),
             "cursor 1, unread 2"
         );
-        let private = r.cursor_rows(true);
+        let private: Vec<_> = r.cursor_rows(true).collect();
         let b = private
             .iter()
             .find(|row| row[1] == Value::Str("B".into()))
@@ -314,7 +314,7 @@ mod tests {
 
     #[test]
     fn rows_come_sorted_whatever_the_fold_order() {
-        let forward = seed(TableKind::Cursors).cursor_rows(true);
+        let forward: Vec<_> = seed(TableKind::Cursors).cursor_rows(true).collect();
         let users: Vec<_> = forward.iter().map(|r| r[1].clone()).collect();
         assert_eq!(users, ["A", "B", "C", "D"].map(|s| Value::Str(s.into())));
     }

@@ -173,7 +173,7 @@ pub fn replay(
         read.and(folded)
     })?;
     progress.status("writing");
-    let mut write_all = |table: Vec<Vec<Value>>| -> Result<()> {
+    let mut write_all = |table: &mut dyn Iterator<Item = Vec<Value>>| -> Result<()> {
         for row in table {
             sink.write(&row)?;
             rows += 1;
@@ -181,9 +181,9 @@ pub fn replay(
         Ok(())
     };
     match options.table {
-        TableKind::Cursors => write_all(replayer.cursor_rows(options.include_private))?,
-        TableKind::ReadCounts => write_all(replayer.read_count_rows())?,
-        TableKind::Latency => write_all(replayer.finish_latency().iter().map(|r| r.values()).collect())?,
+        TableKind::Cursors => write_all(&mut replayer.cursor_rows(options.include_private))?,
+        TableKind::ReadCounts => write_all(&mut replayer.read_count_rows().into_iter())?,
+        TableKind::Latency => write_all(&mut replayer.finish_latency().iter().map(|r| r.values()))?,
     }
     sink.finish()?;
     if let Some((partial, path)) = partial {

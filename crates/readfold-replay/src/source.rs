@@ -16,7 +16,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use readfold_core::fold::InputKind;
 use readfold_kafka::partition_queue::{BatchedPartitionQueue, QueuedMessage};
-use readfold_kafka::reader::partition_ids;
+use readfold_kafka::reader::{partition_ids, watermarks_of};
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_wire::ChangelogKind;
 
@@ -172,8 +172,8 @@ impl KafkaInputs {
             }
             let mut assignment = TopicPartitionList::new();
             let first = inputs_read.partitions.len();
-            for partition in ids {
-                let (low, high) = consumer.fetch_watermarks(topic, partition, METADATA_TIMEOUT)?;
+            let watermarks = watermarks_of(consumer.as_ref(), topic, &ids, METADATA_TIMEOUT)?;
+            for (partition, (low, high)) in ids.into_iter().zip(watermarks) {
                 let end = bounds_by_place
                     .get(&(topic.as_str(), partition))
                     .map_or(high, |&b| b.min(high));
