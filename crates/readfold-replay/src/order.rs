@@ -13,7 +13,8 @@
 //! timestamps go backwards is not re-sorted; the order stays a function of
 //! the records alone, which is what determinism needs. The cursors do not
 //! depend on order at all (the fold is a max-merge); only the latency table's
-//! times do.
+//! times do, so the cursors table from the input topics is folded without
+//! this merge ([`crate::prefetch::Arrival::AsFetched`]).
 
 use std::cmp::Reverse;
 use std::collections::binary_heap::{BinaryHeap, PeekMut};

@@ -5,6 +5,11 @@
 //! waiting for another), so memory stays bounded and nothing deadlocks.
 //! Emptied batches go back to the reader to be filled again: a fresh one
 //! per batch cost a tenth of a replay's CPU in page faults.
+//!
+//! A table that does not depend on the order of records across partitions
+//! (the cursors) takes them [`Arrival::AsFetched`]: every partition's batches
+//! on one channel, folded as they come, with no merge waiting for the
+//! slowest partition's next batch.
 
 use std::collections::VecDeque;
 use std::sync::mpsc::{channel, sync_channel, Receiver, Sender, SyncSender, TrySendError};
@@ -30,6 +35,16 @@ const IN_FLIGHT: usize = 4;
 /// broker away for good, or records held by an open transaction).
 const STALL: Duration = Duration::from_secs(120);
 
+/// How the folding side takes the partitions' records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Each partition on its own, for a merge into replay order.
+    PerPartition,
+    /// All partitions through [`Decoded::next`] of 0, each still in offset
+    /// order, interleaved as fetched.
+    AsFetched,
+}
+
 #[derive(Default)]
 pub struct Batch {
     pub heads: Vec<Head>,
@@ -44,11 +59,12 @@ enum Message {
     Done,
 }
 
-/// The folding side: one receiver per partition.
+/// The folding side: one receiver per partition, or one for all.
 pub struct Decoded {
     receivers: Vec<Receiver<Message>>,
     current: Vec<VecDeque<Head>>,
-    done: Vec<bool>,
+    /// Per receiver: partitions whose end it has yet to hear of.
+    open: Vec<usize>,
     /// Emptied batches, back to the reader.
     recycle: Sender<Vec<Head>>,
 }
@@ -63,9 +79,19 @@ pub struct Reader {
 }
 
 /// Splits `inputs` into a reader (for a thread) and the decoded streams.
-pub fn split(inputs: KafkaInputs) -> (Reader, Decoded) {
+pub fn split(inputs: KafkaInputs, arrival: Arrival) -> (Reader, Decoded) {
     let n = inputs.partitions().len();
-    let (senders, receivers) = (0..n).map(|_| sync_channel(IN_FLIGHT)).unzip();
+    let (senders, receivers, open): (Vec<_>, Vec<_>, Vec<_>) = match arrival {
+        Arrival::PerPartition => {
+            let (senders, receivers) = (0..n).map(|_| sync_channel(IN_FLIGHT)).unzip();
+            (senders, receivers, vec![1; n])
+        }
+        Arrival::AsFetched => {
+            let (sender, receiver) = sync_channel(IN_FLIGHT * n.max(1));
+            (vec![sender; n], vec![receiver], vec![n])
+        }
+    };
+    let m = receivers.len();
     let (recycle, recycled) = channel();
     (
         Reader {
@@ -76,23 +102,24 @@ pub fn split(inputs: KafkaInputs) -> (Reader, Decoded) {
         },
         Decoded {
             receivers,
-            current: (0..n).map(|_| VecDeque::new()).collect(),
-            done: vec![false; n],
+            current: (0..m).map(|_| VecDeque::new()).collect(),
+            open,
             recycle,
         },
     )
 }
 
 impl Decoded {
-    /// Partition `i`'s next record, waiting for the reader; `None` at its
-    /// end. `batch` is told each batch's counts. An error means the reader
+    /// Partition `i`'s next record (with [`Arrival::AsFetched`], any
+    /// partition's: `i` is 0), waiting for the reader; `None` at its end.
+    /// `batch` is told each batch's counts. An error means the reader
     /// stopped: its own error says why.
     pub fn next(&mut self, i: usize, mut batch: impl FnMut(&Batch)) -> Result<Option<Head>> {
         loop {
             if let Some(head) = self.current[i].pop_front() {
                 return Ok(Some(head));
             }
-            if self.done[i] {
+            if self.open[i] == 0 {
                 return Ok(None);
             }
             match self.receivers[i].recv() {
@@ -104,7 +131,7 @@ impl Decoded {
                         let _ = self.recycle.send(emptied.into());
                     }
                 }
-                Ok(Message::Done) => self.done[i] = true,
+                Ok(Message::Done) => self.open[i] -= 1,
                 Err(_) => return Err(Error::Consumer("the reader thread stopped".into())),
             }
         }

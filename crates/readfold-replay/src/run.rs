@@ -11,7 +11,7 @@ use readfold_wire::Limits;
 use crate::error::{Error, Result};
 use crate::order::Merge;
 use crate::output::{self, Format};
-use crate::prefetch;
+use crate::prefetch::{self, Arrival};
 use crate::range::OffsetBound;
 use crate::replayer::{Record, Replayer, Stats};
 use crate::source::{sources, KafkaInputs};
@@ -142,7 +142,16 @@ pub fn replay(
     let mut records = 0u64;
     let mut after_until = 0u64;
     let mut rows = 0u64;
-    let (reader, mut decoded) = prefetch::split(inputs);
+    // The cursors do not depend on the order across partitions (every rule
+    // is a max or a versioned last-writer-wins), so they are folded as
+    // fetched; the latency and read-count tables, and a restore from the
+    // changelogs (public records before member state), need the one order.
+    let arrival = if options.table == TableKind::Cursors && !options.from_changelog {
+        Arrival::AsFetched
+    } else {
+        Arrival::PerPartition
+    };
+    let (reader, mut decoded) = prefetch::split(inputs, arrival);
     std::thread::scope(|scope| -> Result<()> {
         let reading = std::thread::Builder::new()
             .name("replay-reader".into())
@@ -155,7 +164,11 @@ pub fn replay(
                     progress.add(batch.read);
                 })
             };
-            while let Some((_, record)) = merge.next(&mut pull)? {
+            let mut next = || match arrival {
+                Arrival::PerPartition => merge.next(&mut pull),
+                Arrival::AsFetched => pull(0),
+            };
+            while let Some((_, record)) = next()? {
                 replayer.fold(record);
                 for row in replayer.take_latency_rows() {
                     sink.write(&row.values())?;
