@@ -159,6 +159,10 @@ enum Command {
         /// fresh topics on the configured broker, next to a raw read (0: skip).
         #[arg(long, default_value_t = 0)]
         replay_records: u64,
+        /// Times each way of reading the replay bench's records, taking
+        /// turns; the median run is shown, with the slowest and fastest.
+        #[arg(long, default_value_t = 3)]
+        replay_runs: usize,
         /// Also time how fast `readfold run` catches up on a backlog of
         /// this many records on fresh topics, with its sinks off and on,
         /// next to a raw read (0: skip).
@@ -256,6 +260,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             gateway_seconds,
             gateway_group,
             replay_records,
+            replay_runs,
             throughput_records,
             latency_seconds,
             latency_max_rate,
@@ -302,7 +307,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                 readfold::bench::print_gateway(&figures);
             }
             if replay_records > 0 {
-                let rows = runtime.block_on(readfold::bench::replay(&config, replay_records))?;
+                let rows = runtime.block_on(readfold::bench::replay(&config, replay_records, replay_runs))?;
                 readfold::bench::print_replay(&rows);
             }
             if throughput_records > 0 {

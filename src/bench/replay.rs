@@ -20,16 +20,32 @@ use super::workload::{ChatWorkload, Generated};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-/// One timed read of the bench topics.
+/// The timed reads of the bench topics of one kind.
 #[derive(Clone, Debug)]
 pub struct ReplayRow {
     pub what: &'static str,
     pub records: u64,
-    pub secs: f64,
-    pub cpu_secs: f64,
+    /// Each run's (wall, CPU) seconds, in the order they ran.
+    pub runs: Vec<(f64, f64)>,
 }
 
-pub async fn replay(config: &Config, records: u64) -> Result<Vec<ReplayRow>> {
+impl ReplayRow {
+    /// The run with the median rate (the slower middle one of an even
+    /// count): on a shared box, one run can be slowed by a neighbour.
+    pub fn median(&self) -> (f64, f64) {
+        let mut runs = self.runs.clone();
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        runs.get(runs.len() / 2).copied().unwrap_or((0.0, 0.0))
+    }
+
+    fn rate(&self, secs: f64) -> f64 {
+        self.records as f64 / secs.max(1e-9)
+    }
+}
+
+/// Produces `records` records, then reads them `runs` times in each way,
+/// the ways taking turns so that a slow spell of the box hits each alike.
+pub async fn replay(config: &Config, records: u64, runs: usize) -> Result<Vec<ReplayRow>> {
     let config = super::on_fresh_topics(config, "replay");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
@@ -38,12 +54,29 @@ pub async fn replay(config: &Config, records: u64) -> Result<Vec<ReplayRow>> {
 
     let run = config.clone();
     let rows = tokio::task::spawn_blocking(move || -> Result<Vec<ReplayRow>> {
-        let mut rows = vec![timed("raw read, no decode", || raw_read(&run))?];
-        for (what, table) in [
-            ("replay, cursors table", TableKind::Cursors),
-            ("replay, latency table", TableKind::Latency),
-        ] {
-            rows.push(timed(what, || replay_once(&run, table))?);
+        let ways: [(&'static str, Option<TableKind>); 3] = [
+            ("raw read, no decode", None),
+            ("replay, cursors table", Some(TableKind::Cursors)),
+            ("replay, latency table", Some(TableKind::Latency)),
+        ];
+        let mut rows: Vec<ReplayRow> = ways
+            .iter()
+            .map(|&(what, _)| ReplayRow {
+                what,
+                records: 0,
+                runs: vec![],
+            })
+            .collect();
+        for _ in 0..runs.max(1) {
+            for (row, (_, table)) in rows.iter_mut().zip(ways) {
+                let (cpu, started) = (cpu_secs_of("self"), Instant::now());
+                row.records = match table {
+                    None => raw_read(&run)?,
+                    Some(table) => replay_once(&run, table)?,
+                };
+                row.runs
+                    .push((started.elapsed().as_secs_f64(), cpu_secs_of("self") - cpu));
+            }
         }
         Ok(rows)
     })
@@ -51,17 +84,6 @@ pub async fn replay(config: &Config, records: u64) -> Result<Vec<ReplayRow>> {
     .map_err(|e| Error::Run(format!("replay bench: {e}")))??;
     super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
     Ok(rows)
-}
-
-fn timed(what: &'static str, f: impl FnOnce() -> Result<u64>) -> Result<ReplayRow> {
-    let (cpu, started) = (cpu_secs_of("self"), Instant::now());
-    let records = f()?;
-    Ok(ReplayRow {
-        what,
-        records,
-        secs: started.elapsed().as_secs_f64(),
-        cpu_secs: cpu_secs_of("self") - cpu,
-    })
 }
 
 /// Every record of both topics through replay's own consumer and partition
@@ -157,18 +179,26 @@ pub(super) async fn produce_seeing(
 }
 
 pub fn print_replay(rows: &[ReplayRow]) {
-    let raw = rows.first().map_or(1.0, |r| r.records as f64 / r.secs.max(1e-9));
-    println!("replay from the local broker (records/s, CPU-s per 1M records, share of a raw read):");
+    let raw = rows.first().map_or(1.0, |r| r.rate(r.median().0));
+    let runs = rows.first().map_or(0, |r| r.runs.len());
+    println!(
+        "replay from the local broker, the median of {runs} runs (records/s, its CPU-s per 1M records, share of a raw read; the slowest and fastest run):"
+    );
     for r in rows {
-        let rate = r.records as f64 / r.secs.max(1e-9);
+        let (secs, cpu) = r.median();
+        let rate = r.rate(secs);
+        let slowest = r.runs.iter().map(|run| run.0).fold(0.0, f64::max);
+        let fastest = r.runs.iter().map(|run| run.0).fold(f64::INFINITY, f64::min);
         println!(
-            "  {:<24} {:>9} records in {:>6.2} s = {:>10.0} records/s   {:>5.2} CPU-s/1M   {:>4.2}",
+            "  {:<24} {:>9} records in {:>6.2} s = {:>10.0} records/s   {:>5.2} CPU-s/1M   {:>4.2}   ({:.0}-{:.0})",
             r.what,
             r.records,
-            r.secs,
+            secs,
             rate,
-            r.cpu_secs * 1e6 / r.records.max(1) as f64,
-            rate / raw
+            cpu * 1e6 / r.records.max(1) as f64,
+            rate / raw,
+            r.rate(slowest),
+            r.rate(fastest),
         );
     }
 }
