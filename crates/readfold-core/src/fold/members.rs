@@ -324,27 +324,42 @@ impl Members {
             return self.slots.len() - 1;
         }
         self.merge_tail();
-        self.build_index();
         self.position(user).expect("just inserted")
     }
 
     /// Merges the unsorted tail into the sorted run in place: each slot is
     /// moved at most once, and nothing is allocated (a stable sort took a
-    /// scratch buffer of half the slots, fresh memory for a big group).
+    /// scratch buffer of half the slots, fresh memory for a big group). The
+    /// index, if any, takes the same moves rather than being rebuilt from
+    /// every slot.
     fn merge_tail(&mut self) {
         let mut run_end = self.sorted as usize;
         self.slots[run_end..].sort_unstable_by_key(Slot::user);
+        let mut index = self.index.take();
+        if let Some(index) = index.as_deref_mut() {
+            index.extend(self.slots[run_end..].iter().map(Slot::user));
+        }
         // From the tail's greatest user down: rotate it, and the smaller
         // tail slots before it, in front of the run's slots greater than
         // it, which are then in their final place. A user is held once, so
         // no tail user equals a run user.
         for k in (0..self.slots.len() - run_end).rev() {
             let user = self.slots[run_end + k].user;
-            let at = self.slots[..run_end].partition_point(|s| s.user < user);
+            let at = match index.as_deref() {
+                Some(index) => index[..run_end].partition_point(|&u| u < user),
+                None => self.slots[..run_end].partition_point(|s| s.user < user),
+            };
             self.slots[at..=run_end + k].rotate_right(k + 1);
+            if let Some(index) = index.as_deref_mut() {
+                index[at..=run_end + k].rotate_right(k + 1);
+            }
             run_end = at;
         }
         self.sorted = sorted_len(&self.slots);
+        self.index = index;
+        if self.index.is_none() {
+            self.build_index();
+        }
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &Slot> {
@@ -527,6 +542,12 @@ mod tests {
         assert!(members.len() > members.sorted as usize, "some are in the tail");
         let run = &members.slots[..members.sorted as usize];
         assert!(run.windows(2).all(|w| w[0].user < w[1].user), "the run is sorted");
+        let users: Vec<u32> = run.iter().map(Slot::user).collect();
+        assert_eq!(
+            members.index.as_deref(),
+            Some(&users),
+            "the index is the run's users"
+        );
         for probe in 0..2100u32 {
             let found = members.get(probe).map(|slot| slot.user());
             let expected = (probe % 2 == 0 && probe < 2000).then_some(probe);
