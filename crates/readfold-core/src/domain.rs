@@ -6,7 +6,6 @@
 //! following `Arc<str>` keys was a fifth of a replay's fold); a longer one
 //! is one shared allocation. Either clones in O(1).
 
-use std::borrow::Borrow;
 use std::fmt;
 use std::str::FromStr;
 
@@ -43,14 +42,6 @@ macro_rules! id_newtype {
             }
 
             pub fn as_str(&self) -> &str {
-                &self.0
-            }
-        }
-
-        /// Hashes and compares as its text does, so that maps keyed by ids
-        /// can be looked up by a `&str`.
-        impl Borrow<str> for $name {
-            fn borrow(&self) -> &str {
                 &self.0
             }
         }

@@ -147,15 +147,11 @@ impl ConversationView {
         after: Option<&UserId>,
         limit: usize,
     ) -> (Vec<UserId>, Option<UserId>) {
-        let start: Bound<&UserId> = after.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut page: Vec<UserId> = readers_in(
-            self.members.range::<UserId, _>((start, Bound::Unbounded)),
-            seq,
-            sender,
-        )
-        .take(limit.saturating_add(1))
-        .cloned()
-        .collect();
+        let start = after.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut page: Vec<UserId> = readers_in(self.members.range((start, Bound::Unbounded)), seq, sender)
+            .take(limit.saturating_add(1))
+            .cloned()
+            .collect();
         let next = (page.len() > limit).then(|| {
             page.truncate(limit);
             page.last().cloned()
