@@ -17,6 +17,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
+use readfold_kafka::reader::{partition_ids, watermarks_of};
 
 use super::child::{config_vars, cpu_secs_of, free_addr, peak_rss_of, scrape, spawn};
 use super::kstreams_peer;
@@ -222,12 +223,10 @@ pub(super) fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
     let consumer = watcher(config)?;
     let mut ends = TopicPartitionList::new();
     for topic in [&config.topics.read_reports, &config.topics.conversation_events] {
-        let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-        for t in metadata.topics() {
-            for p in t.partitions() {
-                let (_, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
-                ends.add_partition_offset(topic, p.id(), Offset::Offset(high))?;
-            }
+        let partitions = partition_ids(&consumer, topic)?;
+        let watermarks = watermarks_of(&consumer, topic, &partitions, Duration::from_secs(10))?;
+        for (p, (_, high)) in partitions.into_iter().zip(watermarks) {
+            ends.add_partition_offset(topic, p, Offset::Offset(high))?;
         }
     }
     Ok(ends)

@@ -90,11 +90,12 @@ impl TopicReader {
     /// the stores right after starting would then miss a change that
     /// reached the changelog before the stores.
     pub fn assign_from_end(&self, topic: &str, partitions: Option<&[i32]>) -> Result<Vec<i32>> {
-        let starts = self
-            .partitions_or_all(topic, partitions)?
-            .into_iter()
-            .map(|p| Ok((p, Offset::Offset(self.watermarks(topic, p)?.1))))
-            .collect::<Result<Vec<_>>>()?;
+        let partitions = self.partitions_or_all(topic, partitions)?;
+        let starts: Vec<(i32, Offset)> = partitions
+            .iter()
+            .zip(self.watermarks_many(topic, &partitions)?)
+            .map(|(&p, (_, end))| (p, Offset::Offset(end)))
+            .collect();
         self.assign_at(topic, &starts)
     }
 
