@@ -34,6 +34,11 @@ impl MemberCursor {
     pub fn could_read(&self, seq: Seq) -> bool {
         self.join_seq <= seq
     }
+
+    /// unread = max(0, latest_seq - cursor), by the public cursor.
+    pub fn unread(&self, latest_seq: Seq) -> u64 {
+        latest_seq.get().saturating_sub(self.cursor.get())
+    }
 }
 
 /// Whether `user` is among the possible readers of message `seq` sent by
@@ -107,7 +112,9 @@ impl ConversationView {
     /// cursor. A member's own count also takes their private cursor and
     /// unread mark: [`OwnCursor::unread`].
     pub fn unread(&self, user: &UserId) -> u64 {
-        self.latest_seq.get().saturating_sub(self.cursor(user).get())
+        self.members
+            .get(user)
+            .map_or(self.latest_seq.get(), |m| m.unread(self.latest_seq))
     }
 
     /// Members other than the sender who read message `seq`, in user id order.

@@ -177,23 +177,23 @@ impl Replayer {
         let mut conversations: Vec<_> = self.state.conversations().collect();
         conversations.sort_unstable_by(|a, b| a.0.cmp(b.0));
         conversations.into_iter().flat_map(move |(id, conversation)| {
-            let view = conversation.view();
+            let latest_seq = conversation.latest_seq();
             let mut members: Vec<_> = conversation
                 .members()
                 .filter(|(_, m)| m.listed || include_private)
                 .collect();
             members.sort_unstable_by(|a, b| a.0.cmp(b.0));
             members.into_iter().map(move |(user, member)| {
-                let present = member.present().is_some();
+                let present = member.present();
                 let mut row = vec![
                     Value::Str(id.to_string()),
                     Value::Str(user.to_string()),
                     Value::Int(member.cursor.get() as i64),
                     Value::Int(member.join_seq.get() as i64),
-                    Value::Bool(present),
-                    Value::Int(conversation.latest_seq().get() as i64),
+                    Value::Bool(present.is_some()),
+                    Value::Int(latest_seq.get() as i64),
                     // A departed member has nothing unread.
-                    Value::Int(if present { view.unread(user) as i64 } else { 0 }),
+                    Value::Int(present.map_or(0, |m| m.unread(latest_seq)) as i64),
                 ];
                 if include_private {
                     let own = member.own();
@@ -203,7 +203,7 @@ impl Replayer {
                         Value::Int(if member.left {
                             0
                         } else {
-                            own.unread(conversation.latest_seq()) as i64
+                            own.unread(latest_seq) as i64
                         }),
                     ]);
                 }
