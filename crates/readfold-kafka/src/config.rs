@@ -41,6 +41,33 @@ impl KafkaConfig {
         client
     }
 
+    /// [`KafkaConfig::client_config`] for a consumer that reads a backlog
+    /// as fast as it can fold it (the processor catching up, replay,
+    /// restore), with the passthrough properties still applied last.
+    ///
+    /// - Once a partition's local queue passes queued.min.messages,
+    ///   librdkafka waits fetch.queue.backoff.ms (1 s by default) before it
+    ///   fetches that partition again, and a reader that drained its queue
+    ///   meanwhile idles: a 2M-record replay spent half a second of 2.5 s
+    ///   so. Fetch again 10 ms after.
+    /// - Fetched but unfolded records stay few, so that librdkafka reuses
+    ///   their memory: 1 MB per partition and 32 MB queued (were 10 MB and
+    ///   the 64 MB default) took a 1M-record catch-up's peak RSS from
+    ///   366-442 MB to 213-292 MB at the same rate, and a replay stopped
+    ///   taking fresh pages for the kernel to zero.
+    pub fn backlog_client_config(&self) -> ClientConfig {
+        let mut client = ClientConfig::new();
+        client
+            .set("bootstrap.servers", &self.bootstrap_servers)
+            .set("fetch.queue.backoff.ms", "10")
+            .set("max.partition.fetch.bytes", "1048576")
+            .set("queued.max.messages.kbytes", "32768");
+        for (key, value) in &self.properties {
+            client.set(key, value);
+        }
+        client
+    }
+
     /// `instance_id`, or the host name when empty.
     pub fn instance_id(&self) -> String {
         if !self.instance_id.is_empty() {

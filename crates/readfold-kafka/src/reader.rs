@@ -32,10 +32,15 @@ pub struct TopicReader {
 
 impl TopicReader {
     /// A reader that identifies as `group_id` to the broker but commits
-    /// nothing. `bulk` allows 50 MB fetches and short end-of-partition
-    /// waits, for reading whole partitions fast (restore).
+    /// nothing. `bulk` takes the fetch settings for reading whole partitions
+    /// fast (restore; [`KafkaConfig::backlog_client_config`]) and short
+    /// end-of-partition waits.
     pub fn new(kafka: &KafkaConfig, group_id: &str, bulk: bool) -> Result<Self> {
-        let mut client = kafka.client_config();
+        let mut client = if bulk {
+            kafka.backlog_client_config()
+        } else {
+            kafka.client_config()
+        };
         client
             .set("group.id", group_id)
             .set("enable.auto.commit", "false")
@@ -44,12 +49,9 @@ impl TopicReader {
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest");
         if bulk {
-            client
-                .set("fetch.max.bytes", "52428800")
-                .set("max.partition.fetch.bytes", "52428800")
-                // At the end of a partition the broker would otherwise hold
-                // each fetch for fetch.wait.max.ms (500 ms) before saying so.
-                .set("fetch.wait.max.ms", "20");
+            // At the end of a partition the broker would otherwise hold
+            // each fetch for fetch.wait.max.ms (500 ms) before saying so.
+            client.set("fetch.wait.max.ms", "20");
         }
         Ok(TopicReader {
             consumer: client.create_with_context(LogContext)?,

@@ -110,7 +110,7 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         inputs: [topics.read_reports.clone(), topics.conversation_events.clone()],
     };
     let consumer: GroupConsumer = kafka
-        .client_config()
+        .backlog_client_config()
         .set("group.id", &kafka.group_id)
         .set("enable.auto.commit", "false")
         .set("auto.offset.reset", "earliest")
@@ -119,17 +119,6 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         // Range puts partition p of both inputs on one member; see topology.md.
         .set("partition.assignment.strategy", "range")
         .set("statistics.interval.ms", "5000")
-        // Once a partition's local queue passes queued.min.messages,
-        // librdkafka waits fetch.queue.backoff.ms (1 s by default) before
-        // it fetches that partition again: a processor catching up then
-        // idles between bursts. Fetch again as soon as there is room.
-        .set("fetch.queue.backoff.ms", "10")
-        // Fetched but unfolded records stay small, so that librdkafka
-        // reuses their memory: 1 MB per partition and 32 MB queued (were
-        // 10 MB and the 64 MB default) took a 1M-record catch-up's peak RSS
-        // from 366-442 MB to 213-292 MB at the same rate.
-        .set("max.partition.fetch.bytes", "1048576")
-        .set("queued.max.messages.kbytes", "32768")
         .create_with_context(context)?;
     Ok((consumer, GroupEvents(events)))
 }

@@ -131,7 +131,8 @@ impl KafkaInputs {
             }
             bounds_by_place.insert((b.topic.as_str(), b.partition), b.offset);
         }
-        let mut client = kafka.client_config();
+        // Fetch sizes and pacing: see backlog_client_config.
+        let mut client = kafka.backlog_client_config();
         client
             .set("group.id", format!("readfold-replay-{}", std::process::id()))
             .set("enable.auto.commit", "false")
@@ -139,19 +140,7 @@ impl KafkaInputs {
             .set("enable.partition.eof", "true")
             // What a live processor would have folded: committed records only.
             .set("isolation.level", "read_committed")
-            .set("fetch.max.bytes", "52428800")
-            // Small enough that librdkafka reuses the memory of records
-            // already folded: with 10 MB per partition and 256 MB queued (per
-            // partition, since each has a queue of its own), a replay kept
-            // taking fresh pages (and the kernel zeroing them cost a fifth
-            // of its CPU), for no gain in fetch rate.
-            .set("max.partition.fetch.bytes", "1048576")
-            .set("queued.max.messages.kbytes", "32768")
-            // Once a partition's queue passes queued.min.messages,
-            // librdkafka waits fetch.queue.backoff.ms (1 s by default)
-            // before fetching it again: a 2M-record replay sat idle for half
-            // a second of its 2.5 s waiting for that.
-            .set("fetch.queue.backoff.ms", "10")
+            // At a partition's end the broker holds a fetch this long.
             .set("fetch.wait.max.ms", "50");
         let mut inputs_read = KafkaInputs {
             consumers: vec![],
