@@ -33,12 +33,7 @@ impl KafkaConfig {
     /// The settings every client shares: brokers and the passthrough
     /// properties.
     pub fn client_config(&self) -> ClientConfig {
-        let mut client = ClientConfig::new();
-        client.set("bootstrap.servers", &self.bootstrap_servers);
-        for (key, value) in &self.properties {
-            client.set(key, value);
-        }
-        client
+        self.client_config_over(&[])
     }
 
     /// [`KafkaConfig::client_config`] for a consumer that reads a backlog
@@ -56,12 +51,21 @@ impl KafkaConfig {
     ///   366-442 MB to 213-292 MB at the same rate, and a replay stopped
     ///   taking fresh pages for the kernel to zero.
     pub fn backlog_client_config(&self) -> ClientConfig {
+        self.client_config_over(&[
+            ("fetch.queue.backoff.ms", "10"),
+            ("max.partition.fetch.bytes", "1048576"),
+            ("queued.max.messages.kbytes", "32768"),
+        ])
+    }
+
+    /// The brokers, then `defaults`, then the passthrough properties, which
+    /// override them.
+    fn client_config_over(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut client = ClientConfig::new();
-        client
-            .set("bootstrap.servers", &self.bootstrap_servers)
-            .set("fetch.queue.backoff.ms", "10")
-            .set("max.partition.fetch.bytes", "1048576")
-            .set("queued.max.messages.kbytes", "32768");
+        client.set("bootstrap.servers", &self.bootstrap_servers);
+        for &(key, value) in defaults {
+            client.set(key, value);
+        }
         for (key, value) in &self.properties {
             client.set(key, value);
         }
@@ -155,6 +159,24 @@ pub(crate) mod tests {
     fn the_defaults_pass_their_checks() {
         default_section::<KafkaConfig>("kafka").check().unwrap();
         default_section::<TopicsConfig>("topics").check().unwrap();
+    }
+
+    #[test]
+    fn passthrough_properties_override_the_backlog_fetch_settings() {
+        let mut kafka: KafkaConfig = default_section("kafka");
+        let backlog = kafka.backlog_client_config();
+        assert_eq!(backlog.get("fetch.queue.backoff.ms"), Some("10"));
+        assert_eq!(backlog.get("max.partition.fetch.bytes"), Some("1048576"));
+        assert_eq!(kafka.client_config().get("fetch.queue.backoff.ms"), None);
+        kafka
+            .properties
+            .insert("max.partition.fetch.bytes".into(), "4194304".into());
+        let backlog = kafka.backlog_client_config();
+        assert_eq!(backlog.get("max.partition.fetch.bytes"), Some("4194304"));
+        assert_eq!(
+            backlog.get("bootstrap.servers"),
+            Some(kafka.bootstrap_servers.as_str())
+        );
     }
 
     #[test]
