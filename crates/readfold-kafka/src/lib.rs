@@ -5,11 +5,13 @@
 //!   errors that retrying will not cure.
 //! - [`admin`]: topic creation and the layout checks the fold relies on.
 //! - [`producer`]: a producer of the inputs, placed as readfold expects.
+//! - [`batch_producer`]: many records to one topic in one librdkafka call.
 //! - [`reader`]: committed-record readers (tail, changelogs).
 //! - [`partition_queue`]: one partition's queue, read a batch at a time.
 //! - [`changelog`]: the changelog reader: restore, read, follow.
 
 pub mod admin;
+pub mod batch_producer;
 pub mod changelog;
 pub mod config;
 pub mod context;

@@ -215,8 +215,12 @@ impl Writer {
             return self.write_stores(&plan).await;
         }
         let started = Instant::now();
-        let (records, offsets) = self.transaction_contents(&plan)?;
-        let encoded = started.elapsed();
+        let offsets = self.transaction_offsets(&plan)?;
+        let (chunks, records) = tokio::sync::mpsc::channel(ENCODED_CHUNKS_AHEAD);
+        let encode = async {
+            self.encode_records(&plan, chunks).await;
+            started.elapsed()
+        };
         let (written, gate) = std::sync::mpsc::sync_channel(1);
         let stores = async {
             let outcome = self.write_stores(&plan).await;
@@ -226,12 +230,12 @@ impl Writer {
             (outcome, started.elapsed())
         };
         let committed = self.transactions.commit(records, offsets, group, gate);
-        let ((stores, stores_done), committed) = tokio::join!(stores, committed);
+        let (encoded, (stores, stores_done), committed) = tokio::join!(encode, stores, committed);
         tracing::debug!(
-            encode_ms = encoded.as_millis() as u64,
-            stores_ms = (stores_done - encoded).as_millis() as u64,
+            encoded_ms = encoded.as_millis() as u64,
+            stores_ms = stores_done.as_millis() as u64,
             total_ms = started.elapsed().as_millis() as u64,
-            "flush phases (stores and transaction overlap)"
+            "flush phases (encoding, stores and transaction overlap; ms since the flush began)"
         );
         // The stores' own error says more than the aborted transaction's.
         stores?;
@@ -261,19 +265,33 @@ impl Writer {
         Ok(())
     }
 
-    /// The changelog records, dead letters and input offsets of a flush.
-    fn transaction_contents(
+    /// Encodes the changelog records and dead letters of a flush, a chunk
+    /// at a time, for the transaction; stops early if it gave up.
+    async fn encode_records(
         &self,
         plan: &FlushPlan<OutRecord>,
-    ) -> Result<(Vec<OutRecord>, TopicPartitionList)> {
-        let mut records = Vec::with_capacity(plan.changes.len() * 2 + plan.dead_letters.len());
-        for (partition, change) in &plan.changes {
-            records.extend(changelog_records(change, *partition, &self.out));
+        chunks: tokio::sync::mpsc::Sender<Vec<OutRecord>>,
+    ) {
+        let changes = plan.changes.chunks(ENCODE_CHUNK).map(|part| {
+            let mut records = Vec::with_capacity(part.len() * 3);
+            for (partition, change) in part {
+                records.extend(changelog_records(change, *partition, &self.out));
+            }
+            records
+        });
+        let dead_letters = std::iter::once(plan.dead_letters.iter().map(|(_, d)| d.clone()).collect());
+        for mut records in changes.chain(dead_letters) {
+            if let Some(framing) = &self.framing {
+                records = records.into_iter().map(|r| framing.frame(r)).collect();
+            }
+            if chunks.send(records).await.is_err() {
+                return;
+            }
         }
-        records.extend(plan.dead_letters.iter().map(|(_, d)| d.clone()));
-        if let Some(framing) = &self.framing {
-            records = records.into_iter().map(|r| framing.frame(r)).collect();
-        }
+    }
+
+    /// The input offsets a flush commits.
+    fn transaction_offsets(&self, plan: &FlushPlan<OutRecord>) -> Result<TopicPartitionList> {
         let mut offsets = TopicPartitionList::new();
         for &(kind, partition, offset) in &plan.offsets {
             let topic = match kind {
@@ -282,9 +300,13 @@ impl Writer {
             };
             offsets.add_partition_offset(topic, partition, Offset::Offset(offset))?;
         }
-        Ok((records, offsets))
+        Ok(offsets)
     }
 }
+
+/// Changes encoded per chunk, and chunks encoded ahead of the producer.
+const ENCODE_CHUNK: usize = 2048;
+const ENCODED_CHUNKS_AHEAD: usize = 4;
 
 /// One store's write of a flush's batches, public then private, with
 /// telemetry.

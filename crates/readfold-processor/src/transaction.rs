@@ -17,6 +17,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::TopicPartitionList;
+use readfold_kafka::batch_producer::{BatchProducer, BatchRecord};
 use readfold_kafka::context::LogContext;
 use readfold_kafka::{is_fatal, KafkaConfig};
 use readfold_wire::OutRecord;
@@ -24,6 +25,14 @@ use readfold_wire::OutRecord;
 use crate::error::{Error, Result};
 
 const TXN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A flush's records, a chunk at a time as they are encoded, so that the
+/// first are on their way to the broker while the last are encoded. The
+/// transaction produces them all before it commits; closed, it has all.
+pub type RecordChunks = tokio::sync::mpsc::Receiver<Vec<OutRecord>>;
+
+/// Records of one topic handed to librdkafka per call.
+const SEND_BATCH: usize = 4096;
 
 /// Whether the stores took the flush's writes, sent by the flush once they
 /// answered. The commit waits for it; `false` (or a dropped sender) aborts.
@@ -35,8 +44,9 @@ pub type StoresGate = std::sync::mpsc::Receiver<bool>;
 pub struct Transactions {
     /// Threaded, not a `FutureProducer`: nothing waits on one record's
     /// delivery (the commit checks them all), and a future per record cost
-    /// a channel and its allocations on every changelog record.
-    producer: Arc<ThreadedProducer<LogContext>>,
+    /// a channel and its allocations on every changelog record. Records go
+    /// a topic's batch at a time ([`BatchProducer`]).
+    producer: Arc<BatchProducer<LogContext>>,
     /// How long an open transaction waits for the stores before it aborts:
     /// half the transaction timeout, so that the coordinator never aborts
     /// it first (which would fence the producer).
@@ -54,6 +64,9 @@ impl Transactions {
             .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
             .set("enable.idempotence", "true")
             .set("linger.ms", "5")
+            // The commit checks delivery as a whole; a report per record
+            // only cost an event and a callback each.
+            .set("delivery.report.only.error", "true")
             // Right after a commit the coordinator may answer the next
             // transaction's first requests with CONCURRENT_TRANSACTIONS
             // until its markers are written; retry those soon (KAFKA-5477).
@@ -67,7 +80,7 @@ impl Transactions {
         tracing::info!(%transactional_id, "transactional producer ready");
         let stores_wait = Duration::from_millis(kafka.transaction_timeout_ms / 2);
         Ok(Transactions {
-            producer: Arc::new(producer),
+            producer: Arc::new(BatchProducer::new(Arc::new(producer))),
             stores_wait,
         })
     }
@@ -80,19 +93,19 @@ impl Transactions {
     /// writer has the reason).
     pub async fn commit(
         &self,
-        records: Vec<OutRecord>,
+        records: RecordChunks,
         offsets: TopicPartitionList,
         group: Option<ConsumerGroupMetadata>,
         stores: StoresGate,
     ) -> Result<()> {
         let this = self.clone();
-        tokio::task::spawn_blocking(move || this.commit_blocking(&records, &offsets, group.as_ref(), stores))
+        tokio::task::spawn_blocking(move || this.commit_blocking(records, &offsets, group.as_ref(), stores))
             .await?
     }
 
     fn commit_blocking(
         &self,
-        records: &[OutRecord],
+        mut records: RecordChunks,
         offsets: &TopicPartitionList,
         group: Option<&ConsumerGroupMetadata>,
         stores: StoresGate,
@@ -105,18 +118,19 @@ impl Transactions {
             }
         };
         let started = std::time::Instant::now();
-        self.producer.begin_transaction().map_err(classify)?;
+        self.producer.producer().begin_transaction().map_err(classify)?;
         // Ok(false): the stores did not take the flush.
         let body = move || -> std::result::Result<bool, KafkaError> {
             let ms = |at: std::time::Instant| at.elapsed().as_millis() as u64;
-            for record in records {
-                self.send(record)?;
+            while let Some(chunk) = records.blocking_recv() {
+                self.send_all(&chunk)?;
             }
             let queued = ms(started);
             if offsets.count() > 0 {
                 // Not in a group generation (yet): retry after the next rebalance.
                 let group = group.ok_or(KafkaError::Global(RDKafkaErrorCode::State))?;
                 self.producer
+                    .producer()
                     .send_offsets_to_transaction(offsets, group, TXN_TIMEOUT)?;
             }
             let offsets_sent = ms(started);
@@ -128,7 +142,7 @@ impl Transactions {
             let stores_took = ms(started);
             let mut attempt = 0;
             loop {
-                match self.producer.commit_transaction(TXN_TIMEOUT) {
+                match self.producer.producer().commit_transaction(TXN_TIMEOUT) {
                     Err(KafkaError::Transaction(e)) if e.is_retriable() && attempt < 3 => attempt += 1,
                     other => {
                         tracing::debug!(
@@ -144,7 +158,7 @@ impl Transactions {
                 }
             }
         };
-        let abort = || match self.producer.abort_transaction(TXN_TIMEOUT) {
+        let abort = || match self.producer.producer().abort_transaction(TXN_TIMEOUT) {
             Err(abort) if is_fatal(&abort) => Err(Error::FatalTransaction(abort)),
             Err(abort) => {
                 tracing::warn!(error = %abort, "abort_transaction failed");
@@ -187,11 +201,44 @@ impl Transactions {
     /// every flush; the producer's own thread serves the delivery reports.
     fn wait_delivered(&self) -> std::result::Result<(), KafkaError> {
         let deadline = std::time::Instant::now() + TXN_TIMEOUT;
-        while self.producer.in_flight_count() > 0 {
+        while self.producer.producer().in_flight_count() > 0 {
             if std::time::Instant::now() >= deadline {
                 return Err(KafkaError::Flush(RDKafkaErrorCode::MessageTimedOut));
             }
             std::thread::sleep(Duration::from_micros(500));
+        }
+        Ok(())
+    }
+
+    /// Queues `records`: those without headers (the changelogs) a topic's
+    /// batch at a time, in their order within each topic; the rest (dead
+    /// letters) one by one.
+    fn send_all(&self, records: &[OutRecord]) -> std::result::Result<(), KafkaError> {
+        let mut by_topic: Vec<(&str, Vec<BatchRecord<'_>>)> = Vec::new();
+        for record in records {
+            if !record.headers.is_empty() {
+                self.send(record)?;
+                continue;
+            }
+            let batch = match by_topic.iter().position(|(topic, _)| *topic == record.topic) {
+                Some(i) => &mut by_topic[i].1,
+                None => {
+                    by_topic.push((&record.topic, Vec::with_capacity(SEND_BATCH)));
+                    &mut by_topic.last_mut().expect("just pushed").1
+                }
+            };
+            batch.push(BatchRecord {
+                partition: record.partition,
+                key: record.key.as_deref(),
+                value: record.value.as_deref(),
+            });
+            if batch.len() == SEND_BATCH {
+                self.producer.send_batch(&record.topic, batch)?;
+                batch.clear();
+            }
+        }
+        for (topic, batch) in &by_topic {
+            self.producer.send_batch(topic, batch)?;
         }
         Ok(())
     }
@@ -218,7 +265,7 @@ impl Transactions {
             base = base.payload(value);
         }
         loop {
-            match self.producer.send(base) {
+            match self.producer.producer().send(base) {
                 // Delivery is checked by commit_transaction as a whole.
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
