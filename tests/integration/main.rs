@@ -6,6 +6,7 @@
 
 mod kit;
 
+mod batch_producer;
 mod checkpoint;
 mod cli;
 mod cql_sink;
