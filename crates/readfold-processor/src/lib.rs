@@ -131,22 +131,35 @@ impl Processor {
     pub async fn new(settings: Settings, layout: Layout) -> Result<Self> {
         telemetry::register();
         let (consumer, events) = group::consumer(&settings.kafka, &settings.topics)?;
-        let transactions = init_producer(&settings).await?;
+        // Joining the group goes on in the background while the producer
+        // and the stores connect; the assignment, and with it the first
+        // offset fetch, waits for the run loop's first poll, after the
+        // producer fenced any earlier incarnation.
+        let topics = [
+            settings.topics.read_reports.as_str(),
+            settings.topics.conversation_events.as_str(),
+        ];
+        consumer.subscribe(&topics)?;
+        tracing::info!(group = %settings.kafka.group_id, ?topics, "subscribed");
         let restorer = Restorer::new(&settings.kafka, &settings.topics, settings.input.max_id_bytes)?;
-        let redis = if settings.redis.enabled {
+        let redis = async {
+            if !settings.redis.enabled {
+                return Ok(None);
+            }
             let store = connect_with_retry("redis", || RedisStore::connect_writer(&settings.redis)).await?;
             tracing::info!(url = %settings.redis.url_for_logs(), "redis store ready");
-            Some(Arc::new(store))
-        } else {
-            None
+            Ok::<_, Error>(Some(Arc::new(store)))
         };
-        let cql = if settings.cql.enabled {
+        let cql = async {
+            if !settings.cql.enabled {
+                return Ok(None);
+            }
             let store = connect_with_retry("cql", || CqlStore::connect_writer(&settings.cql)).await?;
             tracing::info!(contact_points = %settings.cql.contact_points, keyspace = %settings.cql.keyspace, "cql store ready");
-            Some(Arc::new(store))
-        } else {
-            None
+            Ok::<_, Error>(Some(Arc::new(store)))
         };
+        // Side by side: each takes from tens to hundreds of milliseconds.
+        let (transactions, redis, cql) = tokio::try_join!(init_producer(&settings), redis, cql)?;
         let out = layout.output_topics(&settings.topics);
         let (framing, input_schemas) = if settings.schema_registry.is_on() {
             let registry = readfold_registry::Registry::new(&settings.schema_registry)?;
@@ -206,12 +219,6 @@ impl Processor {
     /// Runs until `shutdown` turns true, then flushes, commits and leaves
     /// the group.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) -> Result<()> {
-        let topics = [
-            self.settings.topics.read_reports.as_str(),
-            self.settings.topics.conversation_events.as_str(),
-        ];
-        self.consumer.subscribe(&topics)?;
-        tracing::info!(group = %self.settings.kafka.group_id, ?topics, "subscribed");
         self.health.set_running(true);
         let mut tick = tokio::time::interval(self.settings.flush.interval());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
