@@ -50,8 +50,9 @@ impl Drop for TopicHandle {
     }
 }
 
-/// How long to wait before trying again while the producer's queue is full.
-const QUEUE_FULL_WAIT: Duration = Duration::from_millis(5);
+/// How long a blocking sender waits before trying again while the
+/// producer's queue is full (for one record too).
+pub const QUEUE_FULL_WAIT: Duration = Duration::from_millis(5);
 
 impl<C: ProducerContext + 'static> BatchProducer<C> {
     pub fn new(producer: Arc<ThreadedProducer<C>>) -> Self {
@@ -125,7 +126,7 @@ impl<C: ProducerContext + 'static> BatchProducer<C> {
                     for m in &mut messages[from..] {
                         m.err = rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR;
                     }
-                    // Let the producer's thread serve delivery reports.
+                    // Let the broker thread send some and free room.
                     std::thread::sleep(QUEUE_FULL_WAIT);
                 }
                 None => from += pending.len(),

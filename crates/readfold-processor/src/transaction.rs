@@ -17,7 +17,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::TopicPartitionList;
-use readfold_kafka::batch_producer::{BatchProducer, BatchRecord};
+use readfold_kafka::batch_producer::{BatchProducer, BatchRecord, QUEUE_FULL_WAIT};
 use readfold_kafka::context::LogContext;
 use readfold_kafka::{is_fatal, KafkaConfig};
 use readfold_wire::OutRecord;
@@ -270,7 +270,7 @@ impl Transactions {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     base = back;
-                    std::thread::sleep(Duration::from_millis(5));
+                    std::thread::sleep(QUEUE_FULL_WAIT);
                 }
                 Err((e, _)) => return Err(e),
             }
