@@ -28,7 +28,7 @@ enum Build {
 }
 
 /// Members per conversation, and how a state is built.
-const SHAPES: [(&str, u64, Build); 3] = [
+const SHAPES: [(&str, u64, Build); 4] = [
     ("restored, 100 members per conversation", 100, Build::Restored),
     (
         "folded live (joins, reads), 100 members per conversation",
@@ -36,6 +36,7 @@ const SHAPES: [(&str, u64, Build); 3] = [
         Build::Folded,
     ),
     ("restored, 1:1 chats", 2, Build::Restored),
+    ("folded live (joins, reads), 1:1 chats", 2, Build::Folded),
 ];
 
 /// Every user is in about this many of the state's conversations.

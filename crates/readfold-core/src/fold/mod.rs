@@ -24,11 +24,13 @@ use std::collections::HashMap;
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
 use crate::read_model::{ConversationView, MemberCursor, OwnCursor};
 
+mod dense;
 mod members;
 #[cfg(test)]
 mod tests;
 
-use members::{Members, Slot, UserTable};
+use dense::DenseMap;
+use members::{Extras, Members, Slot, UserTable};
 
 /// The maps the fold keys by ids: foldhash, several times faster than the
 /// standard SipHash on short strings, with a random seed per process, so
@@ -198,6 +200,7 @@ struct Conversation {
 #[derive(Clone, Copy)]
 pub struct ConversationRef<'a> {
     users: &'a UserTable,
+    extras: &'a Extras,
     conversation: &'a Conversation,
 }
 
@@ -218,16 +221,16 @@ impl<'a> ConversationRef<'a> {
 
     pub fn member(&self, user: &UserId) -> Option<Member> {
         let index = self.users.find(user)?;
-        Some(self.conversation.members.get(index)?.load())
+        Some(self.conversation.members.get(index)?.load(self.extras))
     }
 
     /// Every member held, in no particular order.
     pub fn members(&self) -> impl Iterator<Item = (&'a UserId, Member)> + 'a {
-        let users = self.users;
+        let (users, extras) = (self.users, self.extras);
         self.conversation
             .members
             .iter()
-            .map(move |slot| (users.id(slot.user()), slot.load()))
+            .map(move |slot| (users.id(slot.user()), slot.load(extras)))
     }
 
     /// This conversation as other members see it: unread, read counts and
@@ -358,9 +361,9 @@ pub struct MemberStateUpdate {
     pub updated_at: i64,
 }
 
-/// The conversations of a partition. hashbrown's map, as std's is, but
-/// with `entry_ref`: a lookup of a held conversation clones no id.
-type Conversations = hashbrown::HashMap<ConversationId, Conversation, foldhash::fast::RandomState>;
+/// The conversations of a partition, numbered (see `dense.rs`): a lookup
+/// of a held conversation clones no id, and the dirty set lists numbers.
+type Conversations = DenseMap<ConversationId, Conversation>;
 
 /// All read state of one input partition, plus the members changed since
 /// the last successful flush.
@@ -368,6 +371,7 @@ type Conversations = hashbrown::HashMap<ConversationId, Conversation, foldhash::
 pub struct PartitionState {
     conversations: Conversations,
     users: UserTable,
+    extras: Extras,
     dirty: DirtySet,
 }
 
@@ -375,8 +379,8 @@ pub struct PartitionState {
 /// changed (see `members.rs`); this lists their conversations.
 #[derive(Clone, Debug, Default)]
 struct DirtySet {
-    /// Conversations with a dirty member, each once.
-    conversations: Vec<ConversationId>,
+    /// Conversations with a dirty member (by number), each once.
+    conversations: Vec<u32>,
     /// Dirty members.
     members: usize,
     /// Off for readers that never flush (replay): nothing is marked.
@@ -385,14 +389,14 @@ struct DirtySet {
 
 impl DirtySet {
     /// Adds `outputs` to what changed of the member at `position` of `conv`.
-    fn mark(&mut self, id: &ConversationId, conv: &mut Conversation, position: usize, outputs: Outputs) {
+    fn mark(&mut self, number: u32, conv: &mut Conversation, position: usize, outputs: Outputs) {
         if self.untracked {
             return;
         }
         let (new_member, new_conversation) = conv.members.mark_dirty(position, outputs);
         self.members += usize::from(new_member);
         if new_conversation {
-            self.conversations.push(id.clone());
+            self.conversations.push(number);
         }
     }
 }
@@ -418,15 +422,23 @@ impl PartitionState {
         let conversation = self.conversations.get(id)?;
         Some(ConversationRef {
             users: &self.users,
+            extras: &self.extras,
             conversation,
         })
     }
 
     pub fn conversations(&self) -> impl Iterator<Item = (&ConversationId, ConversationRef<'_>)> {
-        let users = &self.users;
-        self.conversations
-            .iter()
-            .map(move |(id, conversation)| (id, ConversationRef { users, conversation }))
+        let (users, extras) = (&self.users, &self.extras);
+        self.conversations.iter().map(move |(id, conversation)| {
+            (
+                id,
+                ConversationRef {
+                    users,
+                    extras,
+                    conversation,
+                },
+            )
+        })
     }
 
     /// Gives back the room that growth left unused, for a state that is
@@ -437,6 +449,7 @@ impl PartitionState {
             conversation.members.shrink_to_fit();
         }
         self.users.shrink_to_fit();
+        self.extras.shrink_to_fit();
     }
 
     /// Folds one validated record of either input. Returns whether anything
@@ -451,7 +464,7 @@ impl PartitionState {
 
     /// Number of (conversation, user) cursors held.
     pub fn cursor_count(&self) -> usize {
-        self.conversations.values().map(|c| c.members.len()).sum()
+        self.conversations.iter().map(|(_, c)| c.members.len()).sum()
     }
 
     /// Number of members changed since the last [`PartitionState::mark_flushed`].
@@ -462,7 +475,8 @@ impl PartitionState {
     /// Folds one read report: a public one moves the cursor others see, a
     /// private one only the member's own. Returns whether a cursor moved.
     pub fn apply_report(&mut self, report: &ReadReport) -> bool {
-        let conv = self.conversations.entry_ref(&report.conversation_id).or_default();
+        let number = self.conversation_number(&report.conversation_id);
+        let conv = self.conversations.value_mut(number);
         let user = self.users.intern(&report.user_id);
         if !report.private {
             let in_place = conv.members.position(user).and_then(|position| {
@@ -474,27 +488,27 @@ impl PartitionState {
             });
             if let Some((moved, position)) = in_place {
                 if moved {
-                    self.dirty
-                        .mark(&report.conversation_id, conv, position, Outputs::PUBLIC);
+                    self.dirty.mark(number, conv, position, Outputs::PUBLIC);
                 }
                 return moved;
             }
         }
-        let (moved, created, position) = with_member_at(conv, user, report.reported_at, |member| {
-            if report.private {
-                advance(&mut member.private_cursor, report.seq)
-            } else {
-                let listed = list(member);
-                advance(&mut member.cursor, report.seq) || listed
-            }
-        });
+        let (moved, created, position) =
+            with_member_at(&mut self.extras, conv, user, report.reported_at, |member| {
+                if report.private {
+                    advance(&mut member.private_cursor, report.seq)
+                } else {
+                    let listed = list(member);
+                    advance(&mut member.cursor, report.seq) || listed
+                }
+            });
         let outputs = if report.private {
             Outputs::STATE
         } else {
             Outputs::PUBLIC
         };
         if moved || created {
-            self.dirty.mark(&report.conversation_id, conv, position, outputs);
+            self.dirty.mark(number, conv, position, outputs);
         }
         moved
     }
@@ -502,29 +516,36 @@ impl PartitionState {
     /// Folds a mark-as-unread action or its clearing; the latest action, by
     /// [`UnreadMark`] order, wins. Returns whether the mark changed.
     pub fn apply_mark(&mut self, mark: &UnreadMarkReport) -> bool {
-        let conv = self.conversations.entry_ref(&mark.conversation_id).or_default();
+        let number = self.conversation_number(&mark.conversation_id);
+        let conv = self.conversations.value_mut(number);
         let version = UnreadMark {
             at: mark.at,
             seq: mark.marked.then_some(mark.seq),
         };
-        let (changed, created, position) =
-            with_member(&mut self.users, conv, &mark.user_id, mark.at, |member| {
+        let (changed, created, position) = with_member(
+            &mut self.users,
+            &mut self.extras,
+            conv,
+            &mark.user_id,
+            mark.at,
+            |member| {
                 let changed = member.mark.is_none_or(|m| version > m);
                 if changed {
                     member.mark = Some(version);
                 }
                 changed
-            });
+            },
+        );
         if changed || created {
-            self.dirty
-                .mark(&mark.conversation_id, conv, position, Outputs::STATE);
+            self.dirty.mark(number, conv, position, Outputs::STATE);
         }
         changed
     }
 
     /// Folds one conversation event. Returns whether any member changed.
     pub fn apply_event(&mut self, event: &ConversationEvent) -> bool {
-        let conv = self.conversations.entry_ref(&event.conversation_id).or_default();
+        let number = self.conversation_number(&event.conversation_id);
+        let conv = self.conversations.value_mut(number);
         // Stores learn the latest seq only through member updates, so a
         // message that raises it must publish one, even if its sender had
         // already read past it.
@@ -534,14 +555,15 @@ impl PartitionState {
             seq: event.seq,
             at: event.at,
         };
-        let users = &mut self.users;
+        let (users, extras) = (&mut self.users, &mut self.extras);
         let (position, outputs) = match &event.kind {
             EventKind::MessageSent { sender_id } => {
                 // The sender has read what they wrote.
-                let (moved, created, position) = with_member(users, conv, sender_id, event.at, |member| {
-                    let listed = list(member);
-                    advance(&mut member.cursor, event.seq) || listed
-                });
+                let (moved, created, position) =
+                    with_member(users, extras, conv, sender_id, event.at, |member| {
+                        let listed = list(member);
+                        advance(&mut member.cursor, event.seq) || listed
+                    });
                 (
                     position,
                     if moved || created || raised {
@@ -554,7 +576,7 @@ impl PartitionState {
             EventKind::MemberJoined { user_id } | EventKind::MemberLeft { user_id } => {
                 let joined = matches!(event.kind, EventKind::MemberJoined { .. });
                 let (mut outputs, created, position) =
-                    with_member(users, conv, user_id, event.at, |member| {
+                    with_member(users, extras, conv, user_id, event.at, |member| {
                         membership_event(member, version, joined)
                     });
                 if created {
@@ -564,7 +586,7 @@ impl PartitionState {
             }
         };
         if outputs.any() {
-            self.dirty.mark(&event.conversation_id, conv, position, outputs);
+            self.dirty.mark(number, conv, position, outputs);
         }
         outputs.any()
     }
@@ -572,10 +594,12 @@ impl PartitionState {
     /// Rebuilds state from a public changelog record (restore). Marks
     /// nothing dirty: the changelog already holds it.
     pub fn restore_update(&mut self, update: &CursorUpdate) {
-        let conv = self.conversations.entry_ref(&update.conversation_id).or_default();
+        let number = self.conversation_number(&update.conversation_id);
+        let conv = self.conversations.value_mut(number);
         conv.latest_seq = conv.latest_seq.max(update.latest_seq).max(update.cursor);
         with_member(
             &mut self.users,
+            &mut self.extras,
             conv,
             &update.user_id,
             update.updated_at,
@@ -605,43 +629,52 @@ impl PartitionState {
     ) {
         let slots = members
             .into_iter()
-            .map(|(user, member)| Slot::new(self.users.intern(&user), &member))
+            .map(|(user, member)| Slot::new(&mut self.extras, self.users.intern(&user), &member))
             .collect();
-        let members = Members::from_slots(slots);
-        if let Some(replaced) = self.conversations.get_mut(&id) {
+        let members = Members::from_slots(slots, &mut self.extras);
+        let (number, new) = self.conversations.find_or_insert_with(&id, Conversation::default);
+        let replaced = self.conversations.value_mut(number);
+        if !new {
             // Its changes go with it (a restore runs before any fold: this
             // scan of the dirty list is for correctness, not speed).
             if replaced.members.is_dirty() {
                 self.dirty.members -= replaced.members.clear_dirty();
-                self.dirty.conversations.retain(|c| c != &id);
+                self.dirty.conversations.retain(|&c| c != number);
             }
+            replaced.members.release(&mut self.extras);
         }
-        self.conversations
-            .insert(id, Conversation { latest_seq, members });
+        *replaced = Conversation { latest_seq, members };
     }
 
     /// Applies a public changelog tombstone (restore): the member has left.
     pub fn restore_tombstone(&mut self, key: &CursorKey) {
-        let conv = self.conversations.entry_ref(&key.conversation_id).or_default();
-        with_member(&mut self.users, conv, &key.user_id, i64::MIN, |member| {
-            member.left = true;
-            member.listed = true;
-            member.membership = member.membership.or(Some(MembershipVersion {
-                seq: Seq::ZERO,
-                at: i64::MIN,
-            }));
-        });
+        let number = self.conversation_number(&key.conversation_id);
+        let conv = self.conversations.value_mut(number);
+        with_member(
+            &mut self.users,
+            &mut self.extras,
+            conv,
+            &key.user_id,
+            i64::MIN,
+            |member| {
+                member.left = true;
+                member.listed = true;
+                member.membership = member.membership.or(Some(MembershipVersion {
+                    seq: Seq::ZERO,
+                    at: i64::MIN,
+                }));
+            },
+        );
     }
 
     /// Applies a member-state record (restore, after the public changelog):
     /// the private cursor, the mark and the exact membership.
     pub fn restore_state(&mut self, state: &MemberStateUpdate) {
-        let conv = self
-            .conversations
-            .entry_ref(&state.key.conversation_id)
-            .or_default();
+        let number = self.conversation_number(&state.key.conversation_id);
+        let conv = self.conversations.value_mut(number);
         with_member(
             &mut self.users,
+            &mut self.extras,
             conv,
             &state.key.user_id,
             state.updated_at,
@@ -661,16 +694,15 @@ impl PartitionState {
     /// set, so that a failed flush can be retried with values at least as new.
     pub fn pending_changes(&self) -> Vec<Change> {
         let mut changes = Vec::with_capacity(self.dirty.members);
-        for id in &self.dirty.conversations {
-            let Some(conv) = self.conversations.get(id) else {
-                continue;
-            };
+        for &number in &self.dirty.conversations {
+            let id = self.conversations.key(number);
+            let conv = self.conversations.value(number);
             changes.extend(conv.members.dirty_slots().map(|slot| Change {
                 key: CursorKey {
                     conversation_id: id.clone(),
                     user_id: self.users.id(slot.user()).clone(),
                 },
-                member: slot.load(),
+                member: slot.load(&self.extras),
                 latest_seq: conv.latest_seq,
                 outputs: slot.dirty(),
             }));
@@ -680,10 +712,8 @@ impl PartitionState {
 
     /// Forgets the dirty set after every sink has acknowledged.
     pub fn mark_flushed(&mut self) {
-        for id in self.dirty.conversations.drain(..) {
-            if let Some(conv) = self.conversations.get_mut(&id) {
-                conv.members.clear_dirty();
-            }
+        for number in self.dirty.conversations.drain(..) {
+            self.conversations.value_mut(number).members.clear_dirty();
         }
         self.dirty.members = 0;
     }
@@ -692,15 +722,16 @@ impl PartitionState {
     /// change and failed: the next flush publishes its then current value.
     /// A member no longer held is skipped.
     pub fn redirty(&mut self, key: &CursorKey, outputs: Outputs) {
-        let Some(conv) = self.conversations.get_mut(&key.conversation_id) else {
+        let Some(number) = self.conversations.find(&key.conversation_id) else {
             return;
         };
+        let conv = self.conversations.value_mut(number);
         let position = self
             .users
             .find(&key.user_id)
             .and_then(|user| conv.members.position(user));
         if let Some(position) = position {
-            self.dirty.mark(&key.conversation_id, conv, position, outputs);
+            self.dirty.mark(number, conv, position, outputs);
         }
     }
 
@@ -709,6 +740,13 @@ impl PartitionState {
         let changes = self.pending_changes();
         self.mark_flushed();
         changes
+    }
+
+    /// The conversation's number, held from now on if new.
+    fn conversation_number(&mut self, id: &ConversationId) -> u32 {
+        self.conversations
+            .find_or_insert_with(id, Conversation::default)
+            .0
     }
 
     /// Every (conversation, user) held.
@@ -751,16 +789,18 @@ impl PartitionState {
 /// raises its `updated_at`.
 fn with_member<R>(
     users: &mut UserTable,
+    extras: &mut Extras,
     conv: &mut Conversation,
     user: &UserId,
     at: i64,
     change: impl FnOnce(&mut Member) -> R,
 ) -> (R, bool, usize) {
-    with_member_at(conv, users.intern(user), at, change)
+    with_member_at(extras, conv, users.intern(user), at, change)
 }
 
 /// [`with_member`] for an interned user.
 fn with_member_at<R>(
+    extras: &mut Extras,
     conv: &mut Conversation,
     index: u32,
     at: i64,
@@ -768,13 +808,16 @@ fn with_member_at<R>(
 ) -> (R, bool, usize) {
     let (position, created) = match conv.members.position(index) {
         Some(p) => (p, false),
-        None => (conv.members.insert(Slot::new(index, &Member::new(at))), true),
+        None => (
+            conv.members.insert(Slot::new(extras, index, &Member::new(at))),
+            true,
+        ),
     };
     let slot = conv.members.slot_mut(position);
-    let mut member = slot.load();
+    let mut member = slot.load(extras);
     member.updated_at = member.updated_at.max(at);
     let result = change(&mut member);
-    slot.store(&member);
+    slot.store(extras, &member);
     (result, created, position)
 }
 
