@@ -137,27 +137,36 @@ struct Extra {
 /// reused by the next member that needs one.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Extras {
-    extras: Vec<Extra>,
+    /// `None`: free, so that a handle used after its release, or released
+    /// twice, panics rather than giving two members one extra.
+    extras: Vec<Option<Extra>>,
     free: Vec<u32>,
 }
 
 impl Extras {
     fn put(&mut self, extra: Extra) -> u32 {
         if let Some(handle) = self.free.pop() {
-            self.extras[handle as usize] = extra;
+            self.extras[handle as usize] = Some(extra);
             return handle;
         }
         let handle = u32::try_from(self.extras.len()).expect("fewer than 2^32 extras in one partition");
-        self.extras.push(extra);
+        self.extras.push(Some(extra));
         handle
     }
 
     fn get(&self, handle: u32) -> &Extra {
-        &self.extras[handle as usize]
+        self.extras[handle as usize].as_ref().expect("a live extra")
+    }
+
+    fn set(&mut self, handle: u32, extra: Extra) {
+        let live = self.extras[handle as usize].as_mut().expect("a live extra");
+        *live = extra;
     }
 
     fn release(&mut self, handle: u32) {
-        self.extras[handle as usize] = Extra::default();
+        self.extras[handle as usize]
+            .take()
+            .expect("an extra released once");
         self.free.push(handle);
     }
 
@@ -315,7 +324,7 @@ impl Slot {
                 times: times.is_none().then_some((m.updated_at, membership_at)),
             };
             if had_extra {
-                extras.extras[self.join_seq_or_extra as usize] = extra;
+                extras.set(self.join_seq_or_extra, extra);
             } else {
                 self.join_seq_or_extra = extras.put(extra);
             }

@@ -750,3 +750,34 @@ fn a_conversation_put_back_whole_takes_its_changes_with_it() {
     keys.sort();
     assert_eq!(keys, ["C", "D"], "each change once");
 }
+
+#[test]
+fn a_conversation_put_back_whole_gives_its_members_extras_back() {
+    let mut s = PartitionState::new();
+    let mut private = Member::new(0);
+    private.private_cursor = Seq(4);
+    private.listed = true;
+    let members = |n: usize| -> Vec<(UserId, Member)> {
+        (0..n)
+            .map(|i| (user(&format!("u{i}")), private.clone()))
+            .collect()
+    };
+    // One and two members held inline, then an array; each replaced by
+    // another of each size.
+    for (before, after) in [(1, 3), (3, 2), (2, 1), (5, 5)] {
+        s.restore_conversation(conv("C"), Seq(5), members(before));
+        assert_eq!(s.extras.len(), before);
+        s.restore_conversation(conv("C"), Seq(5), members(after));
+        assert_eq!(s.extras.len(), after, "{before} members replaced by {after}");
+        let held = s.conversation(&conv("C")).unwrap();
+        assert_eq!(held.len(), after);
+        assert!(held.members().all(|(_, m)| m == private));
+    }
+    // A private read updates the member's extra in place.
+    s.restore_conversation(conv("C"), Seq(5), members(1));
+    s.apply_report(&ReadReport {
+        private: true,
+        ..report("C", "u0", 9)
+    });
+    assert_eq!(s.extras.len(), 1);
+}
