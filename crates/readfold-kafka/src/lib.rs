@@ -6,12 +6,14 @@
 //! - [`admin`]: topic creation and the layout checks the fold relies on.
 //! - [`producer`]: a producer of the inputs, placed as readfold expects.
 //! - [`batch_producer`]: many records to one topic in one librdkafka call.
+//! - [`brokers`]: waiting for a client's first broker connection.
 //! - [`reader`]: committed-record readers (tail, changelogs).
 //! - [`partition_queue`]: one partition's queue, read a batch at a time.
 //! - [`changelog`]: the changelog reader: restore, read, follow.
 
 pub mod admin;
 pub mod batch_producer;
+pub mod brokers;
 pub mod changelog;
 pub mod config;
 pub mod context;

@@ -76,6 +76,9 @@ impl Transactions {
             // Dead letters keep records of up to MAX_DEAD_LETTER_BYTES.
             .set("message.max.bytes", "2000000")
             .create_with_context(LogContext)?;
+        // Without a broker connection up, librdkafka's first look for the
+        // coordinator fails and the next comes 500 ms later.
+        readfold_kafka::brokers::wait_for_broker(producer.client(), TXN_TIMEOUT)?;
         producer.init_transactions(TXN_TIMEOUT)?;
         tracing::info!(%transactional_id, "transactional producer ready");
         let stores_wait = Duration::from_millis(kafka.transaction_timeout_ms / 2);
