@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use readfold_kafka::admin::ensure_topics;
 use readfold_processor::Processor;
 use tokio::sync::watch;
 
@@ -13,8 +12,6 @@ use crate::ops::{ProcessorReadiness, StoreProbes};
 
 pub async fn run(config: Config) -> Result<()> {
     let ops = crate::ops::start(&config).await?;
-    let layout = ensure_topics(&config.kafka, &config.topics).await?;
-    tracing::info!(partitions = layout.partitions, "topic layout checked");
     let (stop, stopped) = watch::channel(false);
     let timeout = Duration::from_millis(config.shutdown.timeout_ms);
     tokio::spawn(async move {
@@ -31,7 +28,7 @@ pub async fn run(config: Config) -> Result<()> {
         }
         std::process::exit(130);
     });
-    let processor = Processor::new(config.processor_settings(), layout).await?;
+    let processor = Processor::start(config.processor_settings()).await?;
     let (redis, cql) = processor.stores();
     ops.set_readiness(ProcessorReadiness {
         health: processor.health(),

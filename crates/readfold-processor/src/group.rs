@@ -3,6 +3,8 @@
 
 use std::sync::{Arc, Mutex};
 
+use tokio::sync::Notify;
+
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::statistics::Statistics;
@@ -21,28 +23,44 @@ pub enum GroupEvent {
 /// Receives librdkafka's callbacks on its threads; the run loop drains the
 /// events before it touches any partition's state.
 pub struct GroupContext {
-    events: Arc<Mutex<Vec<GroupEvent>>>,
+    events: Arc<Queue>,
     inputs: [String; 2],
+}
+
+/// The events, and a wake-up for the run loop when one arrives.
+#[derive(Default)]
+struct Queue {
+    events: Mutex<Vec<GroupEvent>>,
+    arrived: Notify,
 }
 
 impl GroupContext {
     fn push(&self, event: GroupEvent) {
-        self.events.lock().expect("group event lock").push(event);
+        self.events.events.lock().expect("group event lock").push(event);
+        self.events.arrived.notify_one();
     }
 }
 
 /// The group events queued since the last call.
 #[derive(Clone)]
-pub struct GroupEvents(Arc<Mutex<Vec<GroupEvent>>>);
+pub struct GroupEvents(Arc<Queue>);
 
 impl GroupEvents {
     pub fn take(&self) -> Vec<GroupEvent> {
-        std::mem::take(&mut *self.0.lock().expect("group event lock"))
+        std::mem::take(&mut *self.0.events.lock().expect("group event lock"))
     }
 
     /// Whether events wait to be taken.
     pub fn pending(&self) -> bool {
-        !self.0.lock().expect("group event lock").is_empty()
+        !self.0.events.lock().expect("group event lock").is_empty()
+    }
+
+    /// Completes once an event arrived since the last time it completed.
+    /// A rebalance callback runs inside the consumer's poll but yields no
+    /// message, so without this the run loop learnt of an assignment only
+    /// at its next flush tick (500 ms after the join, at every start).
+    pub async fn arrived(&self) {
+        self.0.arrived.notified().await;
     }
 }
 
@@ -104,7 +122,7 @@ pub type GroupConsumer = StreamConsumer<GroupContext>;
 
 /// The group member's consumer, not yet subscribed, and its event queue.
 pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupConsumer, GroupEvents)> {
-    let events = Arc::new(Mutex::new(Vec::new()));
+    let events = Arc::new(Queue::default());
     let context = GroupContext {
         events: events.clone(),
         inputs: [topics.read_reports.clone(), topics.conversation_events.clone()],

@@ -125,22 +125,47 @@ fn poll_once<F: Future>(future: F) -> Option<F::Output> {
 const MAX_PRODUCER_RECOVERIES: u32 = 3;
 
 impl Processor {
-    /// Connects the consumer, the transactional producer and the enabled
-    /// stores (waiting for unreachable ones). Call after
-    /// [`readfold_kafka::admin::ensure_topics`] produced `layout`.
+    /// Checks (and creates, if allowed) the topics, and connects the
+    /// consumer, the transactional producer and the enabled stores (waiting
+    /// for unreachable ones), all side by side: the topic check and the
+    /// producer's start each took a quarter of a second, one after the other.
+    pub async fn start(settings: Settings) -> Result<Self> {
+        let (kafka, topics) = (settings.kafka.clone(), settings.topics.clone());
+        let layout = async move {
+            let layout = readfold_kafka::admin::ensure_topics(&kafka, &topics).await?;
+            tracing::info!(partitions = layout.partitions, "topic layout checked");
+            Ok(layout)
+        };
+        Self::connect(settings, layout).await
+    }
+
+    /// As [`Processor::start`], for a caller that checked the topics
+    /// itself ([`readfold_kafka::admin::ensure_topics`] produced `layout`).
     pub async fn new(settings: Settings, layout: Layout) -> Result<Self> {
+        Self::connect(settings, async { Ok(layout) }).await
+    }
+
+    async fn connect(settings: Settings, layout: impl Future<Output = Result<Layout>>) -> Result<Self> {
         telemetry::register();
+        // The consumer exists from the start: librdkafka looks for the
+        // group's coordinator when it is created, and, finding no broker
+        // connection up yet, looks again only 500 ms later; that wait now
+        // runs while the topics are checked and the producer starts. Joining
+        // the group goes on in the background once the topics are known to
+        // exist; the assignment, and with it the first offset fetch, waits
+        // for the run loop's first poll, after the producer fenced any
+        // earlier incarnation.
         let (consumer, events) = group::consumer(&settings.kafka, &settings.topics)?;
-        // Joining the group goes on in the background while the producer
-        // and the stores connect; the assignment, and with it the first
-        // offset fetch, waits for the run loop's first poll, after the
-        // producer fenced any earlier incarnation.
-        let topics = [
-            settings.topics.read_reports.as_str(),
-            settings.topics.conversation_events.as_str(),
-        ];
-        consumer.subscribe(&topics)?;
-        tracing::info!(group = %settings.kafka.group_id, ?topics, "subscribed");
+        let group = async {
+            let layout = layout.await?;
+            let topics = [
+                settings.topics.read_reports.as_str(),
+                settings.topics.conversation_events.as_str(),
+            ];
+            consumer.subscribe(&topics)?;
+            tracing::info!(group = %settings.kafka.group_id, ?topics, "subscribed");
+            Ok::<_, Error>(layout)
+        };
         let restorer = Restorer::new(&settings.kafka, &settings.topics, settings.input.max_id_bytes)?;
         let redis = async {
             if !settings.redis.enabled {
@@ -159,7 +184,8 @@ impl Processor {
             Ok::<_, Error>(Some(Arc::new(store)))
         };
         // Side by side: each takes from tens to hundreds of milliseconds.
-        let (transactions, redis, cql) = tokio::try_join!(init_producer(&settings), redis, cql)?;
+        let (layout, transactions, redis, cql) =
+            tokio::try_join!(group, init_producer(&settings), redis, cql)?;
         let out = layout.output_topics(&settings.topics);
         let (framing, input_schemas) = if settings.schema_registry.is_on() {
             let registry = readfold_registry::Registry::new(&settings.schema_registry)?;
@@ -224,6 +250,7 @@ impl Processor {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let linger = self.settings.flush.linger();
         let consumer = Arc::clone(&self.consumer);
+        let group_events = self.events.clone();
         // One timer for the linger, moved rather than made anew per loop.
         let linger_sleep = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(linger_sleep);
@@ -231,6 +258,7 @@ impl Processor {
         /// What woke the loop; a fetched record still borrows the consumer.
         enum Woke<'a> {
             Shutdown,
+            Rebalanced,
             Tick,
             Linger,
             Flushed(Result<()>),
@@ -240,6 +268,8 @@ impl Processor {
         /// What to do about it, with no borrow of the consumer left.
         enum Step {
             Shutdown,
+            /// Only the group changed: applied below, as after every wake.
+            Rebalanced,
             Tick,
             Linger,
             Flushed(Result<()>),
@@ -266,12 +296,14 @@ impl Processor {
                 _ = shutdown.changed() => Woke::Shutdown,
                 outcome = async { in_flight.as_mut().expect("guarded").done().await }, if in_flight.is_some() => Woke::Flushed(outcome),
                 outcome = async { snapshot_in_flight.as_mut().expect("guarded").done().await }, if snapshot_in_flight.is_some() => Woke::Snapshotted(outcome),
+                _ = group_events.arrived() => Woke::Rebalanced,
                 _ = tick.tick() => Woke::Tick,
                 _ = &mut linger_sleep, if lingering && in_flight.is_none() => Woke::Linger,
                 m = consumer.recv() => Woke::Fetched(m),
             };
             let step = match woke {
                 Woke::Shutdown => Step::Shutdown,
+                Woke::Rebalanced => Step::Rebalanced,
                 Woke::Tick => Step::Tick,
                 Woke::Linger => Step::Linger,
                 Woke::Flushed(outcome) => Step::Flushed(outcome),
@@ -285,6 +317,7 @@ impl Processor {
             self.restore_assigned().await?;
             match step {
                 Step::Shutdown => break,
+                Step::Rebalanced => {}
                 Step::Flushed(outcome) => {
                     let flight = self.in_flight.take().expect("a flush was in flight");
                     let outcome = self.settle(flight, outcome);
