@@ -15,13 +15,15 @@ use rdkafka::client::{Client, ClientContext};
 use rdkafka::error::{KafkaError, KafkaResult};
 use rdkafka::types::RDKafkaErrorCode;
 
-/// Blocks until the client has a broker connection up (its answer to a
-/// brokers-only metadata request), or `timeout` passes.
+/// Blocks until the client has a broker connection up (the answer to a
+/// metadata request), or `timeout` passes. The request asks for the topics
+/// the client already knows, which for a client just created is none: the
+/// brokers only.
 pub fn wait_for_broker<C: ClientContext>(client: &Client<C>, timeout: Duration) -> KafkaResult<()> {
     let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     let mut metadata: *const rdsys::rd_kafka_metadata = std::ptr::null();
     // SAFETY: a valid client; `all_topics = 0` with no topic handle asks
-    // for the brokers only; librdkafka sets `metadata` only on success,
+    // for the topics the client knows; librdkafka sets `metadata` only on success,
     // and it is freed right below.
     let err = unsafe {
         rdsys::rd_kafka_metadata(

@@ -125,14 +125,17 @@ fn poll_once<F: Future>(future: F) -> Option<F::Output> {
 const MAX_PRODUCER_RECOVERIES: u32 = 3;
 
 impl Processor {
-    /// Checks (and creates, if allowed) the topics, and connects the
-    /// consumer, the transactional producer and the enabled stores (waiting
-    /// for unreachable ones), all side by side: the topic check and the
-    /// producer's start each took a quarter of a second, one after the other.
+    /// Checks (and creates, if allowed) the topics while the enabled
+    /// stores connect (waiting for unreachable ones), then starts the
+    /// transactional producer and joins the group.
     pub async fn start(settings: Settings) -> Result<Self> {
         let (kafka, topics) = (settings.kafka.clone(), settings.topics.clone());
+        // A task of its own: the check makes blocking metadata calls, which
+        // would hold up the store connects polled beside it.
+        let checked =
+            tokio::spawn(async move { readfold_kafka::admin::ensure_topics(&kafka, &topics).await });
         let layout = async move {
-            let layout = readfold_kafka::admin::ensure_topics(&kafka, &topics).await?;
+            let layout = checked.await??;
             tracing::info!(partitions = layout.partitions, "topic layout checked");
             Ok(layout)
         };
@@ -150,13 +153,15 @@ impl Processor {
         // The consumer exists from the start: librdkafka looks for the
         // group's coordinator when it is created, and, finding no broker
         // connection up yet, looks again only 500 ms later; that wait now
-        // runs while the topics are checked and the producer starts. Joining
-        // the group goes on in the background once the topics are known to
-        // exist; the assignment, and with it the first offset fetch, waits
-        // for the run loop's first poll, after the producer fenced any
-        // earlier incarnation.
+        // runs while the topics are checked. Once they are, the consumer
+        // subscribes (joining goes on in the background) and the producer
+        // starts. Not before: its `init_transactions` fences any running
+        // incarnation with the same transactional id, and a start bound to
+        // fail its topic check must not take that one down with it. The
+        // assignment, and with it the first offset fetch, waits for the run
+        // loop's first poll, after the producer fenced earlier incarnations.
         let (consumer, events) = group::consumer(&settings.kafka, &settings.topics)?;
-        let group = async {
+        let kafka = async {
             let layout = layout.await?;
             let topics = [
                 settings.topics.read_reports.as_str(),
@@ -164,7 +169,8 @@ impl Processor {
             ];
             consumer.subscribe(&topics)?;
             tracing::info!(group = %settings.kafka.group_id, ?topics, "subscribed");
-            Ok::<_, Error>(layout)
+            let transactions = init_producer(&settings).await?;
+            Ok::<_, Error>((layout, transactions))
         };
         let restorer = Restorer::new(&settings.kafka, &settings.topics, settings.input.max_id_bytes)?;
         let redis = async {
@@ -184,8 +190,7 @@ impl Processor {
             Ok::<_, Error>(Some(Arc::new(store)))
         };
         // Side by side: each takes from tens to hundreds of milliseconds.
-        let (layout, transactions, redis, cql) =
-            tokio::try_join!(group, init_producer(&settings), redis, cql)?;
+        let ((layout, transactions), redis, cql) = tokio::try_join!(kafka, redis, cql)?;
         let out = layout.output_topics(&settings.topics);
         let (framing, input_schemas) = if settings.schema_registry.is_on() {
             let registry = readfold_registry::Registry::new(&settings.schema_registry)?;

@@ -9,7 +9,7 @@
 //! still never shows a cursor before the stores hold it.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::KafkaError;
@@ -78,8 +78,10 @@ impl Transactions {
             .create_with_context(LogContext)?;
         // Without a broker connection up, librdkafka's first look for the
         // coordinator fails and the next comes 500 ms later.
+        // One deadline for both calls.
+        let deadline = Instant::now() + TXN_TIMEOUT;
         readfold_kafka::brokers::wait_for_broker(producer.client(), TXN_TIMEOUT)?;
-        producer.init_transactions(TXN_TIMEOUT)?;
+        producer.init_transactions(deadline.saturating_duration_since(Instant::now()))?;
         tracing::info!(%transactional_id, "transactional producer ready");
         let stores_wait = Duration::from_millis(kafka.transaction_timeout_ms / 2);
         Ok(Transactions {
