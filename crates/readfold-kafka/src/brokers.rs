@@ -23,8 +23,8 @@ pub fn wait_for_broker<C: ClientContext>(client: &Client<C>, timeout: Duration) 
     let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     let mut metadata: *const rdsys::rd_kafka_metadata = std::ptr::null();
     // SAFETY: a valid client; `all_topics = 0` with no topic handle asks
-    // for the topics the client knows; librdkafka sets `metadata` only on success,
-    // and it is freed right below.
+    // for the topics the client knows; librdkafka sets `metadata` only on
+    // success, and it is freed right below.
     let err = unsafe {
         rdsys::rd_kafka_metadata(
             client.native_ptr(),

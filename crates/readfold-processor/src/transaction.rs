@@ -77,8 +77,8 @@ impl Transactions {
             .set("message.max.bytes", "2000000")
             .create_with_context(LogContext)?;
         // Without a broker connection up, librdkafka's first look for the
-        // coordinator fails and the next comes 500 ms later.
-        // One deadline for both calls.
+        // coordinator fails and the next comes 500 ms later. One deadline
+        // for both calls.
         let deadline = Instant::now() + TXN_TIMEOUT;
         readfold_kafka::brokers::wait_for_broker(producer.client(), TXN_TIMEOUT)?;
         producer.init_transactions(deadline.saturating_duration_since(Instant::now()))?;

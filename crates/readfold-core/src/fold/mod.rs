@@ -19,8 +19,6 @@
 //! last-writer-wins by a version, so the result does not depend on how the
 //! two inputs interleave or on duplicates.
 
-use std::collections::HashMap;
-
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
 use crate::read_model::{ConversationView, MemberCursor, OwnCursor};
 
@@ -31,12 +29,6 @@ mod tests;
 
 use dense::DenseMap;
 use members::{Extras, Members, Slot, UserTable};
-
-/// The maps the fold keys by ids: foldhash, several times faster than the
-/// standard SipHash on short strings, with a random seed per process, so
-/// that ids chosen by clients cannot be made to collide the way they could
-/// under a fixed hash.
-pub type IdMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// A validated client read report.
 #[derive(Clone, Debug, PartialEq, Eq)]
