@@ -128,3 +128,87 @@ async fn a_restore_waits_for_a_transaction_open_in_the_changelog() {
     );
     assert!(processor.terminate(timeout), "{}", processor.log_text());
 }
+
+/// The processor's two transactional producers take turns, and an instance
+/// that crashed may have left a transaction open on either. A restart must
+/// fence both: neither open transaction may commit once the new incarnation
+/// runs, and the changelog never shows what they held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_fences_both_transactional_producers() {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    use rdkafka::ClientConfig;
+    use readfold_wire::codec::{
+        encode_cursor_key, encode_cursor_update, CursorKeyRecord, CursorUpdateRecord,
+    };
+
+    let env = TestEnv::new("fence-both", 1).await;
+    let timeout = Duration::from_secs(30);
+    let mut config = env.config.kafka.clone();
+    config.instance_id = "a".into();
+    // The crashed incarnation's flushes, one per producer, produced but not
+    // committed: each says its conversation's u has read 99.
+    let crashed: Vec<(String, ThreadedProducer<DefaultProducerContext>)> = config
+        .transactional_ids()
+        .into_iter()
+        .enumerate()
+        .map(|(lane, id)| {
+            let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+                .set("bootstrap.servers", bootstrap())
+                .set("transactional.id", &id)
+                .create()
+                .unwrap();
+            producer.init_transactions(timeout).unwrap();
+            producer.begin_transaction().unwrap();
+            let conversation = format!("c{lane}");
+            let key = encode_cursor_key(&CursorKeyRecord {
+                conversation_id: conversation.clone(),
+                user_id: "u".into(),
+            });
+            let value = encode_cursor_update(&CursorUpdateRecord {
+                conversation_id: conversation,
+                user_id: "u".into(),
+                cursor: 99,
+                join_seq: 1,
+                latest_seq: 99,
+                updated_at: 1,
+                private_cursor: None,
+                unread_mark: None,
+            });
+            let record = BaseRecord::to(&env.config.topics.read_cursors)
+                .partition(0)
+                .key(&key)
+                .payload(&value);
+            producer.send(record).map_err(|(e, _)| e).unwrap();
+            producer.flush(timeout).unwrap();
+            (id, producer)
+        })
+        .collect();
+
+    let mut processor = env.spawn("a");
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    feed.report(report("c0", "u", 5)).await;
+    feed.report(report("c1", "u", 5)).await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert_matches(&log, &reference);
+    for (id, producer) in &crashed {
+        assert!(
+            processor.log_text().contains(id.as_str()),
+            "no producer with transactional id {id}:\n{}",
+            processor.log_text()
+        );
+        assert!(
+            producer.commit_transaction(timeout).is_err(),
+            "{id}: the crashed incarnation's transaction committed after the restart"
+        );
+    }
+    let log = env.changelog();
+    for conversation in ["c0", "c1"] {
+        let history = &log.history[&(conversation.to_owned(), "u".to_owned())];
+        assert!(
+            !history.iter().any(|c| matches!(c, Some((99, _)))),
+            "{conversation}: the changelog shows an aborted flush: {history:?}"
+        );
+    }
+    assert!(processor.terminate(timeout), "{}", processor.log_text());
+}

@@ -135,6 +135,24 @@ impl<C: ProducerContext + 'static> BatchProducer<C> {
         Ok(())
     }
 
+    /// Sends everything queued at once, ignoring `linger.ms`, and waits, at
+    /// most `timeout`, until it is all delivered (or failed).
+    ///
+    /// librdkafka's own `rd_kafka_flush`, not rdkafka's `flush`: that one
+    /// calls it without a timeout and, while records are in flight, sleeps
+    /// in 100 ms polls. rdkafka has delivery reports come as events, served
+    /// by the producer's own thread, so librdkafka's flush only waits (on a
+    /// condition variable) for the queued count to reach zero.
+    pub fn flush_now(&self, timeout: Duration) -> Result<(), KafkaError> {
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: the client is alive for the call (`self.producer`).
+        let err = unsafe { rdsys::rd_kafka_flush(self.producer.client().native_ptr(), ms) };
+        match err {
+            rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
+            err => Err(KafkaError::Flush(RDKafkaErrorCode::from(err))),
+        }
+    }
+
     /// The open handle of `topic`, opened on first use.
     fn topic(&self, topic: &str) -> Result<NonNull<rdsys::rd_kafka_topic_t>, KafkaError> {
         let mut topics = self.topics.lock().unwrap_or_else(|e| e.into_inner());

@@ -27,6 +27,14 @@ impl KafkaConfig {
         if self.bootstrap_servers.trim().is_empty() {
             return Err("kafka.bootstrap_servers must name at least one broker".into());
         }
+        // `#` marks the second transactional id (see `transactional_ids`);
+        // an instance named with one could take another's.
+        if self.instance_id.contains('#') {
+            return Err(format!(
+                "kafka.instance_id must not contain '#' (got {:?})",
+                self.instance_id
+            ));
+        }
         Ok(())
     }
 
@@ -69,6 +77,13 @@ impl KafkaConfig {
         for (key, value) in &self.properties {
             client.set(key, value);
         }
+        // librdkafka's `debug` contexts log at debug level, which rdkafka
+        // filters out unless asked for (its default follows the `log`
+        // crate, which readfold does not use): ask, so that they reach
+        // `--log debug`.
+        if self.properties.contains_key("debug") {
+            client.set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
+        }
         client
     }
 
@@ -85,10 +100,14 @@ impl KafkaConfig {
             .unwrap_or_else(|| "readfold".into())
     }
 
-    /// The processor's transactional id: `<group_id>-<instance_id>`, so a
-    /// restarted instance fences its previous incarnation.
-    pub fn transactional_id(&self) -> String {
-        format!("{}-{}", self.group_id, self.instance_id())
+    /// The processor's two transactional ids, one per producer (they take
+    /// turns, a flush each): `<group_id>-<instance_id>` and
+    /// `<group_id>-<instance_id>#1`, so that a restarted instance fences
+    /// both of its previous incarnation's producers. The first is the id
+    /// of the builds that had one producer, which the first still fences.
+    pub fn transactional_ids(&self) -> [String; 2] {
+        let id = format!("{}-{}", self.group_id, self.instance_id());
+        [id.clone(), format!("{id}#1")]
     }
 }
 
@@ -189,9 +208,18 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn the_transactional_id_names_group_and_instance() {
+    fn the_transactional_ids_name_group_and_instance() {
         let mut kafka: KafkaConfig = default_section("kafka");
         kafka.instance_id = "a".into();
-        assert_eq!(kafka.transactional_id(), "readfold-a");
+        assert_eq!(kafka.transactional_ids(), ["readfold-a", "readfold-a#1"]);
+        assert!(kafka.check().is_ok());
+    }
+
+    #[test]
+    fn an_instance_id_with_the_second_ids_mark_is_refused() {
+        // Instance "a#1" would take instance "a"'s second id.
+        let mut kafka: KafkaConfig = default_section("kafka");
+        kafka.instance_id = "a#1".into();
+        assert!(kafka.check().unwrap_err().contains("'#'"));
     }
 }

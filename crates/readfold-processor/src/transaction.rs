@@ -1,4 +1,4 @@
-//! The transactional producer: one transaction per flush carries the
+//! The transactional producers: one transaction per flush carries the
 //! changelog records, the dead letters and the input offsets. librdkafka's
 //! transaction calls block, so [`Transactions::commit`] runs them on a
 //! blocking thread, never on an async worker.
@@ -7,7 +7,21 @@
 //! and the commit waits for them ([`StoresGate`]): a flush then takes the
 //! longer of the two, not their sum, and the changelog (read_committed)
 //! still never shows a cursor before the stores hold it.
+//!
+//! Two producers take turns, a transaction each. When a commit returns, the
+//! coordinator has decided it but is still writing its markers, and until
+//! they are written it answers the same producer's next AddPartitionsToTxn
+//! and AddOffsetsToTxn with CONCURRENT_TRANSACTIONS, which librdkafka
+//! retries 20 ms later (KAFKA-5477): under load, when flushes follow each
+//! other at once, every transaction began so, and that wait was a third of
+//! a flush. The other producer's transaction state is free, so the next
+//! flush starts at once. Order still holds: a flush begins only after the
+//! one before it committed, so its records follow that one's in every
+//! partition, a read_committed reader sees them only after it (the earlier
+//! transaction holds the last stable offset back), and its offset commit
+//! is written after the earlier one's, which is the one that counts.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,14 +53,22 @@ const SEND_BATCH: usize = 4096;
 /// A plain channel: the blocking thread waits on it with a timeout.
 pub type StoresGate = std::sync::mpsc::Receiver<bool>;
 
-/// The processor's transactional producer.
+/// The processor's transactional producers, taking turns.
 #[derive(Clone)]
 pub struct Transactions {
+    lanes: Arc<[Lane; 2]>,
+    /// Counts the transactions begun; its parity picks the lane. One
+    /// flush is in flight at a time, so the lanes strictly alternate.
+    turn: Arc<AtomicUsize>,
+}
+
+/// One transactional producer.
+struct Lane {
     /// Threaded, not a `FutureProducer`: nothing waits on one record's
     /// delivery (the commit checks them all), and a future per record cost
     /// a channel and its allocations on every changelog record. Records go
     /// a topic's batch at a time ([`BatchProducer`]).
-    producer: Arc<BatchProducer<LogContext>>,
+    producer: BatchProducer<LogContext>,
     /// How long an open transaction waits for the stores before it aborts:
     /// half the transaction timeout, so that the coordinator never aborts
     /// it first (which would fence the producer).
@@ -54,39 +76,19 @@ pub struct Transactions {
 }
 
 impl Transactions {
-    /// Creates the producer and fences any earlier incarnation with the same
-    /// transactional id, aborting whatever it left open. Blocks.
+    /// Creates both producers and fences any earlier incarnation with the
+    /// same transactional ids, aborting whatever it left open. Blocks.
     pub fn init(kafka: &KafkaConfig) -> Result<Self> {
-        let transactional_id = kafka.transactional_id();
-        let producer: ThreadedProducer<LogContext> = kafka
-            .client_config()
-            .set("transactional.id", &transactional_id)
-            .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
-            .set("enable.idempotence", "true")
-            .set("linger.ms", "5")
-            // The commit checks delivery as a whole; a report per record
-            // only cost an event and a callback each.
-            .set("delivery.report.only.error", "true")
-            // Right after a commit the coordinator may answer the next
-            // transaction's first requests with CONCURRENT_TRANSACTIONS
-            // until its markers are written; retry those soon (KAFKA-5477).
-            .set("retry.backoff.ms", "10")
-            .set("compression.type", "lz4")
-            .set("queue.buffering.max.messages", "1000000")
-            // Dead letters keep records of up to MAX_DEAD_LETTER_BYTES.
-            .set("message.max.bytes", "2000000")
-            .create_with_context(LogContext)?;
-        // Without a broker connection up, librdkafka's first look for the
-        // coordinator fails and the next comes 500 ms later. One deadline
-        // for both calls.
-        let deadline = Instant::now() + TXN_TIMEOUT;
-        readfold_kafka::brokers::wait_for_broker(producer.client(), TXN_TIMEOUT)?;
-        producer.init_transactions(deadline.saturating_duration_since(Instant::now()))?;
-        tracing::info!(%transactional_id, "transactional producer ready");
-        let stores_wait = Duration::from_millis(kafka.transaction_timeout_ms / 2);
+        let [first, second] = kafka.transactional_ids();
+        // Side by side: each waits for a broker and its coordinator.
+        let (first, second) = std::thread::scope(|scope| {
+            let second = scope.spawn(|| Lane::init(kafka, &second));
+            let first = Lane::init(kafka, &first);
+            (first, second.join().expect("producer init thread panicked"))
+        });
         Ok(Transactions {
-            producer: Arc::new(BatchProducer::new(Arc::new(producer))),
-            stores_wait,
+            lanes: Arc::new([first?, second?]),
+            turn: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -103,12 +105,47 @@ impl Transactions {
         group: Option<ConsumerGroupMetadata>,
         stores: StoresGate,
     ) -> Result<()> {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || this.commit_blocking(records, &offsets, group.as_ref(), stores))
+        let lanes = Arc::clone(&self.lanes);
+        let lane = self.turn.fetch_add(1, Ordering::Relaxed) % lanes.len();
+        tokio::task::spawn_blocking(move || lanes[lane].commit(records, &offsets, group.as_ref(), stores))
             .await?
     }
+}
 
-    fn commit_blocking(
+impl Lane {
+    fn init(kafka: &KafkaConfig, transactional_id: &str) -> Result<Self> {
+        let producer: ThreadedProducer<LogContext> = kafka
+            .client_config()
+            .set("transactional.id", transactional_id)
+            .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            // The commit checks delivery as a whole; a report per record
+            // only cost an event and a callback each.
+            .set("delivery.report.only.error", "true")
+            // A transaction's first requests may still meet the markers of
+            // this producer's previous one (CONCURRENT_TRANSACTIONS); retry
+            // those soon.
+            .set("retry.backoff.ms", "10")
+            .set("compression.type", "lz4")
+            .set("queue.buffering.max.messages", "1000000")
+            // Dead letters keep records of up to MAX_DEAD_LETTER_BYTES.
+            .set("message.max.bytes", "2000000")
+            .create_with_context(LogContext)?;
+        // Without a broker connection up, librdkafka's first look for the
+        // coordinator fails and the next comes 500 ms later. One deadline
+        // for both calls.
+        let deadline = Instant::now() + TXN_TIMEOUT;
+        readfold_kafka::brokers::wait_for_broker(producer.client(), TXN_TIMEOUT)?;
+        producer.init_transactions(deadline.saturating_duration_since(Instant::now()))?;
+        tracing::info!(%transactional_id, "transactional producer ready");
+        Ok(Lane {
+            producer: BatchProducer::new(Arc::new(producer)),
+            stores_wait: Duration::from_millis(kafka.transaction_timeout_ms / 2),
+        })
+    }
+
+    fn commit(
         &self,
         mut records: RecordChunks,
         offsets: &TopicPartitionList,
@@ -200,19 +237,13 @@ impl Transactions {
         }
     }
 
-    /// Waits until every queued record is delivered. rdkafka's
-    /// `commit_transaction` flushes first too, but while records are in
-    /// flight its flush sleeps in 100 ms polls, which would put 100 ms on
-    /// every flush; the producer's own thread serves the delivery reports.
+    /// Sends every queued record at once, without waiting out
+    /// `linger.ms` (the flush queued all it has), and waits until all are
+    /// delivered. `commit_transaction` flushes first too, but through
+    /// rdkafka's flush, which sleeps in 100 ms polls while records are in
+    /// flight.
     fn wait_delivered(&self) -> std::result::Result<(), KafkaError> {
-        let deadline = std::time::Instant::now() + TXN_TIMEOUT;
-        while self.producer.producer().in_flight_count() > 0 {
-            if std::time::Instant::now() >= deadline {
-                return Err(KafkaError::Flush(RDKafkaErrorCode::MessageTimedOut));
-            }
-            std::thread::sleep(Duration::from_micros(500));
-        }
-        Ok(())
+        self.producer.flush_now(TXN_TIMEOUT)
     }
 
     /// Queues `records`: those without headers (the changelogs) a topic's
