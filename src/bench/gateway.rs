@@ -262,6 +262,7 @@ pub async fn gateway(
     drop(sinks);
     drop(gateway);
     super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    super::delete_bench_keys(&config.redis).await;
     Ok(GatewayFigures {
         connections,
         group,

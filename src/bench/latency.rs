@@ -197,6 +197,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
         .map_err(|e| Error::Run(format!("follower: {e}")))??;
     drop(child);
     super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    super::delete_bench_keys(&config.redis).await;
     Ok(LatencyFigures {
         max_rate,
         measured_max,

@@ -43,6 +43,28 @@ async fn delete_bench_topics<'a>(
     Ok(readfold_kafka::admin::delete_topics(kafka, &names).await?)
 }
 
+/// Deletes the Redis keys a bench run wrote under its own prefix (see
+/// [`on_fresh_topics`]): left behind, they grow Redis, and every AOF
+/// rewrite's fork with it, which stalls the runs after. Only warns on
+/// failure: the figures stand.
+async fn delete_bench_keys(redis: &readfold_store::redis::RedisConfig) {
+    if !redis.enabled || redis.key_prefix.is_empty() {
+        return;
+    }
+    let deleted = async {
+        readfold_store::redis::RedisStore::connect(redis)
+            .await?
+            .delete_all()
+            .await
+    };
+    match deleted.await {
+        Ok(keys) => tracing::debug!(prefix = %redis.key_prefix, keys, "deleted the bench's Redis keys"),
+        Err(e) => {
+            tracing::warn!(prefix = %redis.key_prefix, error = %e, "could not delete the bench's Redis keys")
+        }
+    }
+}
+
 /// A read_committed reader of `config`'s `read-cursors` changelog, in a
 /// group of its own, for a bench that watches what the processor publishes.
 fn changelog_watcher(

@@ -98,6 +98,7 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
     let _ = stop.send(true);
     handle.await??;
     super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    super::delete_bench_keys(&config.redis).await;
     Ok(PipelineFigures {
         reports,
         elapsed_secs,

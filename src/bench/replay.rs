@@ -83,6 +83,7 @@ pub async fn replay(config: &Config, records: u64, runs: usize) -> Result<Vec<Re
     .await
     .map_err(|e| Error::Run(format!("replay bench: {e}")))??;
     super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    super::delete_bench_keys(&config.redis).await;
     Ok(rows)
 }
 

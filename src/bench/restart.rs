@@ -79,6 +79,7 @@ async fn one_size(config: &Config, cursors: u64) -> Result<RestartRow> {
     let (checkpoint_secs, checkpoint_restore_secs) = time_to_ready(&config, &warm).await?;
     let _ = std::fs::remove_dir_all(&base);
     super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    super::delete_bench_keys(&config.redis).await;
     Ok(RestartRow {
         cursors,
         full_secs,

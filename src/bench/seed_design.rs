@@ -47,7 +47,7 @@ pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Res
         .arg(MAX_MERGE)
         .query(&mut redis)
         .map_err(|e| fail("script load", &e))?;
-    let prefix = format!("{}seed-{}:", config.redis.key_prefix, pipelined);
+    let prefix = format!("{}:seed-{}:", config.redis.key_prefix, pipelined);
     let events_topic = format!("{}.seed-events", config.topics.read_reports);
 
     let producer: BaseProducer = config

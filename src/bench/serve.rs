@@ -250,6 +250,7 @@ pub async fn serve(config: &Config, seconds: u64, connections: usize) -> Result<
             p999_ms: percentile(&latencies, 0.999),
         });
     }
+    super::delete_bench_keys(&config.redis).await;
     Ok(rows)
 }
 

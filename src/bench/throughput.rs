@@ -70,6 +70,7 @@ pub async fn readfold_max_rate(config: &Config, records: u64) -> Result<f64> {
     topics_made.sort();
     topics_made.dedup();
     super::delete_bench_topics(&config.kafka, &topics_made).await?;
+    super::delete_bench_keys(&config.redis).await;
     let row = row?;
     Ok(row.records as f64 / row.secs.max(1e-9))
 }
@@ -160,6 +161,7 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
     topics_made.sort();
     topics_made.dedup();
     super::delete_bench_topics(&config.kafka, &topics_made).await?;
+    super::delete_bench_keys(&config.redis).await;
     Ok(ThroughputFigures {
         reports,
         events,
