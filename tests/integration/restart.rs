@@ -192,8 +192,12 @@ async fn a_restart_fences_both_transactional_producers() {
     let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
     assert_matches(&log, &reference);
     for (id, producer) in &crashed {
+        let ready = format!("transactional_id={id}");
         assert!(
-            processor.log_text().contains(id.as_str()),
+            processor
+                .log_text()
+                .lines()
+                .any(|l| l.trim_end().ends_with(&ready)),
             "no producer with transactional id {id}:\n{}",
             processor.log_text()
         );

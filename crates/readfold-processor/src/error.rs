@@ -16,6 +16,13 @@ pub enum Error {
     /// The producer was fenced by a newer incarnation or broke for good.
     #[error("kafka transaction failed fatally (fenced or broken producer), stopping: {0}")]
     FatalTransaction(#[source] KafkaError),
+    /// A commit or an abort did not settle (librdkafka leaves it
+    /// unfinished), so whether the flush counts is unknown: the processor
+    /// starts over from what was committed, with new producers.
+    #[error(
+        "a kafka transaction's commit or abort did not settle, starting over from the committed state: {0}"
+    )]
+    UnsettledTransaction(#[source] KafkaError),
     /// The stores did not take a flush (or not in time), so its
     /// transaction was aborted; retried like the stores' own failures.
     #[error("the stores did not take the flush in time; its transaction was aborted")]
@@ -42,7 +49,10 @@ impl Error {
             Error::Store(e) => e.is_retriable(),
             Error::Transaction(_) | Error::StoresNotWritten => true,
             Error::Registry(e) => e.is_retriable(),
-            Error::FatalTransaction(_) | Error::Consumer(_) | Error::Task(_) => false,
+            Error::FatalTransaction(_)
+            | Error::UnsettledTransaction(_)
+            | Error::Consumer(_)
+            | Error::Task(_) => false,
         }
     }
 }

@@ -7,7 +7,8 @@
 //! - [`health`]: what readiness probes learn of the processor.
 //! - `flush`: executing the pure flush plan of `readfold_core::flush`, one
 //!   flush in flight at a time while folding goes on.
-//! - [`transaction`]: the transactional producer, on a blocking thread.
+//! - [`transaction`]: the two transactional producers, taking turns, on a
+//!   blocking thread.
 
 pub mod checkpoint;
 pub mod config;
@@ -121,13 +122,13 @@ fn poll_once<F: Future>(future: F) -> Option<F::Output> {
 }
 
 /// How many times in a row the processor starts over with a new
-/// transactional producer before it gives up (see `recover_producer`).
+/// transactional producers before it gives up (see `recover_producer`).
 const MAX_PRODUCER_RECOVERIES: u32 = 3;
 
 impl Processor {
     /// Checks (and creates, if allowed) the topics while the enabled
     /// stores connect (waiting for unreachable ones), then starts the
-    /// transactional producer and joins the group.
+    /// transactional producers and joins the group.
     pub async fn start(settings: Settings) -> Result<Self> {
         let (kafka, topics) = (settings.kafka.clone(), settings.topics.clone());
         // A task of its own: the check makes blocking metadata calls, which
@@ -710,7 +711,9 @@ impl Processor {
                 }
                 Ok(())
             }
-            Err(e @ Error::FatalTransaction(_)) => self.recover_producer(e).await,
+            Err(e @ (Error::FatalTransaction(_) | Error::UnsettledTransaction(_))) => {
+                self.recover_producer(e).await
+            }
             Err(e) if e.is_retriable() => {
                 let delay = self.retry.failed(Instant::now());
                 tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "flush failed; will retry");
@@ -720,13 +723,15 @@ impl Processor {
         }
     }
 
-    /// The transactional producer was fenced or broke. Either a transaction
-    /// outlived `kafka.transaction_timeout_ms` (a broker restart can do
-    /// that; the broker then aborts it and bumps the producer's epoch), or
-    /// another process runs with this `instance_id`. Like Kafka Streams
-    /// after a fenced commit, start over: drop what was folded but not
-    /// committed, rejoin the group and restore from the changelogs, with a
-    /// new producer. Whatever reached Redis or CQL was max-merged, so
+    /// A transactional producer was fenced or broke, or a commit or abort
+    /// did not settle. Either a transaction outlived
+    /// `kafka.transaction_timeout_ms` (a broker restart can do that; the
+    /// broker then aborts it and bumps the producer's epoch), or another
+    /// process runs with this `instance_id`, or the broker stayed away
+    /// through a commit's retries. Like Kafka Streams after a fenced commit,
+    /// start over: drop what was folded but not committed, rejoin the group
+    /// and restore from the changelogs, with new producers (whose
+    /// `init_transactions` settles what the old ones left). Whatever reached Redis or CQL was max-merged, so
     /// folding the same input again changes nothing there. After
     /// [`MAX_PRODUCER_RECOVERIES`] in a row without a commit, give up: a
     /// second instance with the same `instance_id` is a configuration error.
@@ -738,7 +743,7 @@ impl Processor {
         tracing::warn!(
             error = %cause,
             attempt = self.recoveries,
-            "the transactional producer was fenced; dropping uncommitted state and starting over from the committed offsets"
+            "a transactional producer was fenced or its transaction did not settle; dropping uncommitted state and starting over from the committed offsets"
         );
         self.consumer.unsubscribe();
         self.partitions.start_over();
@@ -779,7 +784,7 @@ impl Processor {
     }
 }
 
-/// Creates the transactional producer on a blocking thread, retrying while
+/// Creates the transactional producers on a blocking thread, retrying while
 /// the brokers are away.
 async fn init_producer(settings: &Settings) -> Result<Transactions> {
     connect_with_retry("kafka", || {

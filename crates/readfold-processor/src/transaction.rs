@@ -57,8 +57,10 @@ pub type StoresGate = std::sync::mpsc::Receiver<bool>;
 #[derive(Clone)]
 pub struct Transactions {
     lanes: Arc<[Lane; 2]>,
-    /// Counts the transactions begun; its parity picks the lane. One
-    /// flush is in flight at a time, so the lanes strictly alternate.
+    /// Counts the calls to [`Transactions::commit`]; its parity picks the
+    /// lane. One flush is in flight at a time, and a lane's commit or
+    /// abort has settled before its call returns, so the lanes strictly
+    /// alternate and never overlap.
     turn: Arc<AtomicUsize>,
 }
 
@@ -84,7 +86,10 @@ impl Transactions {
         let (first, second) = std::thread::scope(|scope| {
             let second = scope.spawn(|| Lane::init(kafka, &second));
             let first = Lane::init(kafka, &first);
-            (first, second.join().expect("producer init thread panicked"))
+            let second = second
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (first, second)
         });
         Ok(Transactions {
             lanes: Arc::new([first?, second?]),
@@ -152,18 +157,17 @@ impl Lane {
         group: Option<&ConsumerGroupMetadata>,
         stores: StoresGate,
     ) -> Result<()> {
-        let classify = |e: KafkaError| {
-            if is_fatal(&e) {
-                Error::FatalTransaction(e)
-            } else {
-                Error::Transaction(e)
-            }
-        };
         let started = std::time::Instant::now();
-        self.producer.producer().begin_transaction().map_err(classify)?;
-        // Ok(false): the stores did not take the flush.
-        let body = move || -> std::result::Result<bool, KafkaError> {
-            let ms = |at: std::time::Instant| at.elapsed().as_millis() as u64;
+        // It fails only fatally, or with an earlier commit or abort still
+        // unfinished, which `end` below never leaves behind: either way
+        // this producer cannot go on.
+        self.producer
+            .producer()
+            .begin_transaction()
+            .map_err(Error::FatalTransaction)?;
+        // Ok((false, _)): the stores did not take the flush. With the
+        // phases' ends, in ms since the transaction began.
+        let body = move || -> std::result::Result<(bool, [u64; 4]), KafkaError> {
             while let Some(chunk) = records.blocking_recv() {
                 self.send_all(&chunk)?;
             }
@@ -178,46 +182,41 @@ impl Lane {
             let offsets_sent = ms(started);
             self.wait_delivered()?;
             let delivered = ms(started);
-            if !self.stores_written(stores) {
-                return Ok(false);
-            }
-            let stores_took = ms(started);
-            let mut attempt = 0;
-            loop {
-                match self.producer.producer().commit_transaction(TXN_TIMEOUT) {
-                    Err(KafkaError::Transaction(e)) if e.is_retriable() && attempt < 3 => attempt += 1,
-                    other => {
-                        tracing::debug!(
-                            queued,
-                            offsets_sent,
-                            delivered,
-                            stores_took,
-                            committed = ms(started),
-                            "transaction phases (ms since it began)"
-                        );
-                        return other.map(|()| true);
-                    }
-                }
-            }
+            let written = self.stores_written(stores);
+            Ok((written, [queued, offsets_sent, delivered, ms(started)]))
         };
-        let abort = || match self.producer.producer().abort_transaction(TXN_TIMEOUT) {
-            Err(abort) if is_fatal(&abort) => Err(Error::FatalTransaction(abort)),
-            Err(abort) => {
-                tracing::warn!(error = %abort, "abort_transaction failed");
-                Ok(())
-            }
-            Ok(()) => Ok(()),
+        let abort = || match end(|| self.producer.producer().abort_transaction(TXN_TIMEOUT)) {
+            Err(Error::Transaction(e)) => Err(Error::UnsettledTransaction(e)),
+            other => other,
         };
-        match body() {
-            Ok(true) => Ok(()),
-            Ok(false) => {
+        let [queued, offsets_sent, delivered, stores_took] = match body() {
+            Ok((true, phases)) => phases,
+            Ok((false, _)) => {
                 abort()?;
-                Err(Error::StoresNotWritten)
+                return Err(Error::StoresNotWritten);
             }
-            Err(e) if is_fatal(&e) => Err(Error::FatalTransaction(e)),
+            Err(e) if is_fatal(&e) => return Err(Error::FatalTransaction(e)),
             Err(e) => {
                 abort()?;
+                return Err(Error::Transaction(e));
+            }
+        };
+        match end(|| self.producer.producer().commit_transaction(TXN_TIMEOUT)) {
+            // Neither retriable nor fatal: the transaction must be aborted.
+            Err(Error::Transaction(e)) => {
+                abort()?;
                 Err(Error::Transaction(e))
+            }
+            other => {
+                tracing::debug!(
+                    queued,
+                    offsets_sent,
+                    delivered,
+                    stores_took,
+                    committed = ms(started),
+                    "transaction phases (ms since it began)"
+                );
+                other
             }
         }
     }
@@ -311,5 +310,119 @@ impl Lane {
                 Err((e, _)) => return Err(e),
             }
         }
+    }
+}
+
+/// How many times a commit or an abort is called before it counts as
+/// unsettled.
+const END_ATTEMPTS: u32 = 3;
+
+/// Calls `end`, a commit or an abort, until it settles. librdkafka leaves
+/// one that failed with a retriable error (a timeout, say) unfinished, to
+/// be called again, and may still complete it in the background. So no
+/// other transaction may begin before it settled: the flush, retried on
+/// the other producer, would be committed twice if this commit went
+/// through after all. Still unsettled after [`END_ATTEMPTS`]:
+/// [`Error::UnsettledTransaction`], and the processor starts over from
+/// what was committed, which is right whichever way this one went. Other
+/// failures come back as [`Error::Transaction`]: a commit's ask for an
+/// abort, and an abort's leave it unsettled.
+fn end(call: impl FnMut() -> std::result::Result<(), KafkaError>) -> Result<()> {
+    let failure = |e: &KafkaError| match e {
+        _ if is_fatal(e) => Failure::Fatal,
+        KafkaError::Transaction(t) if t.is_retriable() => Failure::Retriable,
+        _ => Failure::Other,
+    };
+    let retrying = |e: &KafkaError, attempt: u32| {
+        tracing::warn!(error = %e, attempt, "a transaction's commit or abort failed; calling it again");
+    };
+    end_with(call, failure, retrying).map_err(|unended| match unended {
+        Unended::Fatal(e) => Error::FatalTransaction(e),
+        Unended::Unsettled(e) => Error::UnsettledTransaction(e),
+        Unended::Other(e) => Error::Transaction(e),
+    })
+}
+
+/// How a commit or an abort failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Failure {
+    Fatal,
+    /// Unfinished: to be called again.
+    Retriable,
+    Other,
+}
+
+/// A commit or an abort that did not succeed.
+#[derive(Debug, PartialEq, Eq)]
+enum Unended<E> {
+    Fatal(E),
+    /// Still retriable after [`END_ATTEMPTS`] calls.
+    Unsettled(E),
+    Other(E),
+}
+
+/// [`end`]'s policy, apart from librdkafka's errors.
+fn end_with<E>(
+    mut call: impl FnMut() -> std::result::Result<(), E>,
+    failure: impl Fn(&E) -> Failure,
+    retrying: impl Fn(&E, u32),
+) -> std::result::Result<(), Unended<E>> {
+    let mut attempt = 1;
+    loop {
+        let Err(e) = call() else { return Ok(()) };
+        match failure(&e) {
+            Failure::Fatal => return Err(Unended::Fatal(e)),
+            Failure::Other => return Err(Unended::Other(e)),
+            Failure::Retriable if attempt == END_ATTEMPTS => return Err(Unended::Unsettled(e)),
+            Failure::Retriable => {
+                retrying(&e, attempt);
+                attempt += 1;
+            }
+        }
+    }
+}
+
+fn ms(since: Instant) -> u64 {
+    since.elapsed().as_millis() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Calls that fail with `failures` in turn, then succeed.
+    fn calls(failures: &[Failure]) -> (std::result::Result<(), Unended<Failure>>, usize) {
+        let mut made = 0;
+        let outcome = end_with(
+            || {
+                made += 1;
+                failures.get(made - 1).map_or(Ok(()), |&f| Err(f))
+            },
+            |&f| f,
+            |_, _| {},
+        );
+        (outcome, made)
+    }
+
+    #[test]
+    fn a_retriable_failure_is_called_again_until_it_settles() {
+        use Failure::Retriable;
+        assert_eq!(calls(&[]), (Ok(()), 1));
+        assert_eq!(calls(&[Retriable, Retriable]), (Ok(()), 3));
+    }
+
+    #[test]
+    fn one_still_retriable_after_the_last_attempt_is_unsettled() {
+        let failures = [Failure::Retriable; END_ATTEMPTS as usize];
+        let (outcome, made) = calls(&failures);
+        assert_eq!(outcome, Err(Unended::Unsettled(Failure::Retriable)));
+        assert_eq!(made, END_ATTEMPTS as usize);
+    }
+
+    #[test]
+    fn fatal_and_other_failures_end_at_once() {
+        use Failure::{Fatal, Other, Retriable};
+        assert_eq!(calls(&[Fatal]), (Err(Unended::Fatal(Fatal)), 1));
+        assert_eq!(calls(&[Retriable, Other]), (Err(Unended::Other(Other)), 2));
     }
 }
