@@ -77,13 +77,15 @@ impl KafkaConfig {
         for (key, value) in &self.properties {
             client.set(key, value);
         }
-        // librdkafka's `debug` contexts log at debug level, which rdkafka
-        // filters out unless asked for (its default follows the `log`
-        // crate, which readfold does not use): ask, so that they reach
-        // `--log debug`.
-        if self.properties.contains_key("debug") {
-            client.set_log_level(rdkafka::config::RDKafkaLogLevel::Debug);
-        }
+        // rdkafka's default log level follows the `log` crate, which
+        // readfold does not use, and so lets only errors through: ask for
+        // warnings too, and, with `debug` contexts set, for their lines
+        // (they reach `--log debug`).
+        client.set_log_level(if self.properties.contains_key("debug") {
+            rdkafka::config::RDKafkaLogLevel::Debug
+        } else {
+            rdkafka::config::RDKafkaLogLevel::Warning
+        });
         client
     }
 
