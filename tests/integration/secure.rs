@@ -112,7 +112,13 @@ async fn a_wrong_password_stops_readfold_at_start_with_a_clear_error() {
             "{variable}: took {:?}",
             started.elapsed()
         );
-        let retries = text.matches("retrying").count();
+        // readfold's own retries of the failing login; librdkafka's lines
+        // (a fresh broker's "coordinator load in progress: retrying") are
+        // about something else.
+        let retries = text
+            .lines()
+            .filter(|l| l.contains("retrying") && !l.contains(" librdkafka: "))
+            .count();
         assert!(retries <= 1, "{variable}: {retries} retries:\n{text}");
         let mut secrets = secure.passwords().to_vec();
         secrets.push(wrong);
