@@ -52,42 +52,12 @@ async fn a_restart_emits_no_lower_cursor() {
 /// with an older state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_waits_for_a_transaction_open_in_the_changelog() {
-    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-    use rdkafka::ClientConfig;
-    use readfold_wire::codec::{
-        encode_cursor_key, encode_cursor_update, CursorKeyRecord, CursorUpdateRecord,
-    };
+    use rdkafka::producer::Producer;
 
     let env = TestEnv::new("settle", 1).await;
     let timeout = Duration::from_secs(30);
     // Another owner's flush, produced but not committed yet: u has read 7.
-    let old_owner: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap())
-        .set("transactional.id", unique("it.settle-old-owner"))
-        .create()
-        .unwrap();
-    old_owner.init_transactions(timeout).unwrap();
-    old_owner.begin_transaction().unwrap();
-    let key = encode_cursor_key(&CursorKeyRecord {
-        conversation_id: "c0".into(),
-        user_id: "u".into(),
-    });
-    let value = encode_cursor_update(&CursorUpdateRecord {
-        conversation_id: "c0".into(),
-        user_id: "u".into(),
-        cursor: 7,
-        join_seq: 1,
-        latest_seq: 7,
-        updated_at: 1,
-        private_cursor: None,
-        unread_mark: None,
-    });
-    let record = BaseRecord::to(&env.config.topics.read_cursors)
-        .partition(0)
-        .key(&key)
-        .payload(&value);
-    old_owner.send(record).map_err(|(e, _)| e).unwrap();
-    old_owner.flush(timeout).unwrap();
+    let old_owner = open_transaction(&env, &unique("it.settle-old-owner"), "c0", 7, timeout);
 
     let mut processor = env.spawn("a");
     let waiting = "waiting for a transaction open in the changelog";
@@ -135,11 +105,7 @@ async fn a_restore_waits_for_a_transaction_open_in_the_changelog() {
 /// runs, and the changelog never shows what they held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_fences_both_transactional_producers() {
-    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
-    use rdkafka::ClientConfig;
-    use readfold_wire::codec::{
-        encode_cursor_key, encode_cursor_update, CursorKeyRecord, CursorUpdateRecord,
-    };
+    use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 
     let env = TestEnv::new("fence-both", 1).await;
     let timeout = Duration::from_secs(30);
@@ -152,34 +118,7 @@ async fn a_restart_fences_both_transactional_producers() {
         .into_iter()
         .enumerate()
         .map(|(lane, id)| {
-            let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-                .set("bootstrap.servers", bootstrap())
-                .set("transactional.id", &id)
-                .create()
-                .unwrap();
-            producer.init_transactions(timeout).unwrap();
-            producer.begin_transaction().unwrap();
-            let conversation = format!("c{lane}");
-            let key = encode_cursor_key(&CursorKeyRecord {
-                conversation_id: conversation.clone(),
-                user_id: "u".into(),
-            });
-            let value = encode_cursor_update(&CursorUpdateRecord {
-                conversation_id: conversation,
-                user_id: "u".into(),
-                cursor: 99,
-                join_seq: 1,
-                latest_seq: 99,
-                updated_at: 1,
-                private_cursor: None,
-                unread_mark: None,
-            });
-            let record = BaseRecord::to(&env.config.topics.read_cursors)
-                .partition(0)
-                .key(&key)
-                .payload(&value);
-            producer.send(record).map_err(|(e, _)| e).unwrap();
-            producer.flush(timeout).unwrap();
+            let producer = open_transaction(&env, &id, &format!("c{lane}"), 99, timeout);
             (id, producer)
         })
         .collect();
@@ -215,4 +154,50 @@ async fn a_restart_fences_both_transactional_producers() {
         );
     }
     assert!(processor.terminate(timeout), "{}", processor.log_text());
+}
+
+/// A transactional producer, as another incarnation's, with a flush
+/// produced to the changelog but not committed: `conversation`'s u has read
+/// `cursor`.
+fn open_transaction(
+    env: &TestEnv,
+    transactional_id: &str,
+    conversation: &str,
+    cursor: i64,
+    timeout: Duration,
+) -> rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext> {
+    use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+    use rdkafka::ClientConfig;
+    use readfold_wire::codec::{
+        encode_cursor_key, encode_cursor_update, CursorKeyRecord, CursorUpdateRecord,
+    };
+
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap())
+        .set("transactional.id", transactional_id)
+        .create()
+        .unwrap();
+    producer.init_transactions(timeout).unwrap();
+    producer.begin_transaction().unwrap();
+    let key = encode_cursor_key(&CursorKeyRecord {
+        conversation_id: conversation.into(),
+        user_id: "u".into(),
+    });
+    let value = encode_cursor_update(&CursorUpdateRecord {
+        conversation_id: conversation.into(),
+        user_id: "u".into(),
+        cursor,
+        join_seq: 1,
+        latest_seq: cursor,
+        updated_at: 1,
+        private_cursor: None,
+        unread_mark: None,
+    });
+    let record = BaseRecord::to(&env.config.topics.read_cursors)
+        .partition(0)
+        .key(&key)
+        .payload(&value);
+    producer.send(record).map_err(|(e, _)| e).unwrap();
+    producer.flush(timeout).unwrap();
+    producer
 }
