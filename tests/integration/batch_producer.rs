@@ -14,7 +14,7 @@ use crate::kit::*;
 #[tokio::test]
 async fn a_transaction_of_batches_arrives_whole_and_in_order() {
     let env = TestEnv::new("batch-producer", 3).await;
-    let topic = unique("it.batch");
+    let topic = env.extra_topic("batch");
     readfold_kafka::admin::create_topic(&env.config.kafka, &topic, 3, 1, false)
         .await
         .expect("create the topic");

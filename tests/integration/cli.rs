@@ -28,7 +28,8 @@ fn an_unknown_environment_key_is_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refuses_inputs_that_are_not_co_partitioned() {
     let _services = shared_services().await;
-    let prefix = format!("it.copart.{}", std::process::id());
+    // `it.<test>-<pid>-<nanos>`, as the sweep of earlier runs' topics expects.
+    let prefix = unique("it.copart");
     let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap())
         .create()
@@ -59,6 +60,20 @@ async fn refuses_inputs_that_are_not_co_partitioned() {
     assert!(!out.status.success(), "must refuse to start");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("co-partitioned") && err.contains(&reports), "{err}");
+    let made: Vec<String> = [
+        "reports",
+        "events",
+        "cursors",
+        "user-cursors",
+        "member-state",
+        "dlq",
+    ]
+    .iter()
+    .map(|t| format!("{prefix}.{t}"))
+    .collect();
+    let made: Vec<&str> = made.iter().map(String::as_str).collect();
+    // Best effort, as for every test: the next run's sweep takes what is left.
+    let _ = admin.delete_topics(&made, &AdminOptions::new()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

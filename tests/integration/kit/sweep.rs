@@ -1,7 +1,8 @@
 //! Leftovers of earlier test runs on the shared services: each test makes
 //! its own topics (`it.<test>-<pid>-<nanos>.<topic>`) and CQL keyspace
 //! (`it_<test>_<pid>_<nanos>`), and a failing or killed test cannot remove
-//! them. On a machine that keeps the services' data between runs they pile
+//! them, nor its Redis keys (`it.<test>-<pid>-<nanos>:...`); a passing
+//! test removes its topics and keys itself. On a machine that keeps the services' data between runs they pile
 //! up: 743 keyspaces once filled the CQL server's 1 GB heap and failed a
 //! whole run. So each test process, before its first test, deletes those
 //! whose process has ended; a running test process's (another `cargo
@@ -14,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 
-use super::services::{bootstrap, cql_contact_point};
-use super::stores::cql_config;
+use super::services::{bootstrap, cql_contact_point, redis_url};
+use super::stores::{cql_config, redis_conn};
 
 /// How long the sweep may hold up the first test.
 const BUDGET: Duration = Duration::from_secs(60);
@@ -41,7 +42,7 @@ pub fn sweep_leftovers_once() {
 }
 
 async fn sweep() {
-    if !is_local(&bootstrap()) || !is_local(&cql_contact_point()) {
+    if !is_local(&bootstrap()) || !is_local(&cql_contact_point()) || !is_local(&redis_host()) {
         return;
     }
     let started = Instant::now();
@@ -73,9 +74,16 @@ async fn sweep() {
         }
     }
     let keyspaces = sweep_keyspaces(started).await;
-    if !topics.is_empty() || keyspaces > 0 {
+    let keys = match sweep_redis_keys(started).await {
+        Ok(keys) => keys,
+        Err(e) => {
+            eprintln!("sweeping earlier runs' Redis keys failed ({e}); left the rest");
+            0
+        }
+    };
+    if !topics.is_empty() || keyspaces > 0 || keys > 0 {
         eprintln!(
-            "removed {} topics and {keyspaces} CQL keyspaces left by earlier test runs in {:.1} s",
+            "removed {} topics, {keyspaces} CQL keyspaces and {keys} Redis keys left by earlier test runs in {:.1} s",
             topics.len(),
             started.elapsed().as_secs_f64()
         );
@@ -159,6 +167,54 @@ async fn sweep_keyspaces(started: Instant) -> usize {
     dropped
 }
 
+/// Unlinks ended runs' Redis keys until `started + BUDGET`; returns how
+/// many went.
+async fn sweep_redis_keys(started: Instant) -> redis::RedisResult<u64> {
+    let mut conn = redis_conn(&redis_url()).await;
+    let (mut cursor, mut unlinked) = (0u64, 0u64);
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg("it.*")
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        let leftovers: Vec<&String> = keys.iter().filter(|key| leftover_key(key)).collect();
+        if !leftovers.is_empty() {
+            unlinked += redis::cmd("UNLINK")
+                .arg(&leftovers)
+                .query_async::<u64>(&mut conn)
+                .await?;
+        }
+        if next == 0 {
+            return Ok(unlinked);
+        }
+        if started.elapsed() > BUDGET {
+            eprintln!("the sweep of earlier runs' Redis keys took over {BUDGET:?}; the next run goes on");
+            return Ok(unlinked);
+        }
+        cursor = next;
+    }
+}
+
+/// Whether `key` (`it.<test>-<pid>-<nanos>:...`) is an ended run's.
+fn leftover_key(key: &str) -> bool {
+    key.strip_prefix("it.")
+        .and_then(|rest| rest.split_once(':'))
+        .and_then(|(prefix, _)| owner_pid(prefix, '-'))
+        .is_some_and(ended)
+}
+
+/// The host:port of the test Redis URL.
+fn redis_host() -> String {
+    let url = redis_url();
+    let rest = url.split_once("://").map_or(url.as_str(), |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
+    rest.split('/').next().unwrap_or(rest).to_owned()
+}
+
 /// The process id in `<anything><sep><pid><sep><nanos>`, as `unique`
 /// makes names (its nanos are below 10^12, so at most 12 digits).
 fn owner_pid(name: &str, sep: char) -> Option<u32> {
@@ -199,6 +255,21 @@ mod tests {
         assert_eq!(owner_pid("a-b-c", '-'), None);
         assert_eq!(owner_pid("sales_2023_-1", '_'), None);
         assert_eq!(owner_pid("x_1_2", '_'), None, "pid 1 is init, never a test");
+    }
+
+    #[test]
+    fn finds_ended_runs_redis_keys() {
+        // pid 2^22 + 1 is above Linux's pid_max: never a running process.
+        assert!(super::leftover_key("it.serve-4194305-123:conv:C1"));
+        assert!(!super::leftover_key(&format!(
+            "it.serve-{}-123:conv:C1",
+            std::process::id()
+        )));
+        assert!(
+            !super::leftover_key("it.serve-4194305-123"),
+            "no ':' after the prefix"
+        );
+        assert!(!super::leftover_key("bench-4194305-123:conv:C1"));
     }
 
     #[test]
