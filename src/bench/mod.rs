@@ -124,6 +124,8 @@ pub struct Workload {
 #[derive(Clone, Copy, Debug)]
 pub struct Figures {
     pub reports: u64,
+    /// The flushes' changes encoded as the processor encodes them.
+    pub encoded: Encoded,
     pub flushes: u64,
     pub cursor_updates: u64,
     pub redis_calls: u64,
@@ -164,6 +166,7 @@ pub fn run(w: Workload) -> Figures {
     // flush's, not the generator's.
     let mut window: Vec<Input> = Vec::with_capacity(w.flush_every as usize * 11 / 10 + 1);
     let mut elapsed = std::time::Duration::ZERO;
+    let mut encoded = Encoded::default();
     let mut i = 0;
     while i < w.reports {
         window.clear();
@@ -213,6 +216,7 @@ pub fn run(w: Workload) -> Figures {
         }
         let changes = state.drain();
         elapsed += started.elapsed();
+        encoded += encode(&changes);
         let conversations: HashSet<&ConversationId> =
             changes.iter().map(|c| &c.key.conversation_id).collect();
         flushes += 1;
@@ -221,11 +225,53 @@ pub fn run(w: Workload) -> Figures {
     }
     Figures {
         reports: w.reports,
+        encoded,
         flushes,
         cursor_updates,
         redis_calls,
         elapsed_secs: elapsed.as_secs_f64(),
         cursors: state.cursor_count(),
+    }
+}
+
+/// Changelog encoding, as a flush does it, timed apart from the fold.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Encoded {
+    pub changes: u64,
+    pub records: u64,
+    pub secs: f64,
+}
+
+impl std::ops::AddAssign for Encoded {
+    fn add_assign(&mut self, other: Encoded) {
+        self.changes += other.changes;
+        self.records += other.records;
+        self.secs += other.secs;
+    }
+}
+
+/// Encodes `changes` into the changelogs' records as a flush does, in its
+/// chunks (partition 0, six by-user partitions, no framing).
+fn encode(changes: &[readfold_core::fold::Change]) -> Encoded {
+    use readfold_wire::changelog::{ChangelogFrames, EncodedRecords, OutputLayout};
+    let layout = OutputLayout {
+        user_read_cursors_partitions: 6,
+        dlq_partitions: 6,
+    };
+    let started = Instant::now();
+    let mut records = 0;
+    for part in changes.chunks(2048) {
+        let mut encoded = EncodedRecords::with_capacity(part.len());
+        for change in part {
+            encoded.push_change(change, 0, &layout, &ChangelogFrames::default());
+        }
+        records += encoded.len() as u64;
+        std::hint::black_box(&encoded);
+    }
+    Encoded {
+        changes: changes.len() as u64,
+        records,
+        secs: started.elapsed().as_secs_f64(),
     }
 }
 
@@ -270,6 +316,13 @@ pub fn print(w: Workload, f: Figures) {
     println!(
         "fold (pure, one core):            {:>12.0} reports/s   (fold and flush planning; the inputs are made outside the clock)",
         f.reports as f64 / f.elapsed_secs
+    );
+    let e = f.encoded;
+    println!(
+        "changelog encode (one core):      {:>12.0} records/s   ({:.0} changes/s, {:.2} records each)",
+        e.records as f64 / e.secs.max(1e-9),
+        e.changes as f64 / e.secs.max(1e-9),
+        e.records as f64 / e.changes.max(1) as f64
     );
     println!(
         "changelog decode (one core):      {:>12.0} records/s",

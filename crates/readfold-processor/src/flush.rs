@@ -30,13 +30,13 @@ use readfold_kafka::TopicsConfig;
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::RedisStore;
 use readfold_store::CursorStore;
-use readfold_wire::changelog::changelog_records;
+use readfold_wire::changelog::EncodedRecords;
 use readfold_wire::confluent::Framing;
 use readfold_wire::{OutRecord, OutputTopics};
 use tokio::task::JoinHandle;
 
 use crate::error::Result;
-use crate::transaction::Transactions;
+use crate::transaction::{RecordChunk, Transactions};
 use crate::{telemetry, Processor};
 
 /// A flush on its way to the stores and the broker.
@@ -60,7 +60,7 @@ struct Writer {
     redis: Option<Arc<RedisStore>>,
     cql: Option<Arc<CqlStore>>,
     transactions: Transactions,
-    out: OutputTopics,
+    out: Arc<OutputTopics>,
     topics: TopicsConfig,
     framing: Option<Arc<Framing>>,
 }
@@ -114,7 +114,7 @@ impl Processor {
             redis: self.redis.clone(),
             cql: self.cql.clone(),
             transactions: self.transactions.clone(),
-            out: self.out.clone(),
+            out: Arc::clone(&self.out),
             topics: self.settings.topics.clone(),
             framing: self.framing.clone(),
         };
@@ -270,24 +270,31 @@ impl Writer {
     async fn encode_records(
         &self,
         plan: &FlushPlan<OutRecord>,
-        chunks: tokio::sync::mpsc::Sender<Vec<OutRecord>>,
+        chunks: tokio::sync::mpsc::Sender<RecordChunk>,
     ) {
-        let changes = plan.changes.chunks(ENCODE_CHUNK).map(|part| {
-            let mut records = Vec::with_capacity(part.len() * 3);
+        let frames = self
+            .framing
+            .as_ref()
+            .map(|f| f.changelog_frames(&self.out))
+            .unwrap_or_default();
+        for part in plan.changes.chunks(ENCODE_CHUNK) {
+            let mut records = EncodedRecords::with_capacity(part.len());
             for (partition, change) in part {
-                records.extend(changelog_records(change, *partition, &self.out));
+                records.push_change(change, *partition, &self.out.layout, &frames);
             }
-            records
-        });
-        let dead_letters = std::iter::once(plan.dead_letters.iter().map(|(_, d)| d.clone()).collect());
-        for mut records in changes.chain(dead_letters) {
-            if let Some(framing) = &self.framing {
-                records = records.into_iter().map(|r| framing.frame(r)).collect();
-            }
-            if chunks.send(records).await.is_err() {
+            if chunks
+                .send(RecordChunk::Changelog(records, Arc::clone(&self.out)))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
+        let mut dead_letters: Vec<OutRecord> = plan.dead_letters.iter().map(|(_, d)| d.clone()).collect();
+        if let Some(framing) = &self.framing {
+            dead_letters = dead_letters.into_iter().map(|r| framing.frame(r)).collect();
+        }
+        let _ = chunks.send(RecordChunk::Records(dead_letters)).await;
     }
 
     /// The input offsets a flush commits.

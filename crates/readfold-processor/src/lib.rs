@@ -58,7 +58,7 @@ use transaction::Transactions;
 pub struct Processor {
     settings: Settings,
     layout: Layout,
-    out: OutputTopics,
+    out: Arc<OutputTopics>,
     /// Shared with the run loop, so that a fetched record can borrow it
     /// while the loop folds it into `self`.
     consumer: Arc<GroupConsumer>,
@@ -192,7 +192,7 @@ impl Processor {
         };
         // Side by side: each takes from tens to hundreds of milliseconds.
         let ((layout, transactions), redis, cql) = tokio::try_join!(kafka, redis, cql)?;
-        let out = layout.output_topics(&settings.topics);
+        let out = Arc::new(layout.output_topics(&settings.topics));
         let (framing, input_schemas) = if settings.schema_registry.is_on() {
             let registry = readfold_registry::Registry::new(&settings.schema_registry)?;
             let framing = schemas::register_outputs(&registry, &out).await?;

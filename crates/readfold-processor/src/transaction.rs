@@ -34,7 +34,8 @@ use rdkafka::TopicPartitionList;
 use readfold_kafka::batch_producer::{BatchProducer, BatchRecord, QUEUE_FULL_WAIT};
 use readfold_kafka::context::LogContext;
 use readfold_kafka::{is_fatal, KafkaConfig};
-use readfold_wire::OutRecord;
+use readfold_wire::changelog::{EncodedRecords, OutputTopics};
+use readfold_wire::{ChangelogKind, OutRecord};
 
 use crate::error::{Error, Result};
 
@@ -43,7 +44,16 @@ const TXN_TIMEOUT: Duration = Duration::from_secs(60);
 /// A flush's records, a chunk at a time as they are encoded, so that the
 /// first are on their way to the broker while the last are encoded. The
 /// transaction produces them all before it commits; closed, it has all.
-pub type RecordChunks = tokio::sync::mpsc::Receiver<Vec<OutRecord>>;
+pub type RecordChunks = tokio::sync::mpsc::Receiver<RecordChunk>;
+
+/// A chunk of a flush's records.
+pub enum RecordChunk {
+    /// Changelog records in one buffer, and the topics they go to.
+    Changelog(EncodedRecords, Arc<OutputTopics>),
+    /// Records with a topic and headers each: dead letters, rare enough to
+    /// go one by one.
+    Records(Vec<OutRecord>),
+}
 
 /// Records of one topic handed to librdkafka per call.
 const SEND_BATCH: usize = 4096;
@@ -169,7 +179,10 @@ impl Lane {
         // phases' ends, in ms since the transaction began.
         let body = move || -> std::result::Result<(bool, [u64; 4]), KafkaError> {
             while let Some(chunk) = records.blocking_recv() {
-                self.send_all(&chunk)?;
+                match chunk {
+                    RecordChunk::Changelog(records, out) => self.send_changelog(&records, &out)?,
+                    RecordChunk::Records(records) => self.send_all(&records)?,
+                }
             }
             let queued = ms(started);
             if offsets.count() > 0 {
@@ -245,44 +258,47 @@ impl Lane {
         self.producer.flush_now(TXN_TIMEOUT)
     }
 
-    /// Queues `records`: those without headers (the changelogs) a topic's
-    /// batch at a time, in their order within each topic; the rest (dead
-    /// letters) one by one.
-    fn send_all(&self, records: &[OutRecord]) -> std::result::Result<(), KafkaError> {
-        let mut by_topic: Vec<(&str, Vec<BatchRecord<'_>>)> = Vec::new();
-        for record in records {
-            if !record.headers.is_empty() {
-                self.send(record)?;
-                continue;
-            }
-            let batch = match by_topic.iter().position(|(topic, _)| *topic == record.topic) {
-                Some(i) => &mut by_topic[i].1,
-                None => {
-                    by_topic.push((&record.topic, Vec::with_capacity(SEND_BATCH)));
-                    &mut by_topic.last_mut().expect("just pushed").1
+    /// Queues encoded changelog records a topic's batch at a time, in
+    /// their order within each topic.
+    fn send_changelog(
+        &self,
+        records: &EncodedRecords,
+        out: &OutputTopics,
+    ) -> std::result::Result<(), KafkaError> {
+        let mut batch = Vec::with_capacity(SEND_BATCH.min(records.len()));
+        for kind in [
+            ChangelogKind::ByConversation,
+            ChangelogKind::ByUser,
+            ChangelogKind::MemberState,
+        ] {
+            let topic = out.topic_of(kind);
+            for record in records.iter().filter(|r| r.kind == kind) {
+                batch.push(BatchRecord {
+                    partition: record.partition,
+                    key: Some(record.key),
+                    value: record.value,
+                });
+                if batch.len() == SEND_BATCH {
+                    self.producer.send_batch(topic, &batch)?;
+                    batch.clear();
                 }
-            };
-            batch.push(BatchRecord {
-                partition: record.partition,
-                key: record.key.as_deref(),
-                value: record.value.as_deref(),
-            });
-            if batch.len() == SEND_BATCH {
-                self.producer.send_batch(&record.topic, batch)?;
-                batch.clear();
             }
-        }
-        for (topic, batch) in &by_topic {
-            self.producer.send_batch(topic, batch)?;
+            self.producer.send_batch(topic, &batch)?;
+            batch.clear();
         }
         Ok(())
+    }
+
+    /// Queues records of their own (dead letters, with headers), one by one.
+    fn send_all(&self, records: &[OutRecord]) -> std::result::Result<(), KafkaError> {
+        records.iter().try_for_each(|record| self.send(record))
     }
 
     /// Queues one record; waits (this is a blocking thread) while the
     /// producer's queue is full.
     fn send(&self, record: &OutRecord) -> std::result::Result<(), KafkaError> {
         let mut base: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&record.topic).partition(record.partition);
-        // Most records have none: no header list to allocate for them.
+        // A record without headers gets no header list.
         if !record.headers.is_empty() {
             let mut headers = OwnedHeaders::new_with_capacity(record.headers.len());
             for (name, value) in &record.headers {

@@ -15,7 +15,8 @@ use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, CursorKey, IdError, Seq, UserId};
 
 use crate::codec::{
-    self, CursorKeyRecord, CursorUpdateRecord, DecodeError, MemberStateRecord, UserCursorKeyRecord,
+    self, write_cursor_update, write_key, write_member_state, CursorUpdateFields, CursorUpdateRecord,
+    DecodeError, MemberStateFields, MemberStateRecord, Writer,
 };
 use crate::confluent::strip_changelog_frame;
 
@@ -49,11 +50,22 @@ pub struct OutputTopics {
     pub layout: OutputLayout,
 }
 
-/// The by-conversation changelog value: public fields only.
-pub fn cursor_update_record(u: &CursorUpdate) -> CursorUpdateRecord {
-    CursorUpdateRecord {
-        conversation_id: u.conversation_id.to_string(),
-        user_id: u.user_id.to_string(),
+impl OutputTopics {
+    /// The topic of a changelog kind.
+    pub fn topic_of(&self, kind: ChangelogKind) -> &str {
+        match kind {
+            ChangelogKind::ByConversation => &self.read_cursors,
+            ChangelogKind::ByUser => &self.user_read_cursors,
+            ChangelogKind::MemberState => &self.member_state,
+        }
+    }
+}
+
+/// The by-conversation changelog value's fields: public ones only.
+fn public_fields(u: &CursorUpdate) -> CursorUpdateFields<'_> {
+    CursorUpdateFields {
+        conversation_id: u.conversation_id.as_str(),
+        user_id: u.user_id.as_str(),
         cursor: u.cursor.get() as i64,
         join_seq: u.join_seq.get() as i64,
         latest_seq: u.latest_seq.get() as i64,
@@ -63,23 +75,21 @@ pub fn cursor_update_record(u: &CursorUpdate) -> CursorUpdateRecord {
     }
 }
 
-/// The by-user changelog value: the public fields, and what only the member
-/// sees. `None` when the member left.
-pub fn own_update_record(change: &Change) -> Option<CursorUpdateRecord> {
-    let public = change.public_update()?;
+/// The by-user changelog value's fields: the public ones of `public` (the
+/// change's public update), and what only the member sees.
+fn own_fields<'a>(public: &'a CursorUpdate, change: &Change) -> CursorUpdateFields<'a> {
     let own = change.member.own();
-    Some(CursorUpdateRecord {
+    CursorUpdateFields {
         private_cursor: Some(own.private_cursor.get() as i64),
         unread_mark: Some(own.marked_unread()),
-        ..cursor_update_record(&public)
-    })
+        ..public_fields(public)
+    }
 }
 
-/// The member-state value.
-pub fn member_state_record(s: &MemberStateUpdate) -> MemberStateRecord {
-    MemberStateRecord {
-        conversation_id: s.key.conversation_id.to_string(),
-        user_id: s.key.user_id.to_string(),
+fn member_state_fields(s: &MemberStateUpdate) -> MemberStateFields<'_> {
+    MemberStateFields {
+        conversation_id: s.key.conversation_id.as_str(),
+        user_id: s.key.user_id.as_str(),
         private_cursor: s.private_cursor.get() as i64,
         mark_at: s.mark.map(|m| m.at),
         mark_seq: s.mark.and_then(|m| m.seq).map(|q| q.get() as i64),
@@ -91,52 +101,204 @@ pub fn member_state_record(s: &MemberStateUpdate) -> MemberStateRecord {
     }
 }
 
+/// The by-conversation changelog value: public fields only.
+pub fn cursor_update_record(u: &CursorUpdate) -> CursorUpdateRecord {
+    public_fields(u).to_record()
+}
+
+/// The by-user changelog value: the public fields, and what only the member
+/// sees. `None` when the member left.
+pub fn own_update_record(change: &Change) -> Option<CursorUpdateRecord> {
+    let public = change.public_update()?;
+    Some(own_fields(&public, change).to_record())
+}
+
+/// The member-state value.
+pub fn member_state_record(s: &MemberStateUpdate) -> MemberStateRecord {
+    member_state_fields(s).to_record()
+}
+
 /// The records of one change (see the module documentation): the
 /// by-conversation changelog and the member-state topic on the input
-/// partition, the by-user changelog on murmur2(user_id).
+/// partition, the by-user changelog on murmur2(user_id). As records of
+/// their own, for readers and tests; a flush encodes into
+/// [`EncodedRecords`].
 pub fn changelog_records(change: &Change, input_partition: i32, out: &OutputTopics) -> Vec<OutRecord> {
-    let (conversation_id, user_id) = (
-        change.key.conversation_id.to_string(),
-        change.key.user_id.to_string(),
-    );
-    let by_conversation = codec::encode_cursor_key(&CursorKeyRecord {
-        conversation_id: conversation_id.clone(),
-        user_id: user_id.clone(),
-    });
-    let mut records = Vec::with_capacity(3);
-    if change.outputs.public {
-        records.push(OutRecord {
-            topic: out.read_cursors.clone(),
-            partition: input_partition,
-            key: Some(by_conversation.clone()),
-            value: change
-                .public_update()
-                .map(|u| codec::encode_cursor_update(&cursor_update_record(&u))),
-            headers: Vec::new(),
+    let mut encoded = EncodedRecords::with_capacity(1);
+    encoded.push_change(change, input_partition, &out.layout, &ChangelogFrames::default());
+    encoded.to_out_records(out)
+}
+
+/// The Confluent schema ids (key, value) to frame each changelog's records
+/// with; `None`: plain Avro.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChangelogFrames {
+    pub by_conversation: Option<(u32, u32)>,
+    pub by_user: Option<(u32, u32)>,
+    pub member_state: Option<(u32, u32)>,
+}
+
+impl ChangelogFrames {
+    fn of(&self, kind: ChangelogKind) -> Option<(u32, u32)> {
+        match kind {
+            ChangelogKind::ByConversation => self.by_conversation,
+            ChangelogKind::ByUser => self.by_user,
+            ChangelogKind::MemberState => self.member_state,
+        }
+    }
+}
+
+/// Changelog records encoded back to back into one buffer. A flush encodes
+/// hundreds of thousands of records; as an [`OutRecord`] each, with their
+/// ids copied into `String`s on the way, that took about 15 allocations
+/// per change. Here a chunk of changes takes two.
+#[derive(Clone, Debug, Default)]
+pub struct EncodedRecords {
+    bytes: Vec<u8>,
+    records: Vec<EncodedRecord>,
+}
+
+/// Where one record's key and value lie in [`EncodedRecords::bytes`]: the
+/// key from `key_start`, the value from `value_start` to `end`.
+#[derive(Clone, Copy, Debug)]
+struct EncodedRecord {
+    kind: ChangelogKind,
+    partition: i32,
+    key_start: usize,
+    value_start: usize,
+    end: usize,
+    tombstone: bool,
+}
+
+/// One record of [`EncodedRecords`], borrowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EncodedRef<'a> {
+    pub kind: ChangelogKind,
+    pub partition: i32,
+    pub key: &'a [u8],
+    /// `None` is a tombstone.
+    pub value: Option<&'a [u8]>,
+}
+
+/// Bytes a record takes, about: two short ids and a few varints.
+const RECORD_BYTES: usize = 48;
+
+impl EncodedRecords {
+    /// Room for the records of about `changes` changes.
+    pub fn with_capacity(changes: usize) -> Self {
+        EncodedRecords {
+            bytes: Vec::with_capacity(changes * 2 * RECORD_BYTES),
+            records: Vec::with_capacity(changes * 2),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// Appends the records of one change (see [`changelog_records`]),
+    /// framed as `frames` says.
+    pub fn push_change(
+        &mut self,
+        change: &Change,
+        input_partition: i32,
+        layout: &OutputLayout,
+        frames: &ChangelogFrames,
+    ) {
+        let (conversation_id, user_id) = (change.key.conversation_id.as_str(), change.key.user_id.as_str());
+        let public = change.public_update();
+        if change.outputs.public {
+            let value = public.as_ref().map(public_fields);
+            self.push(
+                ChangelogKind::ByConversation,
+                input_partition,
+                frames,
+                |w| write_key(w, conversation_id, user_id),
+                value.map(|v| move |w: &mut Writer| write_cursor_update(w, &v)),
+            );
+        }
+        let own = public.as_ref().map(|p| own_fields(p, change));
+        self.push(
+            ChangelogKind::ByUser,
+            partition_for_key(user_id.as_bytes(), layout.user_read_cursors_partitions),
+            frames,
+            |w| write_key(w, user_id, conversation_id),
+            own.map(|v| move |w: &mut Writer| write_cursor_update(w, &v)),
+        );
+        if change.outputs.state {
+            let state = change.state_update();
+            let value = member_state_fields(&state);
+            self.push(
+                ChangelogKind::MemberState,
+                input_partition,
+                frames,
+                |w| write_key(w, conversation_id, user_id),
+                Some(move |w: &mut Writer| write_member_state(w, &value)),
+            );
+        }
+    }
+
+    fn push(
+        &mut self,
+        kind: ChangelogKind,
+        partition: i32,
+        frames: &ChangelogFrames,
+        key: impl FnOnce(&mut Writer),
+        value: Option<impl FnOnce(&mut Writer)>,
+    ) {
+        let frame = frames.of(kind);
+        let mut w = Writer::appending(std::mem::take(&mut self.bytes));
+        let key_start = w.len();
+        if let Some((key_id, _)) = frame {
+            w.confluent_frame(key_id);
+        }
+        key(&mut w);
+        let value_start = w.len();
+        let tombstone = value.is_none();
+        if let Some(value) = value {
+            if let Some((_, value_id)) = frame {
+                w.confluent_frame(value_id);
+            }
+            value(&mut w);
+        }
+        let end = w.len();
+        self.bytes = w.into_bytes();
+        self.records.push(EncodedRecord {
+            kind,
+            partition,
+            key_start,
+            value_start,
+            end,
+            tombstone,
         });
     }
-    records.push(OutRecord {
-        topic: out.user_read_cursors.clone(),
-        partition: partition_for_key(user_id.as_bytes(), out.layout.user_read_cursors_partitions),
-        key: Some(codec::encode_user_cursor_key(&UserCursorKeyRecord {
-            user_id,
-            conversation_id,
-        })),
-        value: own_update_record(change).map(|r| codec::encode_cursor_update(&r)),
-        headers: Vec::new(),
-    });
-    if change.outputs.state {
-        records.push(OutRecord {
-            topic: out.member_state.clone(),
-            partition: input_partition,
-            key: Some(by_conversation),
-            value: Some(codec::encode_member_state(&member_state_record(
-                &change.state_update(),
-            ))),
-            headers: Vec::new(),
-        });
+
+    /// The records, in the order they were pushed.
+    pub fn iter(&self) -> impl Iterator<Item = EncodedRef<'_>> {
+        self.records.iter().map(|r| EncodedRef {
+            kind: r.kind,
+            partition: r.partition,
+            key: &self.bytes[r.key_start..r.value_start],
+            value: (!r.tombstone).then(|| &self.bytes[r.value_start..r.end]),
+        })
     }
-    records
+
+    /// The records as [`OutRecord`]s, to `out`'s topics.
+    pub fn to_out_records(&self, out: &OutputTopics) -> Vec<OutRecord> {
+        self.iter()
+            .map(|r| OutRecord {
+                topic: out.topic_of(r.kind).to_owned(),
+                partition: r.partition,
+                key: Some(r.key.to_vec()),
+                value: r.value.map(<[u8]>::to_vec),
+                headers: Vec::new(),
+            })
+            .collect()
+    }
 }
 
 /// A by-user changelog value: the public fields, and what only the member's
@@ -282,6 +444,7 @@ pub fn decode_changelog(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::CursorKeyRecord;
     use readfold_core::fold::{ConversationEvent, EventKind, PartitionState, ReadReport, UnreadMarkReport};
 
     /// The default topic names, 5 by-user and 2 dead-letter partitions.

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 
-use crate::changelog::{OutRecord, OutputTopics};
+use crate::changelog::{ChangelogFrames, OutRecord, OutputTopics};
 use crate::codec::{self, frame_confluent, Cursor, Writer};
 use crate::dead_letter::headers;
 
@@ -71,6 +71,18 @@ impl Framing {
             ids: topics,
             dlq: out.dlq.clone(),
         })
+    }
+
+    /// The frames of the changelog topics' records, for
+    /// [`crate::changelog::EncodedRecords`]; the same as [`Framing::frame`]
+    /// gives them.
+    pub fn changelog_frames(&self, out: &OutputTopics) -> ChangelogFrames {
+        let ids = |topic: &String| self.ids.get(topic).copied();
+        ChangelogFrames {
+            by_conversation: ids(&out.read_cursors),
+            by_user: ids(&out.user_read_cursors),
+            member_state: ids(&out.member_state),
+        }
     }
 
     /// `record` as registry-aware consumers read it. Tombstones stay
@@ -250,6 +262,76 @@ mod tests {
             apache_avro::Schema::parse_str(schema).unwrap_or_else(|e| panic!("{subject}: {e}"));
         }
         assert!(Framing::new(&out(), &HashMap::new()).is_err());
+    }
+
+    #[test]
+    fn a_flush_frames_its_encoded_records_as_frame_does() {
+        use crate::changelog::{changelog_records, EncodedRecords};
+        use readfold_core::fold::{ConversationEvent, EventKind, PartitionState, ReadReport};
+        let event = |seq: u64, kind: EventKind| ConversationEvent {
+            conversation_id: "G".parse().unwrap(),
+            seq: readfold_core::Seq(seq),
+            at: 5,
+            kind,
+        };
+        let report = |user: &str, seq: u64, private: bool| ReadReport {
+            conversation_id: "G".parse().unwrap(),
+            user_id: user.parse().unwrap(),
+            seq: readfold_core::Seq(seq),
+            reported_at: 9,
+            private,
+        };
+        let mut state = PartitionState::new();
+        for user in ["alice", "bob", "carol"] {
+            state.apply_event(&event(
+                1,
+                EventKind::MemberJoined {
+                    user_id: user.parse().unwrap(),
+                },
+            ));
+        }
+        state.apply_event(&event(
+            2,
+            EventKind::MessageSent {
+                sender_id: "bob".parse().unwrap(),
+            },
+        ));
+        state.apply_report(&report("alice", 2, false));
+        state.apply_report(&report("bob", 2, true));
+        state.apply_event(&event(
+            3,
+            EventKind::MemberLeft {
+                user_id: "carol".parse().unwrap(),
+            },
+        ));
+        let changes = state.drain();
+
+        let framing = framing();
+        let frames = framing.changelog_frames(&out());
+        let mut encoded = EncodedRecords::with_capacity(changes.len());
+        let mut expected = Vec::new();
+        for (partition, change) in changes.iter().enumerate() {
+            let partition = partition as i32;
+            encoded.push_change(change, partition, &out().layout, &frames);
+            expected.extend(
+                changelog_records(change, partition, &out())
+                    .into_iter()
+                    .map(|r| framing.frame(r)),
+            );
+        }
+        assert_eq!(encoded.len(), expected.len());
+        assert_eq!(encoded.to_out_records(&out()), expected);
+        assert!(
+            expected.iter().any(|r| r.value.is_none()),
+            "a tombstone among them"
+        );
+        assert!(
+            expected.iter().any(|r| r.topic == "m"),
+            "a member-state record among them"
+        );
+        assert!(expected
+            .iter()
+            .all(|r| unframe(r.key.as_deref().unwrap()).is_some()));
     }
 
     #[test]

@@ -63,42 +63,142 @@ impl Writer {
     }
 }
 
+impl Writer {
+    /// A writer that appends to `bytes`: many records in one buffer.
+    pub(crate) fn appending(bytes: Vec<u8>) -> Self {
+        Writer(bytes)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Writes the 5-byte Confluent frame (magic byte 0, schema id).
+    pub(crate) fn confluent_frame(&mut self, schema_id: u32) -> &mut Self {
+        self.0.push(0);
+        self.0.extend_from_slice(&schema_id.to_be_bytes());
+        self
+    }
+
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.0
+    }
+}
+
+/// A `CursorUpdate` value whose ids are borrowed: what a flush encodes
+/// straight from the fold's state, with no `String` per field.
+#[derive(Clone, Copy, Debug)]
+pub struct CursorUpdateFields<'a> {
+    pub conversation_id: &'a str,
+    pub user_id: &'a str,
+    pub cursor: i64,
+    pub join_seq: i64,
+    pub latest_seq: i64,
+    pub updated_at: i64,
+    pub private_cursor: Option<i64>,
+    pub unread_mark: Option<bool>,
+}
+
+impl<'a> CursorUpdateFields<'a> {
+    pub fn of(r: &'a CursorUpdateRecord) -> Self {
+        CursorUpdateFields {
+            conversation_id: &r.conversation_id,
+            user_id: &r.user_id,
+            cursor: r.cursor,
+            join_seq: r.join_seq,
+            latest_seq: r.latest_seq,
+            updated_at: r.updated_at,
+            private_cursor: r.private_cursor,
+            unread_mark: r.unread_mark,
+        }
+    }
+
+    pub fn to_record(&self) -> CursorUpdateRecord {
+        CursorUpdateRecord {
+            conversation_id: self.conversation_id.to_owned(),
+            user_id: self.user_id.to_owned(),
+            cursor: self.cursor,
+            join_seq: self.join_seq,
+            latest_seq: self.latest_seq,
+            updated_at: self.updated_at,
+            private_cursor: self.private_cursor,
+            unread_mark: self.unread_mark,
+        }
+    }
+}
+
+/// A `MemberState` value whose ids are borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct MemberStateFields<'a> {
+    pub conversation_id: &'a str,
+    pub user_id: &'a str,
+    pub private_cursor: i64,
+    pub mark_at: Option<i64>,
+    pub mark_seq: Option<i64>,
+    pub left: bool,
+    pub membership_seq: Option<i64>,
+    pub membership_at: Option<i64>,
+    pub epoch: i64,
+    pub updated_at: i64,
+}
+
+impl<'a> MemberStateFields<'a> {
+    pub fn of(r: &'a MemberStateRecord) -> Self {
+        MemberStateFields {
+            conversation_id: &r.conversation_id,
+            user_id: &r.user_id,
+            private_cursor: r.private_cursor,
+            mark_at: r.mark_at,
+            mark_seq: r.mark_seq,
+            left: r.left,
+            membership_seq: r.membership_seq,
+            membership_at: r.membership_at,
+            epoch: r.epoch,
+            updated_at: r.updated_at,
+        }
+    }
+
+    pub fn to_record(&self) -> MemberStateRecord {
+        MemberStateRecord {
+            conversation_id: self.conversation_id.to_owned(),
+            user_id: self.user_id.to_owned(),
+            private_cursor: self.private_cursor,
+            mark_at: self.mark_at,
+            mark_seq: self.mark_seq,
+            left: self.left,
+            membership_seq: self.membership_seq,
+            membership_at: self.membership_at,
+            epoch: self.epoch,
+            updated_at: self.updated_at,
+        }
+    }
+}
+
 /// Room for two ids and a few varints.
 fn capacity(ids: &[&str]) -> usize {
     ids.iter().map(|s| s.len() + 2).sum::<usize>() + 48
 }
 
-pub fn cursor_key(r: &CursorKeyRecord) -> Vec<u8> {
-    Writer::with_capacity(capacity(&[&r.conversation_id, &r.user_id]))
-        .string(&r.conversation_id)
-        .string(&r.user_id)
-        .done()
+/// Both changelog keys are two strings: (conversation, user) for
+/// `CursorKey`, (user, conversation) for `UserCursorKey`.
+pub(crate) fn write_key(w: &mut Writer, first: &str, second: &str) {
+    w.string(first).string(second);
 }
 
-pub fn user_cursor_key(r: &UserCursorKeyRecord) -> Vec<u8> {
-    Writer::with_capacity(capacity(&[&r.user_id, &r.conversation_id]))
-        .string(&r.user_id)
-        .string(&r.conversation_id)
-        .done()
-}
-
-pub fn cursor_update(r: &CursorUpdateRecord) -> Vec<u8> {
-    Writer::with_capacity(capacity(&[&r.conversation_id, &r.user_id]))
-        .string(&r.conversation_id)
-        .string(&r.user_id)
+pub(crate) fn write_cursor_update(w: &mut Writer, r: &CursorUpdateFields<'_>) {
+    w.string(r.conversation_id)
+        .string(r.user_id)
         .long(r.cursor)
         .long(r.join_seq)
         .long(r.latest_seq)
         .long(r.updated_at)
         .optional_long(r.private_cursor)
-        .optional_boolean(r.unread_mark)
-        .done()
+        .optional_boolean(r.unread_mark);
 }
 
-pub fn member_state(r: &MemberStateRecord) -> Vec<u8> {
-    Writer::with_capacity(capacity(&[&r.conversation_id, &r.user_id]))
-        .string(&r.conversation_id)
-        .string(&r.user_id)
+pub(crate) fn write_member_state(w: &mut Writer, r: &MemberStateFields<'_>) {
+    w.string(r.conversation_id)
+        .string(r.user_id)
         .long(r.private_cursor)
         .optional_long(r.mark_at)
         .optional_long(r.mark_seq)
@@ -106,8 +206,31 @@ pub fn member_state(r: &MemberStateRecord) -> Vec<u8> {
         .optional_long(r.membership_seq)
         .optional_long(r.membership_at)
         .long(r.epoch)
-        .long(r.updated_at)
-        .done()
+        .long(r.updated_at);
+}
+
+pub fn cursor_key(r: &CursorKeyRecord) -> Vec<u8> {
+    let mut w = Writer::with_capacity(capacity(&[&r.conversation_id, &r.user_id]));
+    write_key(&mut w, &r.conversation_id, &r.user_id);
+    w.done()
+}
+
+pub fn user_cursor_key(r: &UserCursorKeyRecord) -> Vec<u8> {
+    let mut w = Writer::with_capacity(capacity(&[&r.user_id, &r.conversation_id]));
+    write_key(&mut w, &r.user_id, &r.conversation_id);
+    w.done()
+}
+
+pub fn cursor_update(r: &CursorUpdateRecord) -> Vec<u8> {
+    let mut w = Writer::with_capacity(capacity(&[&r.conversation_id, &r.user_id]));
+    write_cursor_update(&mut w, &CursorUpdateFields::of(r));
+    w.done()
+}
+
+pub fn member_state(r: &MemberStateRecord) -> Vec<u8> {
+    let mut w = Writer::with_capacity(capacity(&[&r.conversation_id, &r.user_id]));
+    write_member_state(&mut w, &MemberStateFields::of(r));
+    w.done()
 }
 
 #[cfg(test)]

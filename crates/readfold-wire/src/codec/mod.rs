@@ -21,7 +21,8 @@ use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
 
 pub(crate) use fast::Cursor;
-pub(crate) use fast_encode::Writer;
+pub(crate) use fast_encode::{write_cursor_update, write_key, write_member_state, Writer};
+pub use fast_encode::{CursorUpdateFields, MemberStateFields};
 pub use records::{
     ConversationEventRecord, ConversationEventView, CursorKeyRecord, CursorUpdateRecord, EventRecord,
     EventView, MemberStateRecord, ReadAction, ReadReportRecord, ReadReportView, UserCursorKeyRecord,
