@@ -121,6 +121,9 @@ impl<D> FlushPlan<D> {
 /// plan with [`committed`] or [`failed`].
 pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
     let mut plan = FlushPlan::empty();
+    // A catch-up flush takes hundreds of thousands of changes: growing the
+    // plan by doubling copied them over and over.
+    plan.changes.reserve_exact(dirty_len(slots));
     for (&partition, slot) in slots.iter_mut() {
         if !slot.has_work() {
             continue;
