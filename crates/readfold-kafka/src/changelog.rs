@@ -87,10 +87,14 @@ impl Restorer {
     /// changelogs: a restore that stopped at the last stable offset then
     /// would miss the old owner's last flush and fold on from offsets past
     /// it, with cursors and membership epochs behind what the stores hold.
-    fn wait_for_settled(&self, partitions: &[i32]) -> Result<()> {
+    ///
+    /// Returns each changelog's (log start, last stable offset) of every
+    /// partition once settled.
+    fn wait_for_settled(&self, partitions: &[i32]) -> Result<[Ends; 2]> {
         let started = Instant::now();
         let mut waited = false;
-        for changelog in [&self.public, &self.member_state] {
+        let mut settled = [Ends::new(), Ends::new()];
+        for (changelog, ends) in [&self.public, &self.member_state].into_iter().zip(&mut settled) {
             let topic = changelog.topic();
             let highs = self.uncommitted.watermarks_many(topic, partitions)?;
             let mut open: Vec<(i32, i64)> = partitions
@@ -107,7 +111,13 @@ impl Restorer {
                 open = open
                     .into_iter()
                     .zip(stable)
-                    .filter(|((_, high), (_, stable))| stable < high)
+                    .filter(|&((p, high), (low, stable))| {
+                        let open = stable < high;
+                        if !open {
+                            ends.insert(p, (low, stable));
+                        }
+                        open
+                    })
                     .map(|(open, _)| open)
                     .collect();
                 let Some(&(p, _)) = open.first() else {
@@ -138,7 +148,7 @@ impl Restorer {
                 "the changelogs settled"
             );
         }
-        Ok(())
+        Ok(settled)
     }
 
     /// The states of `partitions` as the committed changelogs hold them, in
@@ -180,7 +190,14 @@ impl Restorer {
         if partitions.is_empty() {
             return Ok((states, stats));
         }
-        self.wait_for_settled(partitions)?;
+        let [public_ends, state_ends] = self.wait_for_settled(partitions)?;
+        // An empty changelog partition (a first start) or one with no tail
+        // past its checkpoint has nothing to read: its read would cost an
+        // offset query and a fetch that only reports the end.
+        let (public_from, state_from) = (
+            with_records(public_from, &public_ends),
+            with_records(state_from, &state_ends),
+        );
         self.public.restore_into(&public_from, &mut states, &mut stats)?;
         // A restore applies member-state records after the public ones,
         // checkpointed ones included.
@@ -207,6 +224,22 @@ impl Restorer {
                 .watermarks(&self.member_state.topic, partition)?,
         ))
     }
+}
+
+/// The (log start, last stable offset) of a changelog's partitions.
+type Ends = BTreeMap<i32, (i64, i64)>;
+
+/// `starts` without the partitions that hold no record from their start
+/// to their settled end.
+fn with_records(starts: Vec<(i32, Offset)>, ends: &Ends) -> Vec<(i32, Offset)> {
+    starts
+        .into_iter()
+        .filter(|(p, start)| match (start, ends.get(p)) {
+            (Offset::Beginning, Some(&(low, end))) => low < end,
+            (Offset::Offset(from), Some(&(_, end))) => *from != end,
+            _ => true,
+        })
+        .collect()
 }
 
 /// A partition's state loaded from a local checkpoint, and the changelog
@@ -257,6 +290,9 @@ impl ChangelogReader {
         states: &mut BTreeMap<i32, PartitionState>,
         stats: &mut RestoreStats,
     ) -> Result<()> {
+        if starts.is_empty() {
+            return Ok(());
+        }
         stats.records += self.read_from(starts, |partition, entry| {
             match (entry, states.get_mut(&partition)) {
                 (Some(entry), Some(state)) => entry.restore_into(state),
@@ -359,5 +395,27 @@ impl ChangelogReader {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_partitions_with_records_past_their_start_are_read() {
+        let ends: Ends = [(0, (0, 0)), (1, (0, 5)), (2, (3, 3)), (3, (0, 9))].into();
+        let starts = vec![
+            (0, Offset::Beginning), // empty: a first start
+            (1, Offset::Beginning), // five records
+            (2, Offset::Beginning), // compacted down to nothing
+            (3, Offset::Offset(9)), // a checkpoint with no tail
+            (4, Offset::Beginning), // end unknown: read
+            (5, Offset::Offset(2)), // end unknown: read
+        ];
+        let kept: Vec<i32> = with_records(starts, &ends).into_iter().map(|(p, _)| p).collect();
+        assert_eq!(kept, [1, 4, 5]);
+        let tail = with_records(vec![(3, Offset::Offset(4))], &ends);
+        assert_eq!(tail.len(), 1, "a checkpoint behind the end reads its tail");
     }
 }
