@@ -15,8 +15,8 @@ use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, CursorKey, IdError, Seq, UserId};
 
 use crate::codec::{
-    self, write_cursor_update, write_key, write_member_state, CursorUpdateFields, CursorUpdateRecord,
-    DecodeError, MemberStateFields, MemberStateRecord, Writer,
+    self, write_cursor_update, write_key, write_member_state, CursorUpdateFields, DecodeError,
+    MemberStateFields, Writer,
 };
 use crate::confluent::strip_changelog_frame;
 
@@ -99,23 +99,6 @@ fn member_state_fields(s: &MemberStateUpdate) -> MemberStateFields<'_> {
         epoch: s.epoch as i64,
         updated_at: s.updated_at,
     }
-}
-
-/// The by-conversation changelog value: public fields only.
-pub fn cursor_update_record(u: &CursorUpdate) -> CursorUpdateRecord {
-    public_fields(u).to_record()
-}
-
-/// The by-user changelog value: the public fields, and what only the member
-/// sees. `None` when the member left.
-pub fn own_update_record(change: &Change) -> Option<CursorUpdateRecord> {
-    let public = change.public_update()?;
-    Some(own_fields(&public, change).to_record())
-}
-
-/// The member-state value.
-pub fn member_state_record(s: &MemberStateUpdate) -> MemberStateRecord {
-    member_state_fields(s).to_record()
 }
 
 /// The records of one change (see the module documentation): the
@@ -444,7 +427,7 @@ pub fn decode_changelog(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::CursorKeyRecord;
+    use crate::codec::{CursorKeyRecord, CursorUpdateRecord};
     use readfold_core::fold::{ConversationEvent, EventKind, PartitionState, ReadReport, UnreadMarkReport};
 
     /// The default topic names, 5 by-user and 2 dead-letter partitions.

@@ -61,9 +61,7 @@ impl Writer {
     pub(crate) fn done(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.0)
     }
-}
 
-impl Writer {
     /// A writer that appends to `bytes`: many records in one buffer.
     pub(crate) fn appending(bytes: Vec<u8>) -> Self {
         Writer(bytes)
@@ -112,19 +110,6 @@ impl<'a> CursorUpdateFields<'a> {
             unread_mark: r.unread_mark,
         }
     }
-
-    pub fn to_record(&self) -> CursorUpdateRecord {
-        CursorUpdateRecord {
-            conversation_id: self.conversation_id.to_owned(),
-            user_id: self.user_id.to_owned(),
-            cursor: self.cursor,
-            join_seq: self.join_seq,
-            latest_seq: self.latest_seq,
-            updated_at: self.updated_at,
-            private_cursor: self.private_cursor,
-            unread_mark: self.unread_mark,
-        }
-    }
 }
 
 /// A `MemberState` value whose ids are borrowed.
@@ -155,21 +140,6 @@ impl<'a> MemberStateFields<'a> {
             membership_at: r.membership_at,
             epoch: r.epoch,
             updated_at: r.updated_at,
-        }
-    }
-
-    pub fn to_record(&self) -> MemberStateRecord {
-        MemberStateRecord {
-            conversation_id: self.conversation_id.to_owned(),
-            user_id: self.user_id.to_owned(),
-            private_cursor: self.private_cursor,
-            mark_at: self.mark_at,
-            mark_seq: self.mark_seq,
-            left: self.left,
-            membership_seq: self.membership_seq,
-            membership_at: self.membership_at,
-            epoch: self.epoch,
-            updated_at: self.updated_at,
         }
     }
 }

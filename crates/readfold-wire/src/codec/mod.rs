@@ -141,9 +141,9 @@ pub fn unframe(bytes: &[u8], format: WireFormat) -> Result<&[u8], DecodeError> {
 
 /// Prepends the Confluent header (for producers that use a schema registry).
 pub fn frame_confluent(schema_id: u32, avro: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(avro.len() + 5);
-    out.push(0);
-    out.extend_from_slice(&schema_id.to_be_bytes());
+    let mut out = Writer::with_capacity(avro.len() + 5);
+    out.confluent_frame(schema_id);
+    let mut out = out.into_bytes();
     out.extend_from_slice(avro);
     out
 }
