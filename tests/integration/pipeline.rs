@@ -93,3 +93,51 @@ async fn flushes_follow_the_load_without_waiting_for_the_interval() {
         processor.log_text()
     );
 }
+
+/// A backlog of many distinct keys with a tiny `flush.max_dirty`: the fold
+/// outruns every flush, and waits for the one in flight rather than pausing
+/// the consumer (which would drop librdkafka's prefetch); nothing is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_outrunning_its_flushes_waits_for_them_without_pausing() {
+    let env = TestEnv::new("hold", 2).await;
+    let mut reference = Reference::default();
+    let mut reports = Vec::new();
+    for c in 0..40 {
+        for u in 0..50 {
+            reports.push(report(&format!("c{c}"), &format!("u{u}"), 1 + (c + u) % 7));
+        }
+    }
+    reports.iter().for_each(|r| reference.report(r));
+    env.producer().send_many(&reports, &[]).await.unwrap();
+
+    let addr = free_local_addr();
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            // Past 4 x 5 waiting keys the fold holds.
+            ("READFOLD__FLUSH__MAX_DIRTY", "5"),
+            ("READFOLD__METRICS__LISTEN", addr.as_str()),
+        ],
+    );
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert_matches(&log, &reference);
+    assert!(log.regressions().is_empty(), "{:?}", log.regressions());
+
+    let holds = scrape(&addr)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("readfold_fold_holds_total ")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0);
+    let text = processor.log_text();
+    assert!(holds >= 1.0, "the fold never waited for a flush:\n{text}");
+    assert!(
+        !text.contains("pausing the consumer"),
+        "the consumer paused though every flush succeeded:\n{text}"
+    );
+    assert!(processor.terminate(Duration::from_secs(30)), "{text}");
+}

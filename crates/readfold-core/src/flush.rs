@@ -223,8 +223,9 @@ pub fn dirty_len<D>(slots: &BTreeMap<i32, PartitionSlot<D>>) -> usize {
     slots.values().map(|s| s.state.dirty_len()).sum()
 }
 
-/// Past four times `max_dirty` dirty keys (flushes keep failing), the
-/// consumer pauses until a flush succeeds.
+/// Past four times `max_dirty` dirty keys, the processor stops taking
+/// records until the flush in flight commits, or, with none in flight
+/// (flushes failing), pauses the consumer until one succeeds.
 pub fn over_bound(dirty: usize, max_dirty: usize) -> bool {
     dirty >= max_dirty.saturating_mul(4)
 }

@@ -261,6 +261,7 @@ impl Processor {
         let linger_sleep = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(linger_sleep);
         let mut linger_armed: Option<Instant> = None;
+        let mut held = false;
         /// What woke the loop; a fetched record still borrows the consumer.
         enum Woke<'a> {
             Shutdown,
@@ -297,6 +298,11 @@ impl Processor {
                 linger_armed = self.flush_at;
             }
             let lingering = self.flush_at.is_some();
+            let taking = !self.holding();
+            if !taking && !held {
+                telemetry::fold_held();
+            }
+            held = !taking;
             let (in_flight, snapshot_in_flight) = (&mut self.in_flight, &mut self.snapshot_in_flight);
             let woke = tokio::select! {
                 _ = shutdown.changed() => Woke::Shutdown,
@@ -305,7 +311,7 @@ impl Processor {
                 _ = group_events.arrived() => Woke::Rebalanced,
                 _ = tick.tick() => Woke::Tick,
                 _ = &mut linger_sleep, if lingering && in_flight.is_none() => Woke::Linger,
-                m = consumer.recv() => Woke::Fetched(m),
+                m = consumer.recv(), if taking => Woke::Fetched(m),
             };
             let step = match woke {
                 Woke::Shutdown => Step::Shutdown,
@@ -332,6 +338,7 @@ impl Processor {
                     if self.has_pending() {
                         self.flush_when_due();
                     }
+                    self.apply_backpressure()?;
                 }
                 Step::Snapshotted(outcome) => {
                     let flight = self.snapshot_in_flight.take().expect("a snapshot was in flight");
@@ -341,6 +348,7 @@ impl Processor {
                     if self.has_pending() {
                         self.flush_when_due();
                     }
+                    self.apply_backpressure()?;
                 }
                 Step::Linger => self.flush_when_due(),
                 // A lingering flush starts on its own; the tick retries a
@@ -759,9 +767,31 @@ impl Processor {
         Ok(())
     }
 
+    /// Whether the run loop stops taking records for now: the dirty set
+    /// is over its bound while a flush is in flight, so the fold waits for
+    /// that flush (whose commit starts the next, with the dirty set) rather
+    /// than outrun it. librdkafka keeps what it prefetched meanwhile, and
+    /// stops fetching once its queue is full; pausing instead would drop
+    /// that prefetch and fetch it again after the resume.
+    fn holding(&self) -> bool {
+        self.in_flight.is_some() && over_bound(self.partitions.dirty_len(), self.settings.flush.max_dirty)
+    }
+
+    /// Pauses the consumer when the dirty set is over its bound and no
+    /// flush is in flight to bring it down: flushes are failing, or wait
+    /// for CQL. The consumer keeps being polled while paused, so the
+    /// instance stays in its group however long that lasts.
     fn apply_backpressure(&mut self) -> Result<()> {
         let dirty = self.partitions.dirty_len();
-        if over_bound(dirty, self.settings.flush.max_dirty) && !self.paused && !self.partitions.suspended {
+        if !over_bound(dirty, self.settings.flush.max_dirty) || self.paused || self.partitions.suspended {
+            return Ok(());
+        }
+        // A flush that may start now (no failure to back off from, CQL not
+        // too far behind) brings the set down without a pause.
+        if self.in_flight.is_none() {
+            self.flush_when_due();
+        }
+        if self.in_flight.is_none() {
             tracing::warn!(
                 dirty,
                 "dirty set over its bound: pausing the consumer until a flush succeeds"

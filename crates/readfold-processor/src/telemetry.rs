@@ -78,6 +78,10 @@ pub fn register() {
         "readfold_consumer_paused",
         "1 while backpressure pauses the consumer."
     );
+    describe_counter!(
+        "readfold_fold_holds_total",
+        "Times the fold stopped taking records until the flush in flight committed, the dirty set being over 4 x flush.max_dirty (a catch-up outrunning its flushes)."
+    );
     describe_gauge!(
         "readfold_consumer_lag",
         "Input records not yet processed (end offset minus position), per partition."
@@ -137,6 +141,7 @@ pub fn register() {
         "readfold_snapshot_keys_total",
         "readfold_restores_total",
         "readfold_restored_records_total",
+        "readfold_fold_holds_total",
     ] {
         counter!(name).absolute(0);
     }
@@ -185,6 +190,11 @@ pub fn dirty_keys(n: usize) {
 /// Cursors held in memory, over all partitions.
 pub fn cursors_held(n: usize) {
     gauge!("readfold_cursors").set(n as f64);
+}
+
+/// The fold stopped taking records until the flush in flight commits.
+pub fn fold_held() {
+    counter!("readfold_fold_holds_total").increment(1);
 }
 
 /// Whether the consumer is paused by backpressure.
