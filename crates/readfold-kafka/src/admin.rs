@@ -129,15 +129,26 @@ pub fn check_layout(t: &TopicsConfig, facts: &HashMap<String, TopicFacts>) -> Re
 pub async fn ensure_topics(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<Layout> {
     let admin = connect(kafka).await?;
     let specs = specs(topics);
+    let mut known = None;
     if topics.create {
         let existing = partition_counts(&admin)?;
         let missing: Vec<&TopicSpec> = specs.iter().filter(|s| !existing.contains_key(&s.name)).collect();
-        if !missing.is_empty() {
+        if missing.is_empty() {
+            known = Some(existing);
+        } else {
             create(&admin, &missing, topics.partitions, topics.replication_factor).await?;
         }
     }
-    let facts = describe(&admin, &specs).await?;
-    check_layout(topics, &facts)
+    let facts = describe(&admin, &specs, known).await;
+    drop_in_background(admin);
+    check_layout(topics, &facts?)
+}
+
+/// Drops a librdkafka client on a thread of its own: its destroy waits for
+/// the client's threads to wind down, about 100 ms that a start (the topic
+/// check comes first) need not wait for.
+pub fn drop_in_background<T: Send + 'static>(client: T) {
+    std::thread::spawn(move || drop(client));
 }
 
 /// Deletes topics, for benches and tests that made their own.
@@ -172,8 +183,11 @@ pub async fn create_topic(
 /// librdkafka's reason, when they reject the credentials or TLS fails, and
 /// after [`TIMEOUT`] when none answers.
 pub async fn connect(kafka: &KafkaConfig) -> Result<AdminClient<LogContext>> {
+    // Made first: it connects in the background while the probe waits, and
+    // each connection's set-up is tens of milliseconds of a start.
+    let admin = kafka.client_config().create_with_context(LogContext)?;
     check_reachable(kafka).await?;
-    Ok(kafka.client_config().create_with_context(LogContext)?)
+    Ok(admin)
 }
 
 /// Waits until the brokers answer a metadata request. librdkafka reports
@@ -194,7 +208,10 @@ pub async fn check_reachable(kafka: &KafkaConfig) -> Result<()> {
             });
         }
         match attempt {
-            Ok(_) => return Ok(()),
+            Ok(_) => {
+                drop_in_background(probe);
+                return Ok(());
+            }
             Err(e) if started.elapsed() >= TIMEOUT => return Err(e.into()),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
@@ -245,14 +262,20 @@ async fn create(
     Ok(())
 }
 
+/// The facts of `specs`' topics; `known` holds partition counts just
+/// fetched, when no topic was created since.
 async fn describe(
     admin: &AdminClient<LogContext>,
     specs: &[TopicSpec],
+    mut known: Option<HashMap<String, i32>>,
 ) -> Result<HashMap<String, TopicFacts>> {
     // Freshly created topics can take a moment to show up in metadata.
     let deadline = tokio::time::Instant::now() + TIMEOUT;
     let counts = loop {
-        let counts = partition_counts(admin)?;
+        let counts = match known.take() {
+            Some(counts) => counts,
+            None => partition_counts(admin)?,
+        };
         if specs.iter().all(|s| counts.contains_key(&s.name)) || tokio::time::Instant::now() > deadline {
             break counts;
         }
