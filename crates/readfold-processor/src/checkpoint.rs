@@ -11,11 +11,12 @@
 //! partitions' current [log start, end] (a changelog truncated, compacted
 //! past them or recreated fails that).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use readfold_core::fold::PartitionState;
-use readfold_kafka::changelog::{LocalCheckpoint, Restorer};
+use readfold_kafka::changelog::{ChangelogEnds, LocalCheckpoint, Restorer};
 use readfold_kafka::now_ms;
 use readfold_wire::checkpoint::{self, CheckpointMeta};
 
@@ -62,29 +63,50 @@ impl Checkpoints {
         self.dir.join(format!("partition-{partition}.checkpoint"))
     }
 
-    /// The partition's checkpoint if there is one that can be trusted.
-    /// Blocking (file and broker I/O).
-    pub fn load(&self, partition: i32, restorer: &Restorer) -> Option<LocalCheckpoint> {
-        let path = self.path(partition);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot read the checkpoint; restoring from the changelog");
-                return None;
-            }
-        };
-        match self.check(partition, &bytes, restorer) {
-            Ok(checkpoint) => Some(checkpoint),
-            Err(why) => {
-                tracing::warn!(path = %path.display(), partition, reason = %why, "checkpoint not used; restoring the whole changelog");
-                self.set_aside(&path);
-                None
-            }
+    /// The checkpoints of `partitions` that can be trusted, with one look
+    /// at the changelogs' ends for all of them. Blocking (file and broker
+    /// I/O).
+    pub fn load(&self, partitions: &[i32], restorer: &Restorer) -> Vec<(i32, LocalCheckpoint)> {
+        let found: Vec<(i32, PathBuf, Vec<u8>)> = partitions
+            .iter()
+            .filter_map(|&partition| {
+                let path = self.path(partition);
+                match std::fs::read(&path) {
+                    Ok(bytes) => Some((partition, path, bytes)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot read the checkpoint; restoring from the changelog");
+                        None
+                    }
+                }
+            })
+            .collect();
+        if found.is_empty() {
+            return Vec::new();
         }
+        let with_files: Vec<i32> = found.iter().map(|(p, ..)| *p).collect();
+        let ends = restorer
+            .watermarks(&with_files)
+            .map_err(|e| format!("cannot check its offsets: {e}"));
+        found
+            .into_iter()
+            .filter_map(|(partition, path, bytes)| match self.check(partition, &bytes, &ends) {
+                Ok(checkpoint) => Some((partition, checkpoint)),
+                Err(why) => {
+                    tracing::warn!(path = %path.display(), partition, reason = %why, "checkpoint not used; restoring the whole changelog");
+                    self.set_aside(&path);
+                    None
+                }
+            })
+            .collect()
     }
 
-    fn check(&self, partition: i32, bytes: &[u8], restorer: &Restorer) -> Result<LocalCheckpoint, String> {
+    fn check(
+        &self,
+        partition: i32,
+        bytes: &[u8],
+        ends: &Result<BTreeMap<i32, ChangelogEnds>, String>,
+    ) -> Result<LocalCheckpoint, String> {
         let meta = checkpoint::decode_meta(bytes).map_err(|e| format!("corrupt: {e}"))?;
         let expected = (
             self.group_id.as_str(),
@@ -110,9 +132,11 @@ impl Checkpoints {
                 self.max_age.as_millis()
             ));
         }
-        let ((public_start, public_end), (state_start, state_end)) = restorer
-            .watermarks(partition)
-            .map_err(|e| format!("cannot check its offsets: {e}"))?;
+        let &((public_start, public_end), (state_start, state_end)) = ends
+            .as_ref()
+            .map_err(Clone::clone)?
+            .get(&partition)
+            .ok_or("cannot check its offsets: no answer for its partition")?;
         for (topic, offset, start, end) in [
             (&self.public_topic, meta.public_offset, public_start, public_end),
             (&self.state_topic, meta.state_offset, state_start, state_end),
@@ -141,13 +165,38 @@ impl Checkpoints {
         }
     }
 
-    /// Writes the partition's checkpoint: its state, which must be wholly
-    /// flushed, up to the changelogs' current ends. Blocking.
-    pub fn save(&self, partition: i32, state: &PartitionState, restorer: &Restorer) -> Result<(), String> {
+    /// Writes a checkpoint of each partition's state, which must be wholly
+    /// flushed, up to the changelogs' current ends (one look for all of
+    /// them). A failure is logged: it only costs the next start a full
+    /// restore of that partition. Blocking.
+    pub fn save<'a>(&self, states: impl IntoIterator<Item = (i32, &'a PartitionState)>, restorer: &Restorer) {
+        let states: Vec<(i32, &PartitionState)> = states.into_iter().collect();
+        let partitions: Vec<i32> = states.iter().map(|(p, _)| *p).collect();
+        let ends = match restorer.watermarks(&partitions) {
+            Ok(ends) => ends,
+            Err(e) => {
+                tracing::warn!(?partitions, error = %e, "cannot read the changelogs' ends: no checkpoint written");
+                return;
+            }
+        };
+        for (partition, state) in states {
+            let Some(&((_, public_end), (_, state_end))) = ends.get(&partition) else {
+                continue;
+            };
+            if let Err(e) = self.save_one(partition, state, public_end, state_end) {
+                tracing::warn!(partition, error = %e, "cannot write the checkpoint");
+            }
+        }
+    }
+
+    fn save_one(
+        &self,
+        partition: i32,
+        state: &PartitionState,
+        public_end: i64,
+        state_end: i64,
+    ) -> Result<(), String> {
         let started = Instant::now();
-        let ((_, public_end), (_, state_end)) = restorer
-            .watermarks(partition)
-            .map_err(|e| format!("cannot read the changelogs' ends: {e}"))?;
         let meta = CheckpointMeta {
             group_id: self.group_id.clone(),
             public_topic: self.public_topic.clone(),

@@ -410,11 +410,8 @@ impl Processor {
             tracing::warn!("not everything is flushed: no checkpoint written");
             return;
         }
-        for (&partition, slot) in &self.partitions.slots {
-            if let Err(e) = checkpoints.save(partition, &slot.state, &self.restorer) {
-                tracing::warn!(partition, error = %e, "cannot write the checkpoint");
-            }
-        }
+        let states = self.partitions.slots.iter().map(|(&p, slot)| (p, &slot.state));
+        checkpoints.save(states, &self.restorer);
     }
 
     fn apply_group_events(&mut self) {
@@ -635,7 +632,7 @@ impl Processor {
             let restore = move || {
                 let loaded = checkpoints
                     .iter()
-                    .flat_map(|c| wanted.iter().filter_map(|&p| Some((p, c.load(p, &restorer)?))))
+                    .flat_map(|c| c.load(&wanted, &restorer))
                     .collect();
                 restorer.restore_many_from(&wanted, loaded)
             };
