@@ -137,6 +137,7 @@ pub async fn ensure_topics(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result
             known = Some(existing);
         } else {
             create(&admin, &missing, topics.partitions, topics.replication_factor).await?;
+            wait_for_leaders(&admin, &missing).await;
         }
     }
     let facts = describe(&admin, &specs, known).await;
@@ -228,6 +229,33 @@ fn partition_counts<C: rdkafka::client::ClientContext>(
         .filter(|t| t.error().is_none())
         .map(|t| (t.name().to_owned(), t.partitions().len() as i32))
         .collect())
+}
+
+/// Waits, for at most a few seconds, until every partition of the topics
+/// just created has a leader: the controller answers CreateTopics before
+/// the brokers lead them, and a restore that reads them sooner fails
+/// (NotLeaderForPartition) and waits out a retry's backoff.
+async fn wait_for_leaders<C: rdkafka::client::ClientContext>(admin: &AdminClient<C>, created: &[&TopicSpec]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        let Ok(metadata) = admin.inner().fetch_metadata(None, TIMEOUT) else {
+            return;
+        };
+        let led = created.iter().all(|spec| {
+            metadata.topics().iter().any(|t| {
+                t.name() == spec.name
+                    && t.error().is_none()
+                    && !t.partitions().is_empty()
+                    && t.partitions()
+                        .iter()
+                        .all(|p| p.error().is_none() && p.leader() >= 0)
+            })
+        });
+        if led {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn create(
