@@ -9,7 +9,8 @@
 //! - sends 50 probe reports per second to conversations of their own and
 //!   polls Redis until each shows up.
 //!
-//! The maximum is `--latency-max-rate`, or, when that is 0, the rate at
+//! An unrecorded warm-up at 50% (as long as a step, at most 5 s) comes
+//! first. The maximum is `--latency-max-rate`, or, when that is 0, the rate at
 //! which `readfold run` catches up on a backlog of 500,000 records here.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +59,8 @@ pub struct LatencyFigures {
     /// Whether the processor wrote CQL snapshots (`cql.enabled`).
     pub cql: bool,
     pub rows: Vec<LatencyRow>,
+    /// The unrecorded warm-up at 50% before the rows, in seconds.
+    pub warmup_seconds: u64,
 }
 
 pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<LatencyFigures> {
@@ -110,8 +113,8 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     )?);
     let redis = Arc::new(RedisStore::connect(&config.redis).await?);
     let mut cursors = ProbeCursors::watch(redis, following.clone());
-    let mut probe_seq = 1i64;
-    // Warm up: the processor joins, restores, and a first probe lands.
+    let probe_seq = 1i64;
+    // Start-up: the processor joins, restores, and a first probe lands.
     let warming = Instant::now();
     loop {
         if let Some(status) = child.exited() {
@@ -128,9 +131,82 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     }
 
     let mut workload = ChatWorkload::new("");
+    let mut load = Load {
+        producer,
+        cursors,
+        workload: &mut workload,
+        probe_seq,
+    };
+    // A warm-up at the middle rate, not recorded: the first seconds of a
+    // run (the broker's JIT compiling its hot paths, the processor's first
+    // allocations) are no steady state at any rate.
+    load.offer(max_rate * 0.5, warmup_seconds(seconds)).await?;
     let mut rows = Vec::new();
     for fraction in FRACTIONS {
         let offered = max_rate * fraction;
+        let step = load.offer(offered, seconds).await?;
+        let mut changelog_ms: Vec<f64> = arrivals
+            .lock()
+            .expect("bench lock")
+            .iter()
+            .filter(|(at, _)| (step.from..step.to).contains(at))
+            .map(|(at, arrived)| (arrived - at) as f64)
+            .collect();
+        changelog_ms.sort_by(f64::total_cmp);
+        let mut redis_ms = step.redis_ms;
+        redis_ms.sort_by(f64::total_cmp);
+        rows.push(LatencyRow {
+            fraction,
+            offered,
+            achieved: step.achieved,
+            changelog_ms,
+            redis_ms,
+        });
+    }
+    following.store(false, Ordering::Relaxed);
+    follower
+        .await
+        .map_err(|e| Error::Run(format!("follower: {e}")))??;
+    drop(child);
+    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    super::delete_bench_keys(&config.redis).await;
+    Ok(LatencyFigures {
+        max_rate,
+        measured_max,
+        cql: config.cql.enabled,
+        rows,
+        warmup_seconds: warmup_seconds(seconds),
+    })
+}
+
+/// The unrecorded warm-up before the rows: as long as a row, at most 5 s.
+fn warmup_seconds(seconds: u64) -> u64 {
+    seconds.min(5)
+}
+
+/// The workload and the probes, offered to the processor step by step.
+struct Load<'a> {
+    producer: Arc<InputProducer>,
+    cursors: ProbeCursors,
+    workload: &'a mut ChatWorkload,
+    probe_seq: i64,
+}
+
+/// What one step at one offered rate did.
+struct Step {
+    achieved: f64,
+    /// The send times (ms) the step's records carry: [from, to).
+    from: i64,
+    to: i64,
+    /// Report-to-Redis of its probes, ms, unsorted.
+    redis_ms: Vec<f64>,
+}
+
+impl Load<'_> {
+    /// Offers `offered` records/s for `seconds`, with probes, then waits
+    /// until every send and probe is done and the step's last flushes had
+    /// time to arrive.
+    async fn offer(&mut self, offered: f64, seconds: u64) -> Result<Step> {
         let started = Instant::now();
         let from = now_ms();
         let (mut sent, mut next_probe) = (0u64, 0u64);
@@ -142,20 +218,21 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
             let (mut reports, mut events) = (Vec::new(), Vec::new());
             let at = now_ms();
             while sent < due {
-                match workload.next(at) {
+                match self.workload.next(at) {
                     Generated::Report(r) => reports.push(r),
                     Generated::Event(e) => events.push(e),
                 }
                 sent += 1;
             }
             if !reports.is_empty() || !events.is_empty() {
-                let producer = producer.clone();
+                let producer = self.producer.clone();
                 sends.spawn(async move { producer.send_many(&reports, &events).await });
             }
             if (elapsed * PROBES_PER_SEC as f64) as u64 >= next_probe {
                 next_probe += 1;
-                probe_seq += 1;
-                let (producer, mut cursors, seq) = (producer.clone(), cursors.clone(), probe_seq);
+                self.probe_seq += 1;
+                let (producer, mut cursors, seq) =
+                    (self.producer.clone(), self.cursors.clone(), self.probe_seq);
                 probes.spawn(async move {
                     let k = seq as u64 % PROBE_CONVERSATIONS;
                     probe(&producer, &mut cursors, k, seq, Duration::from_secs(60)).await
@@ -174,36 +251,13 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
         }
         // Let the step's last flushes arrive before the next step starts.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let mut changelog_ms: Vec<f64> = arrivals
-            .lock()
-            .expect("bench lock")
-            .iter()
-            .filter(|(at, _)| (from..to).contains(at))
-            .map(|(at, arrived)| (arrived - at) as f64)
-            .collect();
-        changelog_ms.sort_by(f64::total_cmp);
-        redis_ms.sort_by(f64::total_cmp);
-        rows.push(LatencyRow {
-            fraction,
-            offered,
+        Ok(Step {
             achieved,
-            changelog_ms,
+            from,
+            to,
             redis_ms,
-        });
+        })
     }
-    following.store(false, Ordering::Relaxed);
-    follower
-        .await
-        .map_err(|e| Error::Run(format!("follower: {e}")))??;
-    drop(child);
-    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
-    super::delete_bench_keys(&config.redis).await;
-    Ok(LatencyFigures {
-        max_rate,
-        measured_max,
-        cql: config.cql.enabled,
-        rows,
-    })
 }
 
 /// Sets the flag to false when dropped.
@@ -296,14 +350,15 @@ async fn probe(
 
 pub fn print_latency(f: &LatencyFigures) {
     println!(
-        "latency at fixed offered rates (records/s over both inputs; maximum {:.0}/s{}), Redis on, CQL {}:",
+        "latency at fixed offered rates (records/s over both inputs; maximum {:.0}/s{}), Redis on, CQL {}, after an unrecorded warm-up of {} s at 50%:",
         f.max_rate,
         if f.measured_max {
             ", from a catch-up of 500,000 records with Redis and CQL on"
         } else {
             ", given"
         },
-        if f.cql { "on" } else { "off (cql.enabled = false)" }
+        if f.cql { "on" } else { "off (cql.enabled = false)" },
+        f.warmup_seconds
     );
     println!(
         "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6}",
