@@ -174,8 +174,9 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         restart_cursors: u64,
         /// Also measure report-to-changelog and report-to-Redis latency at
-        /// 10% to 90% of the maximum rate, this many seconds per rate,
-        /// with `readfold run` as a child process on fresh topics (0: skip).
+        /// 10% to 90% of the maximum rate, this many seconds per rate
+        /// after an unrecorded warm-up at 50%, with `readfold run` as a
+        /// child process on fresh topics (0: skip).
         #[arg(long, default_value_t = 0)]
         latency_seconds: u64,
         /// The maximum rate (records/s) the latency bench takes fractions
