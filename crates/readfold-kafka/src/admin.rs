@@ -184,11 +184,10 @@ pub async fn create_topic(
 /// librdkafka's reason, when they reject the credentials or TLS fails, and
 /// after [`TIMEOUT`] when none answers.
 pub async fn connect(kafka: &KafkaConfig) -> Result<AdminClient<LogContext>> {
-    // Made first: it connects in the background while the probe waits, and
-    // each connection's set-up is tens of milliseconds of a start.
-    let admin = kafka.client_config().create_with_context(LogContext)?;
+    // Made only once the probe got an answer: a TLS or SASL set-up error
+    // then costs one client's failed handshakes, not two.
     check_reachable(kafka).await?;
-    Ok(admin)
+    Ok(kafka.client_config().create_with_context(LogContext)?)
 }
 
 /// Waits until the brokers answer a metadata request. librdkafka reports
@@ -234,27 +233,32 @@ fn partition_counts<C: rdkafka::client::ClientContext>(
 /// Waits, for at most a few seconds, until every partition of the topics
 /// just created has a leader: the controller answers CreateTopics before
 /// the brokers lead them, and a restore that reads them sooner fails
-/// (NotLeaderForPartition) and waits out a retry's backoff.
+/// (NotLeaderForPartition) and waits out a retry's backoff. Blocking
+/// metadata calls, as the rest of the check makes.
 async fn wait_for_leaders<C: rdkafka::client::ClientContext>(admin: &AdminClient<C>, created: &[&TopicSpec]) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while tokio::time::Instant::now() < deadline {
-        let Ok(metadata) = admin.inner().fetch_metadata(None, TIMEOUT) else {
-            return;
-        };
-        let led = created.iter().all(|spec| {
-            metadata.topics().iter().any(|t| {
-                t.name() == spec.name
-                    && t.error().is_none()
-                    && !t.partitions().is_empty()
-                    && t.partitions()
-                        .iter()
-                        .all(|p| p.error().is_none() && p.leader() >= 0)
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let led = |spec: &TopicSpec| {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        admin
+            .inner()
+            .fetch_metadata(Some(&spec.name), left.max(Duration::from_millis(100)))
+            .is_ok_and(|metadata| {
+                metadata.topics().iter().any(|t| {
+                    t.name() == spec.name
+                        && t.error().is_none()
+                        && !t.partitions().is_empty()
+                        && t.partitions()
+                            .iter()
+                            .all(|p| p.error().is_none() && p.leader() >= 0)
+                })
             })
-        });
-        if led {
+    };
+    while !created.iter().all(|spec| led(spec)) {
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!("created topics still have partitions without a leader; going on");
             return;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

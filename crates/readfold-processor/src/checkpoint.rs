@@ -85,9 +85,7 @@ impl Checkpoints {
             return Vec::new();
         }
         let with_files: Vec<i32> = found.iter().map(|(p, ..)| *p).collect();
-        let ends = restorer
-            .watermarks(&with_files)
-            .map_err(|e| format!("cannot check its offsets: {e}"));
+        let ends = ends_of(restorer, &with_files);
         found
             .into_iter()
             .filter_map(|(partition, path, bytes)| match self.check(partition, &bytes, &ends) {
@@ -105,7 +103,7 @@ impl Checkpoints {
         &self,
         partition: i32,
         bytes: &[u8],
-        ends: &Result<BTreeMap<i32, ChangelogEnds>, String>,
+        ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
     ) -> Result<LocalCheckpoint, String> {
         let meta = checkpoint::decode_meta(bytes).map_err(|e| format!("corrupt: {e}"))?;
         let expected = (
@@ -132,11 +130,11 @@ impl Checkpoints {
                 self.max_age.as_millis()
             ));
         }
-        let &((public_start, public_end), (state_start, state_end)) = ends
-            .as_ref()
-            .map_err(Clone::clone)?
+        let ((public_start, public_end), (state_start, state_end)) = ends
             .get(&partition)
-            .ok_or("cannot check its offsets: no answer for its partition")?;
+            .cloned()
+            .unwrap_or_else(|| Err("no answer for its partition".into()))
+            .map_err(|e| format!("cannot check its offsets: {e}"))?;
         for (topic, offset, start, end) in [
             (&self.public_topic, meta.public_offset, public_start, public_end),
             (&self.state_topic, meta.state_offset, state_start, state_end),
@@ -172,18 +170,16 @@ impl Checkpoints {
     pub fn save<'a>(&self, states: impl IntoIterator<Item = (i32, &'a PartitionState)>, restorer: &Restorer) {
         let states: Vec<(i32, &PartitionState)> = states.into_iter().collect();
         let partitions: Vec<i32> = states.iter().map(|(p, _)| *p).collect();
-        let ends = match restorer.watermarks(&partitions) {
-            Ok(ends) => ends,
-            Err(e) => {
-                tracing::warn!(?partitions, error = %e, "cannot read the changelogs' ends: no checkpoint written");
-                return;
-            }
-        };
+        let ends = ends_of(restorer, &partitions);
         for (partition, state) in states {
-            let Some(&((_, public_end), (_, state_end))) = ends.get(&partition) else {
-                continue;
+            let written = match ends.get(&partition) {
+                Some(Ok(((_, public_end), (_, state_end)))) => {
+                    self.save_one(partition, state, *public_end, *state_end)
+                }
+                Some(Err(e)) => Err(format!("cannot read the changelogs' ends: {e}")),
+                None => Err("cannot read the changelogs' ends: no answer for its partition".into()),
             };
-            if let Err(e) = self.save_one(partition, state, public_end, state_end) {
+            if let Err(e) = written {
                 tracing::warn!(partition, error = %e, "cannot write the checkpoint");
             }
         }
@@ -219,6 +215,25 @@ impl Checkpoints {
             "checkpoint written"
         );
         Ok(())
+    }
+}
+
+/// The changelogs' ends of `partitions`, all asked at once; if that fails,
+/// each partition is asked alone, so that one partition without an answer
+/// costs only its own checkpoint.
+fn ends_of(restorer: &Restorer, partitions: &[i32]) -> BTreeMap<i32, Result<ChangelogEnds, String>> {
+    match restorer.watermarks(partitions) {
+        Ok(ends) => ends.into_iter().map(|(p, e)| (p, Ok(e))).collect(),
+        Err(_) => partitions
+            .iter()
+            .map(|&p| {
+                let ends = restorer
+                    .watermarks(&[p])
+                    .map_err(|e| e.to_string())
+                    .and_then(|mut found| found.remove(&p).ok_or_else(|| "no answer".to_owned()));
+                (p, ends)
+            })
+            .collect(),
     }
 }
 

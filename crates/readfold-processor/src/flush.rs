@@ -18,7 +18,7 @@
 //! past that (a snapshot failing or stuck), flushes wait for one to succeed.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::{Offset, TopicPartitionList};
@@ -49,6 +49,11 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
+    /// How long ago it began.
+    pub(crate) fn age(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     /// Waits for the flush's writes and transaction.
     pub(crate) async fn done(&mut self) -> Result<()> {
         (&mut self.task).await?

@@ -121,6 +121,11 @@ fn poll_once<F: Future>(future: F) -> Option<F::Output> {
     }
 }
 
+/// The longest the run loop stops polling the consumer while a flush it
+/// outran is in flight (see `Processor::holding`): rebalances and
+/// librdkafka's `max.poll.interval.ms` wait on that polling.
+const MAX_HOLD: Duration = Duration::from_secs(5);
+
 /// How many times in a row the processor starts over with a new
 /// transactional producers before it gives up (see `recover_producer`).
 const MAX_PRODUCER_RECOVERIES: u32 = 3;
@@ -765,19 +770,25 @@ impl Processor {
     }
 
     /// Whether the run loop stops taking records for now: the dirty set
-    /// is over its bound while a flush is in flight, so the fold waits for
-    /// that flush (whose commit starts the next, with the dirty set) rather
-    /// than outrun it. librdkafka keeps what it prefetched meanwhile, and
-    /// stops fetching once its queue is full; pausing instead would drop
-    /// that prefetch and fetch it again after the resume.
+    /// is over its bound while a young flush is in flight, so the fold
+    /// waits for that flush (whose commit starts the next, with the dirty
+    /// set) rather than outrun it. librdkafka keeps what it prefetched
+    /// meanwhile, and stops fetching once its queue is full; pausing instead
+    /// would drop that prefetch and fetch it again after the resume. While
+    /// it holds, the consumer is not polled, so a rebalance waits for the
+    /// flush; past [`MAX_HOLD`] the consumer is paused and polled instead.
     fn holding(&self) -> bool {
-        self.in_flight.is_some() && over_bound(self.partitions.dirty_len(), self.settings.flush.max_dirty)
+        self.flight_is_young() && over_bound(self.partitions.dirty_len(), self.settings.flush.max_dirty)
+    }
+
+    fn flight_is_young(&self) -> bool {
+        self.in_flight.as_ref().is_some_and(|f| f.age() < MAX_HOLD)
     }
 
     /// Pauses the consumer when the dirty set is over its bound and no
-    /// flush is in flight to bring it down: flushes are failing, or wait
-    /// for CQL. The consumer keeps being polled while paused, so the
-    /// instance stays in its group however long that lasts.
+    /// young flush is in flight to bring it down: flushes are failing,
+    /// wait for CQL, or take long. The consumer keeps being polled while
+    /// paused, so the instance stays in its group however long that lasts.
     fn apply_backpressure(&mut self) -> Result<()> {
         let dirty = self.partitions.dirty_len();
         if !over_bound(dirty, self.settings.flush.max_dirty) || self.paused || self.partitions.suspended {
@@ -788,7 +799,7 @@ impl Processor {
         if self.in_flight.is_none() {
             self.flush_when_due();
         }
-        if self.in_flight.is_none() {
+        if !self.flight_is_young() {
             tracing::warn!(
                 dirty,
                 "dirty set over its bound: pausing the consumer until a flush succeeds"
