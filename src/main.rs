@@ -105,6 +105,10 @@ enum Command {
     Loadgen(readfold::loadgen::LoadgenArgs),
     /// Print the effective configuration's topics and check it loads.
     CheckConfig,
+    /// Internal (the throughput bench's child): read both inputs to their
+    /// end as a plain group consumer, commit, and exit.
+    #[command(hide = true)]
+    RawConsume,
     /// Measure the pure fold: reports/s and writes per report after coalescing.
     Bench {
         /// Reports through the pure fold (0: skip, to run only the benches asked for).
@@ -359,6 +363,13 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             Ok(())
         }
         Command::Loadgen(args) => runtime.block_on(readfold::loadgen::loadgen(&config, args)),
+        Command::RawConsume => {
+            let read = readfold::bench::raw_consume(&config)?;
+            tracing::info!(records = read, "raw consumer read to the end and committed");
+            // For the bench, which cannot see a process that has exited.
+            println!("{}", readfold::bench::own_usage());
+            Ok(())
+        }
         Command::CheckConfig => {
             println!("{:#?}", config.topics);
             Ok(())

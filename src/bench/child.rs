@@ -30,6 +30,15 @@ impl Drop for ChildGuard {
 /// Starts `readfold <command>` with `vars` added to the environment. Its log
 /// level is `warn`, or `READFOLD_BENCH_CHILD_LOG` when set.
 pub fn spawn(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
+    spawn_with(command, vars, Stdio::null())
+}
+
+/// As [`spawn`], with the child's stdout piped to this process.
+pub fn spawn_piped(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
+    spawn_with(command, vars, Stdio::piped())
+}
+
+fn spawn_with(command: &str, vars: &[(String, String)], stdout: Stdio) -> Result<ChildGuard> {
     let exe = std::env::current_exe().map_err(|e| Error::Run(e.to_string()))?;
     let child = Command::new(exe)
         .arg(command)
@@ -39,7 +48,7 @@ pub fn spawn(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
             std::env::var("READFOLD_BENCH_CHILD_LOG").unwrap_or_else(|_| "warn".into()),
         )
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .spawn()
         .map_err(|e| Error::Run(format!("cannot start readfold {command}: {e}")))?;
     Ok(ChildGuard(child))

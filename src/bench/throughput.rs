@@ -1,7 +1,12 @@
 //! `readfold bench --throughput-records N`: how fast readfold catches up on
 //! a backlog, next to a raw read of the same topics. Produces N records (the
 //! replay bench's chat workload) onto fresh input topics, then times:
-//! - a raw read of both inputs with librdkafka, no decode (the ceiling);
+//! - a raw read of both inputs with librdkafka, no decode (the ceiling):
+//!   in this process, batched, no group, timed from its first read to its
+//!   last;
+//! - the same read as a plain group consumer in a process of its own
+//!   ([`super::raw_consumer`], as `kcat -G` would), timed as `readfold run`
+//!   is: the like-for-like reference;
 //! - `readfold run` as a child process, Redis and CQL off, then on, each
 //!   with its own group and output topics, from the start of the process
 //!   until the group's committed offsets reach the end of both inputs;
@@ -19,7 +24,9 @@ use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_kafka::reader::{partition_ids, watermarks_of};
 
-use super::child::{config_vars, cpu_secs_of, free_addr, peak_rss_of, scrape, spawn};
+use super::child::{
+    config_vars, cpu_secs_of, free_addr, peak_rss_of, scrape, spawn, spawn_piped, ChildGuard,
+};
 use super::kstreams_peer;
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -120,6 +127,9 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
     .await
     .map_err(|e| Error::Run(format!("raw read: {e}")))??];
 
+    // The same read as a group consumer process, timed as readfold is.
+    rows.push(raw_consumer_process(&with_own_outputs(&config, "raw"), total).await?);
+
     let mut topics_made: Vec<String> = config.topics.names().into_iter().cloned().collect();
     for (what, tag, sinks) in READFOLD_ROWS {
         let run = with_own_outputs(&config, tag);
@@ -184,18 +194,8 @@ async fn catch_up(config: &Config, what: &'static str, sinks: bool, records: u64
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v)),
     );
-    let watch = config.clone();
-    let ends = tokio::task::spawn_blocking(move || end_offsets(&watch))
-        .await
-        .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
-    let started = Instant::now();
-    let child = spawn("run", &vars)?;
+    let (child, secs) = until_committed(config, || spawn("run", &vars)).await?;
     let pid = child.pid();
-    let watch = config.clone();
-    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started))
-        .await
-        .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
-    let secs = started.elapsed().as_secs_f64();
     let cpu_secs = cpu_secs_of(&pid.to_string());
     let peak_rss = peak_rss_of(pid);
     let scraped = scrape(&metrics).unwrap_or_default();
@@ -209,6 +209,54 @@ async fn catch_up(config: &Config, what: &'static str, sinks: bool, records: u64
         redis_calls: metric(&scraped, "readfold_sink_calls_total{sink=\"redis\"}"),
         cql_statements: metric(&scraped, "readfold_sink_calls_total{sink=\"cql\"}"),
     })
+}
+
+/// Runs `readfold raw-consume` ([`super::raw_consumer`]) on `config`, timed
+/// as [`catch_up`] times `readfold run`.
+async fn raw_consumer_process(config: &Config, records: u64) -> Result<ThroughputRow> {
+    let vars = config_vars(config);
+    let (mut child, secs) = until_committed(config, || spawn_piped("raw-consume", &vars)).await?;
+    // It exits right after its commit; it prints its own usage first.
+    let usage = tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut line = String::new();
+        if let Some(mut out) = child.0.stdout.take() {
+            let _ = out.read_to_string(&mut line);
+        }
+        let _ = child.0.wait();
+        super::raw_consumer::parse_usage(&line)
+    })
+    .await
+    .map_err(|e| Error::Run(format!("raw consumer: {e}")))?;
+    let (cpu_secs, peak_rss) = usage.ok_or_else(|| Error::Run("raw consumer: no usage line".into()))?;
+    Ok(ThroughputRow {
+        what: "raw consumer process (librdkafka)",
+        records,
+        secs,
+        cpu_secs,
+        peak_rss,
+        redis_calls: 0.0,
+        cql_statements: 0.0,
+    })
+}
+
+/// Starts a child and waits until `config`'s group committed the end of
+/// both inputs: the child, and the seconds from its start.
+async fn until_committed(
+    config: &Config,
+    start: impl FnOnce() -> Result<ChildGuard>,
+) -> Result<(ChildGuard, f64)> {
+    let watch = config.clone();
+    let ends = tokio::task::spawn_blocking(move || end_offsets(&watch))
+        .await
+        .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
+    let started = Instant::now();
+    let child = start()?;
+    let watch = config.clone();
+    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started))
+        .await
+        .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
+    Ok((child, started.elapsed().as_secs_f64()))
 }
 
 fn watcher(config: &Config) -> Result<BaseConsumer> {
@@ -276,13 +324,19 @@ pub(super) fn metric(scraped: &str, series: &str) -> f64 {
 
 pub fn print_throughput(f: &ThroughputFigures) {
     let raw_secs = f.rows.first().map_or(1.0, |r| r.secs);
+    // The consumer process, when it ran (its row follows the raw read).
+    let process_secs = f
+        .rows
+        .iter()
+        .find(|r| r.what.starts_with("raw consumer process"))
+        .map(|r| r.secs);
     println!(
-        "catching up on a backlog of {} reports and {} conversation events (readfold timed from process start to its last commit; the seed design reads the reports only, in this process, until its events are acknowledged; the Kafka Streams peer folds the reports only, in its own JVM, timed from its start until its output holds every cursor):",
+        "catching up on a backlog of {} reports and {} conversation events (share: of the raw read; of proc.: of the raw consumer process; readfold and that process timed from process start until their group's committed offsets reach the end; the seed design reads the reports only, in this process, until its events are acknowledged; the Kafka Streams peer folds the reports only, in its own JVM, timed from its start until its output holds every cursor):",
         f.reports, f.events
     );
     println!(
-        "  {:<36} {:>10} {:>8} {:>15} {:>9} {:>13} {:>13}",
-        "", "reports/s", "share", "CPU-s per 1M r", "peak RSS", "Redis calls/r", "CQL stmts/r"
+        "  {:<36} {:>10} {:>8} {:>10} {:>15} {:>9} {:>13} {:>13}",
+        "", "reports/s", "share", "of proc.", "CPU-s per 1M r", "peak RSS", "Redis calls/r", "CQL stmts/r"
     );
     let per = |n: f64| n / f.reports.max(1) as f64;
     for r in &f.rows {
@@ -291,11 +345,13 @@ pub fn print_throughput(f: &ThroughputFigures) {
         } else {
             format!("{} MB", r.peak_rss / 1_000_000)
         };
+        let of_process = process_secs.map_or("-".to_owned(), |p| format!("{:.2}", p / r.secs.max(1e-9)));
         println!(
-            "  {:<36} {:>10.0} {:>8.2} {:>15.2} {:>9} {:>13.3} {:>13.3}",
+            "  {:<36} {:>10.0} {:>8.2} {:>10} {:>15.2} {:>9} {:>13.3} {:>13.3}",
             r.what,
             f.reports as f64 / r.secs.max(1e-9),
             raw_secs / r.secs.max(1e-9),
+            of_process,
             per(r.cpu_secs * 1e6),
             rss,
             per(r.redis_calls),
