@@ -82,15 +82,22 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
         // the others: up to 30 members drawn from 8 users, so repeated.
         let big = round >= 58;
         let size = if big { 2600 } else { 1 + next(30) };
-        for _ in 0..4 {
+        for batch_no in 0..4u64 {
             let latest = Seq(next(25));
             let members: Vec<MemberWrite> = (0..size)
                 .map(|k| MemberWrite {
                     user_id: format!("u{}", if big { k } else { next(8) }).parse().unwrap(),
                     cursor: Seq(next(20)),
-                    join_seq: Seq(1 + next(6)),
+                    // Some batches carry no join_seq above 1 or no epoch,
+                    // before or after ones that do: the script skips
+                    // reading a hash it does not need or that is absent.
+                    join_seq: Seq(if (round + batch_no) % 3 == 0 {
+                        1
+                    } else {
+                        1 + next(6)
+                    }),
                     left: next(6) == 0,
-                    epoch: next(4),
+                    epoch: if (round + batch_no) % 4 == 1 { 0 } else { next(4) },
                 })
                 .collect();
             let batch = |conv: &str, members: Vec<MemberWrite>| ConversationBatch {

@@ -27,21 +27,23 @@ if #ARGV < 5 then
   return 0
 end
 
--- The distinct users, in order of first appearance.
-local users, seen = {}, {}
+-- The users, in order, repeats included: a repeated user's fields are read
+-- twice alike, merged in turn and written back once, as the last merge left
+-- them. Only a join_seq above 1 needs the stored one to compare with.
+local users, n, any_join = {}, 0, false
 for i = 2, #ARGV, 4 do
-  local user = ARGV[i]
-  if not seen[user] then
-    seen[user] = true
-    users[#users + 1] = user
+  n = n + 1
+  users[n] = ARGV[i]
+  if not any_join and tonumber(ARGV[i + 2]) > 1 then
+    any_join = true
   end
 end
 
 -- key's fields for users: user -> stored string, or false when absent.
 local function read(key)
   local stored = {}
-  for from = 1, #users, CHUNK do
-    local to = math.min(from + CHUNK - 1, #users)
+  for from = 1, n, CHUNK do
+    local to = math.min(from + CHUNK - 1, n)
     local values = redis.call('HMGET', key, unpack(users, from, to))
     for k = from, to do
       stored[users[k]] = values[k - from + 1]
@@ -50,38 +52,49 @@ local function read(key)
   return stored
 end
 
-local cursors, joins, epochs = read(KEYS[1]), read(KEYS[3]), read(KEYS[4])
--- The fields a merge changed: user -> true.
+-- Most conversations never had a join_seq above 1 or a membership epoch:
+-- those hashes do not exist, and reading nothing back costs nothing.
+local cursors = read(KEYS[1])
+local joins = any_join and read(KEYS[3]) or {}
+local epochs = redis.call('EXISTS', KEYS[4]) == 1 and read(KEYS[4]) or {}
+
+-- The fields a merge changed, each once, in order of first change.
 local cursors_changed, joins_changed, epochs_changed = {}, {}, {}
+local function mark(changed, user)
+  if not changed[user] then
+    changed[user] = true
+    changed[#changed + 1] = user
+  end
+end
 
 for i = 2, #ARGV, 4 do
   local user = ARGV[i]
   local cursor = tonumber(ARGV[i + 1])
-  local join = tonumber(ARGV[i + 2])
   local epoch = tonumber(ARGV[i + 3])
   local stored = tonumber(epochs[user] or '0')
   if epoch >= stored then
     if epoch > stored then
       epochs[user] = ARGV[i + 3]
-      epochs_changed[user] = true
+      mark(epochs_changed, user)
     end
     if cursor < 0 then
       cursors[user] = false
-      cursors_changed[user] = true
+      mark(cursors_changed, user)
       joins[user] = false
-      joins_changed[user] = true
+      mark(joins_changed, user)
     else
       -- A present member always has a field, even at cursor 0: the hash
       -- doubles as the member list readers count over.
       local current = cursors[user]
       if not current or cursor > tonumber(current) then
         cursors[user] = ARGV[i + 1]
-        cursors_changed[user] = true
+        mark(cursors_changed, user)
         raised = raised + 1
       end
+      local join = tonumber(ARGV[i + 2])
       if join > 1 and join > tonumber(joins[user] or '0') then
         joins[user] = ARGV[i + 2]
-        joins_changed[user] = true
+        mark(joins_changed, user)
       end
     end
   end
@@ -91,14 +104,12 @@ end
 -- with HDEL.
 local function write(key, values, changed)
   local sets, dels = {}, {}
-  for _, user in ipairs(users) do
-    if changed[user] then
-      if values[user] then
-        sets[#sets + 1] = user
-        sets[#sets + 1] = values[user]
-      else
-        dels[#dels + 1] = user
-      end
+  for _, user in ipairs(changed) do
+    if values[user] then
+      sets[#sets + 1] = user
+      sets[#sets + 1] = values[user]
+    else
+      dels[#dels + 1] = user
     end
   end
   for from = 1, #sets, 2 * CHUNK do
