@@ -57,10 +57,13 @@ cmd_up() {
   fi
   mkdir -p "$RDIR"
   log "starting redis-server (dir $RDIR)"
+  # A group's cursor hash past 128 members becomes a real hash table: in the
+  # default listpack (up to 512) each of a flush's fields is a linear scan.
   redis-server \
     --bind "$HOST" --port "$PORT" --protected-mode yes \
     --daemonize yes --pidfile "$PIDFILE" --logfile "$LOG" --dir "$RDIR" \
     --appendonly yes --appendfsync everysec --save "" \
+    --hash-max-listpack-entries 128 \
     || { show_log_tail "$LOG" 20; die "redis-server failed to start"; }
   if ! wait_for "$REDIS_WAIT" 0.2 ping_ok; then
     show_log_tail "$LOG" 30

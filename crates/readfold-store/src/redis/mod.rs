@@ -88,7 +88,27 @@ impl RedisStore {
     pub async fn connect_writer(config: &RedisConfig) -> Result<Self> {
         let store = Self::connect(config).await?;
         store.load_script().await?;
+        store.check_hash_encoding().await;
         Ok(store)
+    }
+
+    /// Warns when Redis keeps hashes of more than [`LISTPACK_ADVICE`] fields
+    /// as listpacks. Best effort: managed Redis often refuses CONFIG.
+    async fn check_hash_encoding(&self) {
+        let mut conn = self.conn.clone();
+        let answer: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("hash-max-listpack-entries")
+            .query_async(&mut conn)
+            .await;
+        match answer {
+            Ok(pair) => {
+                if let Some(advice) = listpack_advice(pair.get(1).map(String::as_str)) {
+                    tracing::warn!("{advice}");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "could not read Redis's hash-max-listpack-entries"),
+        }
     }
 
     pub fn prefix(&self) -> &str {
@@ -123,6 +143,25 @@ impl RedisStore {
             cursor = next;
         }
     }
+}
+
+/// The largest `hash-max-listpack-entries` readfold advises. A listpack is
+/// scanned from its start for each field, and a flush max-merges hundreds
+/// of a group's fields at once.
+pub const LISTPACK_ADVICE: u64 = 128;
+
+/// What to tell the operator about Redis's `hash-max-listpack-entries`, if
+/// anything.
+fn listpack_advice(value: Option<&str>) -> Option<String> {
+    let entries: u64 = value?.trim().parse().ok()?;
+    (entries > LISTPACK_ADVICE).then(|| {
+        format!(
+            "Redis keeps hashes of up to {entries} fields as listpacks, which the merge \
+             script scans once per field it reads or writes: for groups of {} to {entries} \
+             members set hash-max-listpack-entries {LISTPACK_ADVICE} (README, \"Redis settings\")",
+            LISTPACK_ADVICE + 1
+        )
+    })
 }
 
 /// `text` with Redis glob metacharacters escaped, to match as is.
@@ -190,7 +229,19 @@ impl CursorStore for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::glob_escape;
+    use super::{glob_escape, listpack_advice};
+
+    #[test]
+    fn advises_only_above_128_listpack_entries() {
+        assert!(listpack_advice(Some("512"))
+            .unwrap()
+            .contains("hash-max-listpack-entries 128"));
+        assert_eq!(listpack_advice(Some("128")), None);
+        assert_eq!(listpack_advice(Some("64")), None);
+        // Unknown or unreadable: say nothing rather than guess.
+        assert_eq!(listpack_advice(None), None);
+        assert_eq!(listpack_advice(Some("lots")), None);
+    }
 
     #[test]
     fn a_prefix_matches_only_itself() {
