@@ -148,7 +148,7 @@ impl RedisStore {
 /// The largest `hash-max-listpack-entries` readfold advises. A listpack is
 /// scanned from its start for each field, and a flush max-merges hundreds
 /// of a group's fields at once.
-pub const LISTPACK_ADVICE: u64 = 128;
+const LISTPACK_ADVICE: u64 = 128;
 
 /// What to tell the operator about Redis's `hash-max-listpack-entries`, if
 /// anything.
