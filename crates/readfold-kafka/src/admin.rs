@@ -231,26 +231,35 @@ fn partition_counts<C: rdkafka::client::ClientContext>(
 }
 
 /// Waits, for at most a few seconds, until every partition of the topics
-/// just created has a leader: the controller answers CreateTopics before
-/// the brokers lead them, and a restore that reads them sooner fails
-/// (NotLeaderForPartition) and waits out a retry's backoff. Blocking
-/// metadata calls, as the rest of the check makes.
+/// just created has a leader that answers for it: the controller answers
+/// CreateTopics before the brokers lead them, and a restore that reads them
+/// sooner fails (NotLeaderForPartition) and waits out a retry's backoff.
+/// Metadata naming a leader is not enough: a KRaft broker lists itself as
+/// leader a moment before it answers ListOffsets for the partition, so each
+/// partition's offsets are asked too. Blocking calls, as the rest of the
+/// check makes.
 async fn wait_for_leaders<C: rdkafka::client::ClientContext>(admin: &AdminClient<C>, created: &[&TopicSpec]) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     let led = |spec: &TopicSpec| {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
-        admin
+        let Ok(metadata) = admin
             .inner()
             .fetch_metadata(Some(&spec.name), left.max(Duration::from_millis(100)))
-            .is_ok_and(|metadata| {
-                metadata.topics().iter().any(|t| {
-                    t.name() == spec.name
-                        && t.error().is_none()
-                        && !t.partitions().is_empty()
-                        && t.partitions()
-                            .iter()
-                            .all(|p| p.error().is_none() && p.leader() >= 0)
-                })
+        else {
+            return false;
+        };
+        let Some(topic) = metadata.topics().iter().find(|t| t.name() == spec.name) else {
+            return false;
+        };
+        topic.error().is_none()
+            && !topic.partitions().is_empty()
+            && topic.partitions().iter().all(|p| {
+                p.error().is_none()
+                    && p.leader() >= 0
+                    && admin
+                        .inner()
+                        .fetch_watermarks(&spec.name, p.id(), Duration::from_millis(500))
+                        .is_ok()
             })
     };
     while !created.iter().all(|spec| led(spec)) {
