@@ -15,6 +15,7 @@ mod restart;
 mod restore;
 mod seed_design;
 mod serve;
+mod server_cpu;
 mod throughput;
 mod workload;
 

@@ -14,7 +14,8 @@
 //!   per report, then pipelined per poll.
 //!
 //! The child's CPU time and peak RSS come from /proc, and the sink calls
-//! from its own /metrics.
+//! from its own /metrics. Each row also shows what Redis and a local broker
+//! spent meanwhile ([`super::server_cpu`]): they share the machine.
 
 use std::time::{Duration, Instant};
 
@@ -28,6 +29,7 @@ use super::child::{
     config_vars, cpu_secs_of, free_addr, peak_rss_of, scrape, spawn, spawn_piped, ChildGuard,
 };
 use super::kstreams_peer;
+use super::server_cpu::{ServerClocks, ServerCpu};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -42,6 +44,8 @@ pub struct ThroughputRow {
     pub peak_rss: u64,
     pub redis_calls: f64,
     pub cql_statements: f64,
+    /// What Redis and the broker used while the row ran.
+    pub servers: ServerCpu,
 }
 
 /// What a throughput run measured.
@@ -110,43 +114,57 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
     drop(producer);
     let total = reports + events;
 
+    let clocks = ServerClocks::new(&config).await;
     let raw = config.clone();
-    let mut rows = vec![tokio::task::spawn_blocking(move || -> Result<ThroughputRow> {
-        let (cpu, started) = (cpu_secs_of("self"), Instant::now());
-        let read = super::replay::raw_read(&raw)?;
-        Ok(ThroughputRow {
-            what: "raw read (librdkafka, no decode)",
-            records: read,
-            secs: started.elapsed().as_secs_f64(),
-            cpu_secs: cpu_secs_of("self") - cpu,
-            peak_rss: 0,
-            redis_calls: 0.0,
-            cql_statements: 0.0,
+    let mut rows = vec![
+        timed(&clocks, async move {
+            tokio::task::spawn_blocking(move || -> Result<ThroughputRow> {
+                let (cpu, started) = (cpu_secs_of("self"), Instant::now());
+                let read = super::replay::raw_read(&raw)?;
+                Ok(ThroughputRow {
+                    what: "raw read (librdkafka, no decode)",
+                    records: read,
+                    secs: started.elapsed().as_secs_f64(),
+                    cpu_secs: cpu_secs_of("self") - cpu,
+                    peak_rss: 0,
+                    redis_calls: 0.0,
+                    cql_statements: 0.0,
+                    servers: ServerCpu::default(),
+                })
+            })
+            .await
+            .map_err(|e| Error::Run(format!("raw read: {e}")))?
         })
-    })
-    .await
-    .map_err(|e| Error::Run(format!("raw read: {e}")))??];
+        .await?,
+    ];
 
     // The same read as a group consumer process, timed as readfold is.
-    rows.push(raw_consumer_process(&with_own_outputs(&config, "raw"), total).await?);
+    rows.push(
+        timed(
+            &clocks,
+            raw_consumer_process(&with_own_outputs(&config, "raw"), total),
+        )
+        .await?,
+    );
 
     let mut topics_made: Vec<String> = config.topics.names().into_iter().cloned().collect();
     for (what, tag, sinks) in READFOLD_ROWS {
         let run = with_own_outputs(&config, tag);
         ensure_topics(&run.kafka, &run.topics).await?;
         topics_made.extend(run.topics.names().into_iter().cloned());
-        rows.push(catch_up(&run, what, sinks, total).await?);
+        rows.push(timed(&clocks, catch_up(&run, what, sinks, total)).await?);
     }
     // The seed design's consumer, per report and pipelined per poll.
     let events_topic = format!("{}.seed-events", config.topics.read_reports);
     readfold_kafka::admin::create_topic(&config.kafka, &events_topic, layout.partitions, 1, false).await?;
     for pipelined in [false, true] {
         let run = config.clone();
-        let row =
+        let row = timed(&clocks, async move {
             tokio::task::spawn_blocking(move || super::seed_design::seed_design(&run, pipelined, reports))
                 .await
-                .map_err(|e| Error::Run(format!("seed design: {e}")))??;
-        rows.push(row);
+                .map_err(|e| Error::Run(format!("seed design: {e}")))?
+        });
+        rows.push(row.await?);
     }
     topics_made.push(events_topic);
     // Kafka Streams doing the same fold, where Maven and Java are here.
@@ -161,11 +179,12 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
             ensure_topics(&run.kafka, &run.topics).await?;
             topics_made.extend(run.topics.names().into_iter().cloned());
             topics_made.extend(kstreams_peer::internal_topics(&run));
-            let row =
+            let row = timed(&clocks, async move {
                 tokio::task::spawn_blocking(move || kstreams_peer::kstreams_peer(&run, expected, reports))
                     .await
-                    .map_err(|e| Error::Run(format!("kstreams peer: {e}")))??;
-            rows.push(row);
+                    .map_err(|e| Error::Run(format!("kstreams peer: {e}")))?
+            });
+            rows.push(row.await?);
         }
     }
     topics_made.sort();
@@ -178,6 +197,17 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
         rows,
         notes,
     })
+}
+
+/// Runs a row, with what the servers used meanwhile.
+async fn timed(
+    clocks: &ServerClocks,
+    row: impl std::future::Future<Output = Result<ThroughputRow>>,
+) -> Result<ThroughputRow> {
+    let before = clocks.read().await;
+    let mut row = row.await?;
+    row.servers = clocks.read().await.since(before);
+    Ok(row)
 }
 
 /// Runs `readfold run` on `config` until its group committed every input
@@ -208,6 +238,7 @@ async fn catch_up(config: &Config, what: &'static str, sinks: bool, records: u64
         peak_rss,
         redis_calls: metric(&scraped, "readfold_sink_calls_total{sink=\"redis\"}"),
         cql_statements: metric(&scraped, "readfold_sink_calls_total{sink=\"cql\"}"),
+        servers: ServerCpu::default(),
     })
 }
 
@@ -237,6 +268,7 @@ async fn raw_consumer_process(config: &Config, records: u64) -> Result<Throughpu
         peak_rss,
         redis_calls: 0.0,
         cql_statements: 0.0,
+        servers: ServerCpu::default(),
     })
 }
 
@@ -335,10 +367,20 @@ pub fn print_throughput(f: &ThroughputFigures) {
         f.reports, f.events
     );
     println!(
-        "  {:<36} {:>10} {:>8} {:>10} {:>15} {:>9} {:>13} {:>13}",
-        "", "reports/s", "share", "of proc.", "CPU-s per 1M r", "peak RSS", "Redis calls/r", "CQL stmts/r"
+        "  {:<36} {:>10} {:>8} {:>10} {:>15} {:>9} {:>13} {:>13} {:>13} {:>13}",
+        "",
+        "reports/s",
+        "share",
+        "of proc.",
+        "CPU-s per 1M r",
+        "peak RSS",
+        "Redis calls/r",
+        "CQL stmts/r",
+        "Redis CPU/1M",
+        "broker CPU/1M"
     );
     let per = |n: f64| n / f.reports.max(1) as f64;
+    let per_million = |secs: Option<f64>| secs.map_or("-".to_owned(), |s| format!("{:.2}", per(s * 1e6)));
     for r in &f.rows {
         let rss = if r.peak_rss == 0 {
             "-".to_owned()
@@ -347,7 +389,7 @@ pub fn print_throughput(f: &ThroughputFigures) {
         };
         let of_process = process_secs.map_or("-".to_owned(), |p| format!("{:.2}", p / r.secs.max(1e-9)));
         println!(
-            "  {:<36} {:>10.0} {:>8.2} {:>10} {:>15.2} {:>9} {:>13.3} {:>13.3}",
+            "  {:<36} {:>10.0} {:>8.2} {:>10} {:>15.2} {:>9} {:>13.3} {:>13.3} {:>13} {:>13}",
             r.what,
             f.reports as f64 / r.secs.max(1e-9),
             raw_secs / r.secs.max(1e-9),
@@ -356,6 +398,17 @@ pub fn print_throughput(f: &ThroughputFigures) {
             rss,
             per(r.redis_calls),
             per(r.cql_statements),
+            per_million(r.servers.redis),
+            per_million(r.servers.broker),
+        );
+    }
+    println!("  (Redis CPU/1M, broker CPU/1M: CPU-s those servers used while the row ran, per 1M reports; the broker's only when it runs on this machine)");
+    if f.rows
+        .iter()
+        .any(|r| r.what.starts_with("readfold") && r.cql_statements == 0.0 && r.redis_calls > 0.0)
+    {
+        println!(
+            "  (no CQL snapshot fell within the readfold runs: each took less than snapshot.interval_ms)"
         );
     }
     for note in &f.notes {

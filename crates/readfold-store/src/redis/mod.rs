@@ -32,6 +32,20 @@ pub use write::{MERGE_PRIVATE_SCRIPT, MERGE_SCRIPT};
 use crate::error::{Error, Result};
 use crate::CursorStore;
 
+/// used_cpu_sys plus used_cpu_user of an `INFO cpu` answer.
+fn used_cpu_secs(info: &str) -> Option<f64> {
+    let field = |name: &str| {
+        info.lines().find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(':')?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    Some(field("used_cpu_sys")? + field("used_cpu_user")?)
+}
+
 /// The Redis keys of one conversation: cursors, latest, joined, epoch. The
 /// braces are a Redis Cluster hash tag: all keys of a conversation live in
 /// one slot, as the script needs.
@@ -113,6 +127,15 @@ impl RedisStore {
 
     pub fn prefix(&self) -> &str {
         &self.prefix
+    }
+
+    /// CPU time Redis has used since it started (system plus user, from
+    /// `INFO cpu`), for benches that put its cost next to readfold's; None
+    /// from a server that does not report it.
+    pub async fn used_cpu_secs(&self) -> Result<Option<f64>> {
+        let mut conn = self.conn.clone();
+        let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut conn).await?;
+        Ok(used_cpu_secs(&info))
     }
 
     /// Deletes every key under this store's prefix (`P:*`), a SCAN page at
@@ -229,7 +252,15 @@ impl CursorStore for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{glob_escape, listpack_advice};
+    use super::{glob_escape, listpack_advice, used_cpu_secs};
+
+    #[test]
+    fn sums_system_and_user_cpu_of_info() {
+        let info =
+            "# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:2.500000\r\nused_cpu_sys_children:9.0\r\n";
+        assert_eq!(used_cpu_secs(info), Some(3.75));
+        assert_eq!(used_cpu_secs("# CPU\r\nused_cpu_sys:1.0\r\n"), None);
+    }
 
     #[test]
     fn advises_only_above_128_listpack_entries() {

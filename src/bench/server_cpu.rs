@@ -1,0 +1,121 @@
+//! CPU time of the servers a bench row talks to, next to the row's own: on
+//! a small machine readfold, the broker and Redis share the cores, and a
+//! row's rate is bounded by all three. Redis reports its own (`INFO cpu`);
+//! a broker's is read from /proc when exactly one Kafka server runs on this
+//! machine and the bootstrap servers are all local. Unknown stays None.
+
+use readfold_store::redis::RedisStore;
+
+use super::child::cpu_secs_of;
+use crate::config::Config;
+
+/// CPU seconds the servers used, since they started or over a window.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ServerCpu {
+    pub redis: Option<f64>,
+    pub broker: Option<f64>,
+}
+
+impl ServerCpu {
+    /// What the servers used between `earlier` and `self`.
+    pub fn since(self, earlier: ServerCpu) -> ServerCpu {
+        let delta = |now: Option<f64>, then: Option<f64>| Some((now? - then?).max(0.0));
+        ServerCpu {
+            redis: delta(self.redis, earlier.redis),
+            broker: delta(self.broker, earlier.broker),
+        }
+    }
+}
+
+/// Reads the servers' CPU clocks.
+pub struct ServerClocks {
+    redis: Option<RedisStore>,
+    broker_pid: Option<u32>,
+}
+
+impl ServerClocks {
+    pub async fn new(config: &Config) -> ServerClocks {
+        let redis = match RedisStore::connect(&config.redis).await {
+            Ok(store) => Some(store),
+            Err(e) => {
+                tracing::debug!(error = %e, "no Redis CPU figures: cannot connect");
+                None
+            }
+        };
+        let broker_pid = if all_local(&config.kafka.bootstrap_servers) {
+            local_kafka_pid()
+        } else {
+            None
+        };
+        ServerClocks { redis, broker_pid }
+    }
+
+    pub async fn read(&self) -> ServerCpu {
+        let redis = match &self.redis {
+            Some(store) => store.used_cpu_secs().await.ok().flatten(),
+            None => None,
+        };
+        let broker = self.broker_pid.map(|pid| cpu_secs_of(&pid.to_string()));
+        ServerCpu { redis, broker }
+    }
+}
+
+/// Whether every bootstrap server is this machine.
+fn all_local(bootstrap_servers: &str) -> bool {
+    bootstrap_servers.split(',').map(str::trim).all(|server| {
+        let host = match server.rsplit_once(':') {
+            Some((host, _port)) => host,
+            None => server,
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host == "localhost" || host.starts_with("127.") || host == "::1"
+    })
+}
+
+/// The one process on this machine whose command line runs Kafka's server
+/// class (`kafka.Kafka`); None when there is none or more than one.
+fn local_kafka_pid() -> Option<u32> {
+    let mut found = std::fs::read_dir("/proc").ok()?.filter_map(|entry| {
+        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        cmdline
+            .split(|&b| b == 0)
+            .any(|arg| arg == b"kafka.Kafka")
+            .then_some(pid)
+    });
+    let pid = found.next()?;
+    found.next().is_none().then_some(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_is_the_difference_and_unknown_stays_unknown() {
+        let then = ServerCpu {
+            redis: Some(1.0),
+            broker: None,
+        };
+        let now = ServerCpu {
+            redis: Some(3.5),
+            broker: Some(7.0),
+        };
+        assert_eq!(
+            now.since(then),
+            ServerCpu {
+                redis: Some(2.5),
+                broker: None
+            }
+        );
+    }
+
+    #[test]
+    fn only_loopback_bootstrap_servers_are_local() {
+        assert!(all_local("127.0.0.1:9092"));
+        assert!(all_local("localhost:9092, 127.0.0.2:9093"));
+        assert!(all_local("[::1]:9092"));
+        assert!(!all_local("127.0.0.1:9092,kafka-1:9092"));
+        assert!(!all_local("10.0.0.5:9092"));
+    }
+}
