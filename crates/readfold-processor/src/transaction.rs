@@ -130,11 +130,10 @@ impl Transactions {
 impl Lane {
     fn init(kafka: &KafkaConfig, transactional_id: &str) -> Result<Self> {
         let producer: ThreadedProducer<LogContext> = kafka
-            .client_config()
+            .changelog_producer_config()
             .set("transactional.id", transactional_id)
             .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
             .set("enable.idempotence", "true")
-            .set("linger.ms", "5")
             // The commit checks delivery as a whole; a report per record
             // only cost an event and a callback each.
             .set("delivery.report.only.error", "true")
@@ -142,8 +141,6 @@ impl Lane {
             // this producer's previous one (CONCURRENT_TRANSACTIONS); retry
             // those soon.
             .set("retry.backoff.ms", "10")
-            .set("compression.type", "lz4")
-            .set("queue.buffering.max.messages", "1000000")
             // Dead letters keep records of up to MAX_DEAD_LETTER_BYTES.
             .set("message.max.bytes", "2000000")
             .create_with_context(LogContext)?;
