@@ -2,12 +2,16 @@
 //! librdkafka's rebalance callbacks report, queued in order for the run loop.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::statistics::Statistics;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{Offset, TopicPartitionList};
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 
 use crate::error::Result;
@@ -96,7 +100,39 @@ impl ClientContext for GroupContext {
     }
 }
 
+/// How long an assignment waits for the group's committed offsets; past
+/// it, librdkafka fetches them itself.
+const COMMITTED_WAIT: Duration = Duration::from_secs(30);
+
 impl ConsumerContext for GroupContext {
+    /// As rdkafka's own (the range assignor is eager: assign and unassign
+    /// whole), except that an assignment names where each partition
+    /// starts. Left to librdkafka, a partition without a committed offset
+    /// waits 100 ms before it asks for its first offset (its offset reset
+    /// backs off as after an error): every first start of a group lost
+    /// that much before its first record.
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let assigning = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
+        if assigning {
+            start_at_committed(consumer, tpl);
+        }
+        let rebalance = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
+            other => Rebalance::Error(KafkaError::Rebalance(RDKafkaErrorCode::from(other))),
+        };
+        self.pre_rebalance(consumer, &rebalance);
+        let applied = if assigning {
+            consumer.assign(tpl)
+        } else {
+            consumer.unassign()
+        };
+        if let Err(e) = applied {
+            tracing::error!(error = %e, assigning, "could not apply the group's rebalance");
+        }
+        self.post_rebalance(consumer, &rebalance);
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(_) = rebalance {
             telemetry::rebalance("revoke");
@@ -114,6 +150,37 @@ impl ConsumerContext for GroupContext {
                 .map(|e| (e.topic().to_owned(), e.partition()))
                 .collect();
             self.push(GroupEvent::Assigned(partitions));
+        }
+    }
+}
+
+/// Sets each assigned partition's offset to the group's committed one, or
+/// to the beginning where none is committed (`auto.offset.reset` is
+/// `earliest`). The fetch asks for stable offsets (read_committed,
+/// KIP-447), as librdkafka's own would: it waits while a previous owner's
+/// transaction holds offsets pending, and such an owner cannot commit once
+/// this generation has the partition. On failure the offsets stay unset,
+/// and librdkafka fetches them itself.
+fn start_at_committed<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &mut TopicPartitionList) {
+    let committed = match consumer.committed_offsets(tpl.clone(), COMMITTED_WAIT) {
+        Ok(committed) => committed,
+        Err(e) => {
+            tracing::debug!(error = %e, "could not fetch the committed offsets at assignment; librdkafka will");
+            return;
+        }
+    };
+    if let Some(failed) = committed.elements().iter().find(|e| e.error().is_err()) {
+        tracing::debug!(topic = failed.topic(), partition = failed.partition(), error = ?failed.error(), "no committed offset at assignment; librdkafka will fetch them");
+        return;
+    }
+    for element in committed.elements() {
+        let start = match element.offset() {
+            Offset::Offset(offset) => Offset::Offset(offset),
+            Offset::Invalid => Offset::Beginning,
+            _ => continue,
+        };
+        if let Err(e) = tpl.set_partition_offset(element.topic(), element.partition(), start) {
+            tracing::debug!(error = %e, "could not set a partition's start offset");
         }
     }
 }
