@@ -55,7 +55,11 @@ impl ServerClocks {
             Some(store) => store.used_cpu_secs().await.ok().flatten(),
             None => None,
         };
-        let broker = self.broker_pid.map(|pid| cpu_secs_of(&pid.to_string()));
+        // A broker that exited (or restarted under another pid) is unknown.
+        let broker = self
+            .broker_pid
+            .filter(|pid| std::path::Path::new(&format!("/proc/{pid}/stat")).exists())
+            .map(|pid| cpu_secs_of(&pid.to_string()));
         ServerCpu { redis, broker }
     }
 }

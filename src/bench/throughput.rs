@@ -408,7 +408,7 @@ pub fn print_throughput(f: &ThroughputFigures) {
         .any(|r| r.what.starts_with("readfold") && r.cql_statements == 0.0 && r.redis_calls > 0.0)
     {
         println!(
-            "  (no CQL snapshot fell within the readfold runs: each took less than snapshot.interval_ms)"
+            "  (no CQL statements in the readfold runs: most likely each took less than snapshot.interval_ms, so no snapshot fell within it)"
         );
     }
     for note in &f.notes {

@@ -240,11 +240,13 @@ fn partition_counts<C: rdkafka::client::ClientContext>(
 /// check makes.
 async fn wait_for_leaders<C: rdkafka::client::ClientContext>(admin: &AdminClient<C>, created: &[&TopicSpec]) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let led = |spec: &TopicSpec| {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
+    // Partitions that answered ListOffsets already, not asked again.
+    let mut answered: std::collections::HashSet<(String, i32)> = Default::default();
+    let mut led = |spec: &TopicSpec| {
+        let left = || deadline.saturating_duration_since(std::time::Instant::now());
         let Ok(metadata) = admin
             .inner()
-            .fetch_metadata(Some(&spec.name), left.max(Duration::from_millis(100)))
+            .fetch_metadata(Some(&spec.name), left().max(Duration::from_millis(100)))
         else {
             return false;
         };
@@ -254,17 +256,29 @@ async fn wait_for_leaders<C: rdkafka::client::ClientContext>(admin: &AdminClient
         topic.error().is_none()
             && !topic.partitions().is_empty()
             && topic.partitions().iter().all(|p| {
-                p.error().is_none()
+                let key = (spec.name.clone(), p.id());
+                if answered.contains(&key) {
+                    return true;
+                }
+                let serves = p.error().is_none()
                     && p.leader() >= 0
                     && admin
                         .inner()
-                        .fetch_watermarks(&spec.name, p.id(), Duration::from_millis(500))
-                        .is_ok()
+                        .fetch_watermarks(
+                            &spec.name,
+                            p.id(),
+                            left().clamp(Duration::from_millis(10), Duration::from_millis(500)),
+                        )
+                        .is_ok();
+                if serves {
+                    answered.insert(key);
+                }
+                serves
             })
     };
     while !created.iter().all(|spec| led(spec)) {
         if std::time::Instant::now() >= deadline {
-            tracing::warn!("created topics still have partitions without a leader; going on");
+            tracing::warn!("created topics still have partitions whose leader does not serve them; going on");
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -20,8 +20,15 @@ use crate::telemetry;
 /// What the consumer group told us, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupEvent {
-    Revoked { lost: bool },
-    Assigned(Vec<(String, i32)>),
+    Revoked {
+        lost: bool,
+    },
+    Assigned {
+        partitions: Vec<(String, i32)>,
+        /// The assignment already waited for stable committed offsets
+        /// ([`start_at_committed`]): a restore need not wait again.
+        offsets_stable: bool,
+    },
 }
 
 /// Receives librdkafka's callbacks on its threads; the run loop drains the
@@ -29,6 +36,11 @@ pub enum GroupEvent {
 pub struct GroupContext {
     events: Arc<Queue>,
     inputs: [String; 2],
+    /// How long an assignment waits for the group's committed offsets.
+    committed_wait: Duration,
+    /// Whether the assignment being applied started at stable offsets;
+    /// from `rebalance` to `post_rebalance`, within one callback.
+    offsets_stable: std::sync::atomic::AtomicBool,
 }
 
 /// The events, and a wake-up for the run loop when one arrives.
@@ -100,10 +112,6 @@ impl ClientContext for GroupContext {
     }
 }
 
-/// How long an assignment waits for the group's committed offsets; past
-/// it, librdkafka fetches them itself.
-const COMMITTED_WAIT: Duration = Duration::from_secs(30);
-
 impl ConsumerContext for GroupContext {
     /// As rdkafka's own (the range assignor is eager: assign and unassign
     /// whole), except that an assignment names where each partition
@@ -113,9 +121,9 @@ impl ConsumerContext for GroupContext {
     /// that much before its first record.
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
         let assigning = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
-        if assigning {
-            start_at_committed(consumer, tpl);
-        }
+        let offsets_stable = assigning && start_at_committed(consumer, tpl, self.committed_wait);
+        self.offsets_stable
+            .store(offsets_stable, std::sync::atomic::Ordering::Relaxed);
         let rebalance = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
@@ -149,40 +157,55 @@ impl ConsumerContext for GroupContext {
                 .iter()
                 .map(|e| (e.topic().to_owned(), e.partition()))
                 .collect();
-            self.push(GroupEvent::Assigned(partitions));
+            let offsets_stable = self.offsets_stable.load(std::sync::atomic::Ordering::Relaxed);
+            self.push(GroupEvent::Assigned {
+                partitions,
+                offsets_stable,
+            });
         }
     }
 }
 
+/// Where a partition with no committed offset starts: the consumer's
+/// `auto.offset.reset` is `earliest` (set in [`consumer`]), and an explicit
+/// start must agree with it.
+const NONE_COMMITTED_START: Offset = Offset::Beginning;
+
 /// Sets each assigned partition's offset to the group's committed one, or
-/// to the beginning where none is committed (`auto.offset.reset` is
-/// `earliest`). The fetch asks for stable offsets (read_committed,
-/// KIP-447), as librdkafka's own would: it waits while a previous owner's
-/// transaction holds offsets pending, and such an owner cannot commit once
-/// this generation has the partition. On failure the offsets stay unset,
-/// and librdkafka fetches them itself.
-fn start_at_committed<C: ConsumerContext>(consumer: &BaseConsumer<C>, tpl: &mut TopicPartitionList) {
-    let committed = match consumer.committed_offsets(tpl.clone(), COMMITTED_WAIT) {
+/// to [`NONE_COMMITTED_START`] where none is committed, and says whether it
+/// did. The fetch asks for stable offsets (read_committed, KIP-447), as
+/// librdkafka's own would: it waits while a transaction that added offsets
+/// of these partitions (a previous owner's last flush) is still open, so
+/// the offsets it returns include that transaction's outcome. On failure
+/// the offsets stay unset, and librdkafka fetches them itself.
+fn start_at_committed<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    tpl: &mut TopicPartitionList,
+    wait: Duration,
+) -> bool {
+    let committed = match consumer.committed_offsets(tpl.clone(), wait) {
         Ok(committed) => committed,
         Err(e) => {
             tracing::debug!(error = %e, "could not fetch the committed offsets at assignment; librdkafka will");
-            return;
+            return false;
         }
     };
     if let Some(failed) = committed.elements().iter().find(|e| e.error().is_err()) {
-        tracing::debug!(topic = failed.topic(), partition = failed.partition(), error = ?failed.error(), "no committed offset at assignment; librdkafka will fetch them");
-        return;
+        tracing::debug!(topic = failed.topic(), partition = failed.partition(), error = ?failed.error(), "could not fetch a committed offset at assignment; librdkafka will");
+        return false;
     }
     for element in committed.elements() {
         let start = match element.offset() {
             Offset::Offset(offset) => Offset::Offset(offset),
-            Offset::Invalid => Offset::Beginning,
+            Offset::Invalid => NONE_COMMITTED_START,
             _ => continue,
         };
         if let Err(e) = tpl.set_partition_offset(element.topic(), element.partition(), start) {
-            tracing::debug!(error = %e, "could not set a partition's start offset");
+            tracing::debug!(error = %e, "could not set a partition's start offset; librdkafka will fetch them");
+            return false;
         }
     }
+    true
 }
 
 pub type GroupConsumer = StreamConsumer<GroupContext>;
@@ -193,11 +216,16 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
     let context = GroupContext {
         events: events.clone(),
         inputs: [topics.read_reports.clone(), topics.conversation_events.clone()],
+        // An open transaction is aborted by its coordinator after this
+        // long at most; past it, librdkafka fetches the offsets itself.
+        committed_wait: Duration::from_millis(kafka.transaction_timeout_ms),
+        offsets_stable: Default::default(),
     };
     let consumer: GroupConsumer = kafka
         .backlog_client_config()
         .set("group.id", &kafka.group_id)
         .set("enable.auto.commit", "false")
+        // As NONE_COMMITTED_START.
         .set("auto.offset.reset", "earliest")
         // Input producers may be transactional too.
         .set("isolation.level", "read_committed")

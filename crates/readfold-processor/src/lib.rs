@@ -46,7 +46,7 @@ pub use error::{Error, Result};
 
 use checkpoint::Checkpoints;
 use flush::InFlight;
-use group::{GroupConsumer, GroupEvents};
+use group::{GroupConsumer, GroupEvent, GroupEvents};
 use health::Health;
 use partitions::{Partitions, Slot};
 use readfold_wire::confluent::Framing;
@@ -80,6 +80,9 @@ pub struct Processor {
     snapshot_interval: Duration,
     next_snapshot: Instant,
     partitions: Partitions,
+    /// The current assignment started at stable committed offsets, so a
+    /// restore need not wait for them again.
+    offsets_stable: bool,
     paused: bool,
     retry: Backoff,
     /// Producer recoveries since the last committed flush.
@@ -234,6 +237,7 @@ impl Processor {
             snapshot_retry: Backoff::new(),
             flush_at: None,
             partitions: Partitions::default(),
+            offsets_stable: false,
             paused: false,
             retry: Backoff::new(),
             recoveries: 0,
@@ -427,6 +431,13 @@ impl Processor {
         for event in self.events.take() {
             // Paused partitions are resumed by the next assignment anyway.
             self.paused = false;
+            self.offsets_stable = matches!(
+                event,
+                GroupEvent::Assigned {
+                    offsets_stable: true,
+                    ..
+                }
+            );
             let Some(assignment) = self.partitions.apply(event, inputs) else {
                 self.report_partitions();
                 continue;
@@ -458,7 +469,9 @@ impl Processor {
         if partitions.is_empty() {
             return Ok(());
         }
-        self.wait_for_stable_offsets(&partitions);
+        if !self.offsets_stable {
+            self.wait_for_stable_offsets(&partitions);
+        }
         for (partition, slot) in self.restore(&partitions).await? {
             self.partitions.slots.insert(partition, slot);
         }
@@ -466,7 +479,8 @@ impl Processor {
         Ok(())
     }
 
-    /// Waits until no transaction holds offsets of `partitions` pending: the
+    /// Waits until no transaction holds offsets of `partitions` pending
+    /// (when the assignment could not, [`group`]'s `start_at_committed`): the
     /// previous owner may still be committing its last flush, and a restore
     /// must see it (read_committed reads stop at an open transaction).
     /// librdkafka asks for stable offsets under read_committed (KIP-447), so

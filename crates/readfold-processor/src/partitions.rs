@@ -55,7 +55,7 @@ impl Partitions {
                 self.suspended = true;
                 None
             }
-            GroupEvent::Assigned(partitions) => {
+            GroupEvent::Assigned { partitions, .. } => {
                 let of = |topic: &str| -> Vec<i32> {
                     let mut p: Vec<i32> = partitions
                         .iter()
@@ -139,7 +139,10 @@ mod tests {
     const INPUTS: [&str; 2] = ["reports", "events"];
 
     fn assigned(pairs: &[(&str, i32)]) -> GroupEvent {
-        GroupEvent::Assigned(pairs.iter().map(|(t, p)| (t.to_string(), *p)).collect())
+        GroupEvent::Assigned {
+            partitions: pairs.iter().map(|(t, p)| (t.to_string(), *p)).collect(),
+            offsets_stable: true,
+        }
     }
 
     fn with_slot(partitions: &mut Partitions, p: i32) {
