@@ -72,7 +72,7 @@ fn all_local(bootstrap_servers: &str) -> bool {
             None => server,
         };
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        host == "localhost" || host.starts_with("127.") || host == "::1"
+        host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
     })
 }
 

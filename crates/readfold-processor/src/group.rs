@@ -7,8 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use rdkafka::client::ClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, StreamConsumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
@@ -38,9 +37,6 @@ pub struct GroupContext {
     inputs: [String; 2],
     /// How long an assignment waits for the group's committed offsets.
     committed_wait: Duration,
-    /// Whether the assignment being applied started at stable offsets;
-    /// from `rebalance` to `post_rebalance`, within one callback.
-    offsets_stable: std::sync::atomic::AtomicBool,
 }
 
 /// The events, and a wake-up for the run loop when one arrives.
@@ -113,55 +109,40 @@ impl ClientContext for GroupContext {
 }
 
 impl ConsumerContext for GroupContext {
-    /// As rdkafka's own (the range assignor is eager: assign and unassign
-    /// whole), except that an assignment names where each partition
-    /// starts. Left to librdkafka, a partition without a committed offset
+    /// Applies a rebalance as rdkafka's own handler does (the range
+    /// assignor is eager: assign and unassign whole) and queues its event
+    /// for the run loop, except that an assignment names where each
+    /// partition starts. Left to librdkafka, a partition without a committed offset
     /// waits 100 ms before it asks for its first offset (its offset reset
     /// backs off as after an error): every first start of a group lost
     /// that much before its first record.
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
-        let assigning = err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS;
-        let offsets_stable = assigning && start_at_committed(consumer, tpl, self.committed_wait);
-        self.offsets_stable
-            .store(offsets_stable, std::sync::atomic::Ordering::Relaxed);
-        let rebalance = match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => Rebalance::Assign(tpl),
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => Rebalance::Revoke(tpl),
-            other => Rebalance::Error(KafkaError::Rebalance(RDKafkaErrorCode::from(other))),
-        };
-        self.pre_rebalance(consumer, &rebalance);
-        let applied = if assigning {
-            consumer.assign(tpl)
-        } else {
-            consumer.unassign()
-        };
-        if let Err(e) = applied {
-            tracing::error!(error = %e, assigning, "could not apply the group's rebalance");
-        }
-        self.post_rebalance(consumer, &rebalance);
-    }
-
-    fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Revoke(_) = rebalance {
-            telemetry::rebalance("revoke");
-            let lost = consumer.assignment_lost();
-            self.push(GroupEvent::Revoked { lost });
-        }
-    }
-
-    fn post_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if let Rebalance::Assign(tpl) = rebalance {
+        if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS {
+            let offsets_stable = start_at_committed(consumer, tpl, self.committed_wait);
+            if let Err(e) = consumer.assign(tpl) {
+                tracing::error!(error = %e, "could not apply the group's assignment");
+            }
             telemetry::rebalance("assign");
             let partitions = tpl
                 .elements()
                 .iter()
                 .map(|e| (e.topic().to_owned(), e.partition()))
                 .collect();
-            let offsets_stable = self.offsets_stable.load(std::sync::atomic::Ordering::Relaxed);
             self.push(GroupEvent::Assigned {
                 partitions,
                 offsets_stable,
             });
+        } else {
+            // A revoke, or a rebalance error: either way nothing stays
+            // assigned, as rdkafka's own handler does.
+            if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS {
+                telemetry::rebalance("revoke");
+                let lost = consumer.assignment_lost();
+                self.push(GroupEvent::Revoked { lost });
+            }
+            if let Err(e) = consumer.unassign() {
+                tracing::error!(error = %e, "could not apply the group's revoke");
+            }
         }
     }
 }
@@ -219,7 +200,6 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         // An open transaction is aborted by its coordinator after this
         // long at most; past it, librdkafka fetches the offsets itself.
         committed_wait: Duration::from_millis(kafka.transaction_timeout_ms),
-        offsets_stable: Default::default(),
     };
     let consumer: GroupConsumer = kafka
         .backlog_client_config()
