@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use readfold_core::flush::{ConversationBatch, MemberWrite};
 use readfold_core::Seq;
-use readfold_store::redis::keys;
+use readfold_store::redis::{keys, RedisConfig, RedisStore};
 use readfold_store::CursorStore;
 
 use crate::kit::*;
@@ -233,4 +233,37 @@ async fn private_state_is_max_merged_per_user() {
     }
     let got = sink.private_state("u", &["C", "D", "E"]).await.unwrap();
     assert_eq!(got, expected_private_state());
+}
+
+/// A flush goes to Redis as several requests, each well within
+/// `redis.timeout_ms`: one that takes Redis several times that in all still
+/// lands whole (as one request it timed out, and so did every retry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_longer_than_the_timeout_lands_in_bounded_requests() {
+    let _services = shared_services().await;
+    let prefix = unique("large");
+    let config = RedisConfig {
+        timeout_ms: 250,
+        ..redis_config(&redis_url(), &prefix)
+    };
+    let store = RedisStore::connect_writer(&config)
+        .await
+        .expect("connect to Redis");
+    // 300k member merges: about a second of Redis's time, four timeouts.
+    let users: Vec<String> = (0..500).map(|u| format!("u{u}")).collect();
+    let batches: Vec<ConversationBatch> = (0..600)
+        .map(|c| {
+            let members: Vec<(&str, u64)> = users.iter().map(|u| (u.as_str(), 7 + c)).collect();
+            sink_batch(&format!("C{c}"), 9 + c, &members)
+        })
+        .collect();
+    let started = std::time::Instant::now();
+    let raised = store.write(&batches).await.expect("a large flush lands");
+    eprintln!("600 x 500 members in {:?}", started.elapsed());
+    assert_eq!(raised, 300_000);
+    for c in [0u64, 299, 599] {
+        let h = hash(&prefix, &format!("C{c}")).await;
+        assert_eq!(h.len(), 500);
+        assert!(h.values().all(|&v| v == 7 + c as i64), "C{c}: {h:?}");
+    }
 }

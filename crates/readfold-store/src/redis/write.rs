@@ -1,6 +1,7 @@
 //! The write half: one EVALSHA of a max-merge script per conversation (and
-//! per user with private changes), all in one pipeline.
+//! per user with private changes), in pipelines of bounded size.
 
+use futures_util::stream::{self, StreamExt, TryStreamExt};
 use readfold_core::flush::{ConversationBatch, UserBatch};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
@@ -31,7 +32,7 @@ impl RedisStore {
         if batches.is_empty() {
             return Ok(0);
         }
-        let mut pipe = redis::pipe();
+        let mut pipes = Pipelines::default();
         for batch in batches {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(self.private_script.get_hash()).arg(2);
@@ -45,9 +46,20 @@ impl RedisStore {
                     None => cmd.arg("").arg(""),
                 };
             }
-            pipe.add_command(cmd);
+            pipes.push(cmd, 5 + 4 * batch.conversations.len());
         }
-        self.run(pipe).await
+        self.run_all(pipes.done()).await
+    }
+
+    /// Runs pipelines of script calls, [`PIPELINES_IN_FLIGHT`] at a time;
+    /// the fields raised in all. Their calls touch disjoint keys, so the
+    /// order they land in does not matter.
+    async fn run_all(&self, pipes: Vec<redis::Pipeline>) -> Result<u64> {
+        stream::iter(pipes)
+            .map(|pipe| self.run(pipe))
+            .buffer_unordered(PIPELINES_IN_FLIGHT)
+            .try_fold(0, |sum, raised| async move { Ok(sum + raised) })
+            .await
     }
 
     /// Runs a pipeline of script calls, loading the scripts again if Redis
@@ -64,13 +76,13 @@ impl RedisStore {
         Ok(raised.iter().sum())
     }
 
-    /// Max-merges a flush: one EVALSHA per conversation, all in one pipeline.
-    /// Returns the number of fields raised.
+    /// Max-merges a flush: one EVALSHA per conversation, in pipelines of
+    /// bounded size. Returns the number of fields raised.
     pub async fn merge(&self, batches: &[ConversationBatch]) -> Result<u64> {
         if batches.is_empty() {
             return Ok(0);
         }
-        let mut pipe = redis::pipe();
+        let mut pipes = Pipelines::default();
         for batch in batches {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(self.script.get_hash()).arg(4);
@@ -85,12 +97,96 @@ impl RedisStore {
                     .arg(m.join_seq.get())
                     .arg(m.epoch);
             }
-            pipe.add_command(cmd);
+            pipes.push(cmd, 8 + 4 * batch.members.len());
         }
-        self.run(pipe).await
+        self.run_all(pipes.done()).await
+    }
+}
+
+/// Script arguments per pipeline, at most (a command with more goes alone).
+/// Each pipeline is one request, and `redis.timeout_ms` bounds each request,
+/// so a flush of any size goes out as requests that each cost Redis a few
+/// tens of milliseconds (a member's merge takes it a few microseconds and
+/// four arguments). One pipeline per flush would outlast the timeout once a
+/// flush is large or Redis slow, and then fail again on every retry, each
+/// one larger.
+const PIPELINE_ARGS: usize = 32 * 1024;
+
+/// Pipelines sent at once: while Redis runs one, the next is already on
+/// its way, and a request waits behind at most one other.
+const PIPELINES_IN_FLIGHT: usize = 2;
+
+/// Commands gathered into pipelines of at most [`PIPELINE_ARGS`] arguments,
+/// in order.
+#[derive(Default)]
+struct Pipelines {
+    done: Vec<redis::Pipeline>,
+    open: redis::Pipeline,
+    open_args: usize,
+}
+
+impl Pipelines {
+    /// Adds `cmd`, which has `args` arguments (its name included).
+    fn push(&mut self, cmd: redis::Cmd, args: usize) {
+        if self.open_args > 0 && self.open_args + args > PIPELINE_ARGS {
+            self.done.push(std::mem::take(&mut self.open));
+            self.open_args = 0;
+        }
+        self.open.add_command(cmd);
+        self.open_args += args;
+    }
+
+    fn done(mut self) -> Vec<redis::Pipeline> {
+        if self.open_args > 0 {
+            self.done.push(self.open);
+        }
+        self.done
     }
 }
 
 fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The pipelines of commands with these argument counts, as the
+    /// indices of their commands.
+    fn split(args: &[usize]) -> Vec<Vec<usize>> {
+        let mut pipes = Pipelines::default();
+        for (i, &n) in args.iter().enumerate() {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(i);
+            pipes.push(cmd, n);
+        }
+        pipes
+            .done()
+            .iter()
+            .map(|p| {
+                p.cmd_iter()
+                    .map(|c| match c.args_iter().nth(1) {
+                        Some(redis::Arg::Simple(index)) => {
+                            std::str::from_utf8(index).unwrap().parse().unwrap()
+                        }
+                        other => panic!("not an index: {other:?}"),
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pipelines_stay_under_the_argument_bound_in_order() {
+        assert!(split(&[]).is_empty());
+        let half = PIPELINE_ARGS / 2;
+        let pipes = split(&[half, half, 1, PIPELINE_ARGS * 3, 10, 10]);
+        let sizes: Vec<usize> = pipes.iter().map(Vec::len).collect();
+        // Two halves fill one; the next would overflow it; an oversized
+        // command goes alone; what follows starts a new one.
+        assert_eq!(sizes, [2, 1, 1, 2]);
+        let order: Vec<usize> = pipes.into_iter().flatten().collect();
+        assert_eq!(order, [0, 1, 2, 3, 4, 5]);
+    }
 }
