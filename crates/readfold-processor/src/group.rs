@@ -191,15 +191,21 @@ fn start_at_committed<C: ConsumerContext>(
 
 pub type GroupConsumer = StreamConsumer<GroupContext>;
 
+/// How long a fetch of stable committed offsets waits at most, at an
+/// assignment and before a restore: an open transaction holding them is
+/// aborted by its coordinator after `transaction.timeout.ms` at most.
+pub(crate) fn stable_offsets_wait(kafka: &KafkaConfig) -> Duration {
+    Duration::from_millis(kafka.transaction_timeout_ms)
+}
+
 /// The group member's consumer, not yet subscribed, and its event queue.
 pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupConsumer, GroupEvents)> {
     let events = Arc::new(Queue::default());
     let context = GroupContext {
         events: events.clone(),
         inputs: [topics.read_reports.clone(), topics.conversation_events.clone()],
-        // An open transaction is aborted by its coordinator after this
-        // long at most; past it, librdkafka fetches the offsets itself.
-        committed_wait: Duration::from_millis(kafka.transaction_timeout_ms),
+        // Past it, librdkafka fetches the offsets itself.
+        committed_wait: stable_offsets_wait(kafka),
     };
     let consumer: GroupConsumer = kafka
         .backlog_client_config()

@@ -499,7 +499,8 @@ impl Processor {
             }
         }
         let started = Instant::now();
-        if let Err(e) = self.consumer.committed_offsets(tpl, Duration::from_secs(30)) {
+        let wait = group::stable_offsets_wait(&self.settings.kafka);
+        if let Err(e) = self.consumer.committed_offsets(tpl, wait) {
             tracing::warn!(error = %e, "could not fetch the committed offsets before restoring; restoring anyway");
         }
         tracing::debug!(
