@@ -61,7 +61,8 @@ async fn stored(prefix: &str, conv: &str) -> Vec<HashMap<String, String>> {
 }
 
 /// The script reads a batch's stored fields once and writes them back once:
-/// that must leave what merging its members one call at a time leaves, with
+/// that must leave what merging its members one call at a time leaves, and
+/// what the merge rules ([`MergeModel`]) leave, with
 /// repeated users, departures, rejoins and stale epochs in one batch, and
 /// batches larger than the script's chunk of fields per command.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,6 +79,7 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
     };
     for round in 0..60u64 {
         let (batched, single) = (format!("B{round}"), format!("S{round}"));
+        let mut model = MergeModel::default();
         // The last rounds: 2,600 distinct users, past the script's chunks;
         // the others: up to 30 members drawn from 8 users, so repeated.
         let big = round >= 58;
@@ -106,6 +108,11 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
                 members,
             };
             let raised_batched = sink.write(&[batch(&batched, members.clone())]).await.unwrap();
+            let raised_model = model.merge(latest.get(), &members);
+            assert_eq!(
+                raised_batched, raised_model,
+                "round {round}: fields raised, against the model"
+            );
             let mut raised_single = 0;
             if big {
                 // One call per member would take long: groups of 100 stand
@@ -125,6 +132,66 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
             stored(&prefix, &single).await,
             "round {round}: cursors, joined, epochs and latest"
         );
+        assert_eq!(
+            stored(&prefix, &batched).await,
+            model.stored(),
+            "round {round}: against the model"
+        );
+    }
+}
+
+/// The merge rules of `merge.lua`, member by member, in plain Rust: what
+/// the script must leave, independently of how it goes about it.
+#[derive(Default)]
+struct MergeModel {
+    cursors: HashMap<String, u64>,
+    joined: HashMap<String, u64>,
+    epochs: HashMap<String, u64>,
+    latest: u64,
+}
+
+impl MergeModel {
+    /// Merges one batch; the fields raised.
+    fn merge(&mut self, latest: u64, members: &[MemberWrite]) -> u64 {
+        self.latest = self.latest.max(latest);
+        let mut raised = 0;
+        for m in members {
+            let user = m.user_id.as_str().to_owned();
+            let stored = self.epochs.get(&user).copied().unwrap_or(0);
+            if m.epoch < stored {
+                continue; // stale membership
+            }
+            if m.epoch > stored {
+                self.epochs.insert(user.clone(), m.epoch);
+            }
+            if m.left {
+                self.cursors.remove(&user);
+                self.joined.remove(&user);
+                continue;
+            }
+            if self.cursors.get(&user).is_none_or(|&c| m.cursor.get() > c) {
+                self.cursors.insert(user.clone(), m.cursor.get());
+                raised += 1;
+            }
+            let join = m.join_seq.get();
+            if join > 1 && self.joined.get(&user).is_none_or(|&j| join > j) {
+                self.joined.insert(user, join);
+            }
+        }
+        raised
+    }
+
+    /// As `stored` reads it back.
+    fn stored(&self) -> Vec<HashMap<String, String>> {
+        let strings =
+            |map: &HashMap<String, u64>| map.iter().map(|(k, v)| (k.clone(), v.to_string())).collect();
+        let latest = (self.latest > 0).then(|| ("latest".to_owned(), self.latest.to_string()));
+        vec![
+            strings(&self.cursors),
+            strings(&self.joined),
+            strings(&self.epochs),
+            latest.into_iter().collect(),
+        ]
     }
 }
 

@@ -16,37 +16,52 @@
 -- costs more than the merge itself, and a flush carries hundreds of members
 -- per group. Stored values are kept as the strings they came as, so that a
 -- seq above 2^53 is written back exactly.
+--
+-- Redis's Lua is interpreted and this script runs once per member of every
+-- flush, so it works by position: the HMGET answers are merged in place,
+-- a repeated user at its first position, with no table keyed by user but
+-- the one that finds that position.
+local tonumber, call, unpack, min = tonumber, redis.call, unpack, math.min
+local argv, keys = ARGV, KEYS
 local CHUNK = 1000 -- fields per command, well under unpack's limit
 
-local raised = 0
-local latest = tonumber(ARGV[1])
-if latest > tonumber(redis.call('GET', KEYS[2]) or '0') then
-  redis.call('SET', KEYS[2], ARGV[1])
+local nargs = #argv
+if tonumber(argv[1]) > tonumber(call('GET', keys[2]) or '0') then
+  call('SET', keys[2], argv[1])
 end
-if #ARGV < 5 then
+if nargs < 5 then
   return 0
 end
 
--- The users, in order, repeats included: a repeated user's fields are read
--- twice alike, merged in turn and written back once, as the last merge left
--- them. Only a join_seq above 1 needs the stored one to compare with.
-local users, n, any_join = {}, 0, false
-for i = 2, #ARGV, 4 do
+-- The users in order, repeats included; a user's first position, where a
+-- repeated user's fields are merged; whether any join_seq is above 1 (only
+-- those need the stored one to compare with).
+local users, first, n, any_join, repeats = {}, {}, 0, false, false
+for i = 2, nargs, 4 do
   n = n + 1
-  users[n] = ARGV[i]
-  if not any_join and tonumber(ARGV[i + 2]) > 1 then
+  local user = argv[i]
+  users[n] = user
+  if first[user] then
+    repeats = true
+  else
+    first[user] = n
+  end
+  if not any_join and argv[i + 2] ~= '1' and tonumber(argv[i + 2]) > 1 then
     any_join = true
   end
 end
 
--- key's fields for users: user -> stored string, or false when absent.
+-- key's fields for the users, by position: the stored string, or false.
 local function read(key)
+  if n <= CHUNK then
+    return call('HMGET', key, unpack(users, 1, n))
+  end
   local stored = {}
   for from = 1, n, CHUNK do
-    local to = math.min(from + CHUNK - 1, n)
-    local values = redis.call('HMGET', key, unpack(users, from, to))
+    local to = min(from + CHUNK - 1, n)
+    local values = call('HMGET', key, unpack(users, from, to))
     for k = from, to do
-      stored[users[k]] = values[k - from + 1]
+      stored[k] = values[k - from + 1]
     end
   end
   return stored
@@ -54,47 +69,54 @@ end
 
 -- Most conversations never had a join_seq above 1 or a membership epoch:
 -- those hashes do not exist, and reading nothing back costs nothing.
-local cursors = read(KEYS[1])
-local joins = any_join and read(KEYS[3]) or {}
-local epochs = redis.call('EXISTS', KEYS[4]) == 1 and read(KEYS[4]) or {}
+local cursors = read(keys[1])
+local joins = any_join and read(keys[3]) or {}
+local epochs = call('EXISTS', keys[4]) == 1 and read(keys[4]) or {}
 
--- The fields a merge changed, each once, in order of first change.
+-- Which fields a merge changed, by first position.
 local cursors_changed, joins_changed, epochs_changed = {}, {}, {}
-local function mark(changed, user)
-  if not changed[user] then
-    changed[user] = true
-    changed[#changed + 1] = user
-  end
-end
+local raised = 0
 
-for i = 2, #ARGV, 4 do
-  local user = ARGV[i]
-  local cursor = tonumber(ARGV[i + 1])
-  local epoch = tonumber(ARGV[i + 3])
-  local stored = tonumber(epochs[user] or '0')
-  if epoch >= stored then
-    if epoch > stored then
-      epochs[user] = ARGV[i + 3]
-      mark(epochs_changed, user)
+for k = 1, n do
+  local at = repeats and first[users[k]] or k
+  local i = 4 * k - 2
+  -- fresh: the write's epoch is not below the stored one. Mostly it is
+  -- the stored one, the very same string, and needs no converting.
+  local epoch, stored = argv[i + 3], epochs[at]
+  local fresh = epoch == stored
+  if not fresh then
+    local value = tonumber(epoch)
+    stored = stored and tonumber(stored) or 0
+    fresh = value >= stored
+    if value > stored then
+      epochs[at] = epoch
+      epochs_changed[at] = true
     end
+  end
+  if fresh then
+    local cursor = tonumber(argv[i + 1])
     if cursor < 0 then
-      cursors[user] = false
-      mark(cursors_changed, user)
-      joins[user] = false
-      mark(joins_changed, user)
+      cursors[at] = false
+      cursors_changed[at] = true
+      joins[at] = false
+      joins_changed[at] = true
     else
       -- A present member always has a field, even at cursor 0: the hash
       -- doubles as the member list readers count over.
-      local current = cursors[user]
+      local current = cursors[at]
       if not current or cursor > tonumber(current) then
-        cursors[user] = ARGV[i + 1]
-        mark(cursors_changed, user)
+        cursors[at] = argv[i + 1]
+        cursors_changed[at] = true
         raised = raised + 1
       end
-      local join = tonumber(ARGV[i + 2])
-      if join > 1 and join > tonumber(joins[user] or '0') then
-        joins[user] = ARGV[i + 2]
-        mark(joins_changed, user)
+      local join = argv[i + 2]
+      if join ~= '1' then
+        local value = tonumber(join)
+        local joined = joins[at]
+        if value > 1 and (not joined or value > tonumber(joined)) then
+          joins[at] = join
+          joins_changed[at] = true
+        end
       end
     end
   end
@@ -103,24 +125,29 @@ end
 -- Writes the changed fields of key back: set ones with HSET, removed ones
 -- with HDEL.
 local function write(key, values, changed)
-  local sets, dels = {}, {}
-  for _, user in ipairs(changed) do
-    if values[user] then
-      sets[#sets + 1] = user
-      sets[#sets + 1] = values[user]
-    else
-      dels[#dels + 1] = user
+  local sets, dels, s, d = {}, {}, 0, 0
+  for at = 1, n do
+    if changed[at] then
+      local value = values[at]
+      if value then
+        sets[s + 1] = users[at]
+        sets[s + 2] = value
+        s = s + 2
+      else
+        d = d + 1
+        dels[d] = users[at]
+      end
     end
   end
-  for from = 1, #sets, 2 * CHUNK do
-    redis.call('HSET', key, unpack(sets, from, math.min(from + 2 * CHUNK - 1, #sets)))
+  for from = 1, s, 2 * CHUNK do
+    call('HSET', key, unpack(sets, from, min(from + 2 * CHUNK - 1, s)))
   end
-  for from = 1, #dels, CHUNK do
-    redis.call('HDEL', key, unpack(dels, from, math.min(from + CHUNK - 1, #dels)))
+  for from = 1, d, CHUNK do
+    call('HDEL', key, unpack(dels, from, min(from + CHUNK - 1, d)))
   end
 end
 
-write(KEYS[4], epochs, epochs_changed)
-write(KEYS[1], cursors, cursors_changed)
-write(KEYS[3], joins, joins_changed)
+write(keys[4], epochs, epochs_changed)
+write(keys[1], cursors, cursors_changed)
+write(keys[3], joins, joins_changed)
 return raised
