@@ -127,16 +127,13 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
             }
             assert_eq!(raised_batched, raised_single, "round {round}: fields raised");
         }
+        let merged = stored(&prefix, &batched).await;
         assert_eq!(
-            stored(&prefix, &batched).await,
+            merged,
             stored(&prefix, &single).await,
             "round {round}: cursors, joined, epochs and latest"
         );
-        assert_eq!(
-            stored(&prefix, &batched).await,
-            model.stored(),
-            "round {round}: against the model"
-        );
+        assert_eq!(merged, model.stored(), "round {round}: against the model");
     }
 }
 
