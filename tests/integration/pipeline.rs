@@ -94,6 +94,56 @@ async fn flushes_follow_the_load_without_waiting_for_the_interval() {
     );
 }
 
+/// Behind a backlog, the next flush waits `flush.catch_up_interval_ms`
+/// after the last one began, but only while the fold is behind: with an
+/// interval of ten minutes, a backlog still goes out whole, and correct,
+/// as soon as the fold catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_waits_between_flushes_only_while_behind() {
+    let env = TestEnv::new("catchup", 2).await;
+    let mut reference = Reference::default();
+    // 200,000 reports on 10,000 keys: the fold is still behind when the
+    // first flush, a few milliseconds in, commits.
+    let mut reports = Vec::new();
+    for round in 1..=20i64 {
+        for c in 0..100 {
+            for u in 0..100 {
+                reports.push(report(&format!("c{c}"), &format!("u{u}"), round + (c + u) % 3));
+            }
+        }
+    }
+    reports.iter().for_each(|r| reference.report(r));
+    for chunk in reports.chunks(20_000) {
+        env.producer().send_many(chunk, &[]).await.unwrap();
+    }
+
+    let addr = free_local_addr();
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__FLUSH__CATCH_UP_INTERVAL_MS", "600000"),
+            ("READFOLD__METRICS__LISTEN", addr.as_str()),
+        ],
+    );
+    let log = env.wait_for_reference(&reference, Duration::from_secs(90)).await;
+    assert_matches(&log, &reference);
+    assert!(log.regressions().is_empty(), "{:?}", log.regressions());
+
+    let waits = scrape(&addr)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("readfold_flush_waits_total ")?
+                .trim()
+                .parse::<f64>()
+                .ok()
+        })
+        .unwrap_or(0.0);
+    let text = processor.log_text();
+    assert!(waits >= 1.0, "no flush waited behind the backlog:\n{text}");
+    assert!(processor.terminate(Duration::from_secs(30)), "{text}");
+}
+
 /// A backlog of many distinct keys with a tiny `flush.max_dirty`: the fold
 /// outruns every flush, and waits for the one in flight rather than pausing
 /// the consumer (which would drop librdkafka's prefetch); nothing is lost.

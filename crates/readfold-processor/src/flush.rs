@@ -86,6 +86,9 @@ impl Processor {
     pub(crate) fn start_flush(&mut self) {
         debug_assert!(self.in_flight.is_none(), "one flush at a time");
         self.flush_at = None;
+        self.catching_up = false;
+        self.caught_up = false;
+        self.flush_started = Instant::now();
         telemetry::dirty_keys(self.partitions.dirty_len());
         telemetry::cursors_held(self.partitions.cursor_count());
         let plan = flush::begin(&mut self.partitions.slots);

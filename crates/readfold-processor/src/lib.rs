@@ -75,8 +75,16 @@ pub struct Processor {
     cql_covered_at: Instant,
     snapshot_retry: Backoff,
     /// When the next flush starts, if none is in flight (`flush.linger_ms`
-    /// after the first change that waits for it).
+    /// after the first change that waits for it, or a catch-up's wait).
     flush_at: Option<Instant>,
+    /// `flush_at` is a catch-up's wait (see `flush_after_commit`), which
+    /// ends early once the fold catches up.
+    catching_up: bool,
+    /// The fold found every fetched record folded at least once since the
+    /// last flush began: it is not behind its input.
+    caught_up: bool,
+    /// When the last flush began.
+    flush_started: Instant,
     snapshot_interval: Duration,
     next_snapshot: Instant,
     partitions: Partitions,
@@ -236,6 +244,9 @@ impl Processor {
             cql_covered_at: Instant::now(),
             snapshot_retry: Backoff::new(),
             flush_at: None,
+            catching_up: false,
+            caught_up: false,
+            flush_started: Instant::now(),
             partitions: Partitions::default(),
             offsets_stable: false,
             paused: false,
@@ -343,9 +354,10 @@ impl Processor {
                     let flight = self.in_flight.take().expect("a flush was in flight");
                     let outcome = self.settle(flight, outcome);
                     self.flush_settled(outcome).await?;
-                    // Whatever arrived during that flush goes out now.
+                    // Whatever arrived during that flush goes out now,
+                    // or, behind a backlog, a little later.
                     if self.has_pending() {
-                        self.flush_when_due();
+                        self.flush_after_commit();
                     }
                     self.apply_backpressure()?;
                 }
@@ -353,8 +365,9 @@ impl Processor {
                     let flight = self.snapshot_in_flight.take().expect("a snapshot was in flight");
                     let outcome = self.settle(flight, outcome);
                     self.snapshot_settled(outcome)?;
-                    // Flushes may have waited for CQL.
-                    if self.has_pending() {
+                    // Flushes may have waited for CQL (a catch-up's wait
+                    // is not for CQL, and goes on).
+                    if self.has_pending() && !self.catching_up {
                         self.flush_when_due();
                     }
                     self.apply_backpressure()?;
@@ -373,6 +386,9 @@ impl Processor {
                         self.process(message).await?;
                     }
                     self.fold_fetched(&consumer).await?;
+                    if self.catching_up && self.caught_up {
+                        self.flush_when_due();
+                    }
                     if self.in_flight.is_none() && self.flush_at.is_none() {
                         self.flush_at = Some(Instant::now() + linger);
                     }
@@ -515,7 +531,10 @@ impl Processor {
     async fn fold_fetched(&mut self, consumer: &GroupConsumer) -> Result<()> {
         for _ in 1..FOLD_BATCH {
             let deferred = match poll_once(consumer.recv()) {
-                None => return Ok(()),
+                None => {
+                    self.caught_up = true;
+                    return Ok(());
+                }
                 Some(Err(e)) => return self.consumer_error(e),
                 Some(Ok(message)) => self.fold_or_defer(message),
             };
@@ -683,12 +702,34 @@ impl Processor {
     /// wait.
     fn flush_when_due(&mut self) {
         self.flush_at = None;
+        self.catching_up = false;
         if self.in_flight.is_none()
             && !self.partitions.suspended
             && self.retry.ready(Instant::now())
             && self.cql_keeps_up()
         {
             self.start_flush();
+        }
+    }
+
+    /// After a flush committed, with changes waiting: the next flush starts
+    /// at once, unless the fold is behind its input (it has not once found
+    /// the fetched records all folded since that flush began). Then it
+    /// starts `flush.catch_up_interval_ms` after that flush began, or
+    /// sooner, once the fold catches up or the dirty set reaches its bound.
+    /// Each flush is a transaction and a Redis write: a catch-up flushing
+    /// as soon as it could paid their fixed costs every few milliseconds,
+    /// and published a key it changed throughout once per flush, with
+    /// nobody waiting for any but the last. Once caught up, a change waits
+    /// only for `flush.linger_ms` again.
+    fn flush_after_commit(&mut self) {
+        let wait = self.settings.flush.catch_up_interval();
+        if self.caught_up || wait.is_zero() {
+            self.flush_when_due();
+        } else {
+            self.flush_at = Some(self.flush_started + wait);
+            self.catching_up = true;
+            telemetry::flush_waited();
         }
     }
 

@@ -82,6 +82,10 @@ pub fn register() {
         "readfold_fold_holds_total",
         "Times the fold stopped taking records until the flush in flight committed, the dirty set being over 4 x flush.max_dirty (a catch-up outrunning its flushes)."
     );
+    describe_counter!(
+        "readfold_flush_waits_total",
+        "Flushes that, behind a backlog, waited for flush.catch_up_interval_ms after the last one began (or for the fold to catch up) rather than starting as it committed."
+    );
     describe_gauge!(
         "readfold_consumer_lag",
         "Input records not yet processed (end offset minus position), per partition."
@@ -195,6 +199,11 @@ pub fn cursors_held(n: usize) {
 /// The fold stopped taking records until the flush in flight commits.
 pub fn fold_held() {
     counter!("readfold_fold_holds_total").increment(1);
+}
+
+/// A flush waits for a catch-up's interval rather than starting at once.
+pub fn flush_waited() {
+    counter!("readfold_flush_waits_total").increment(1);
 }
 
 /// Whether the consumer is paused by backpressure.
