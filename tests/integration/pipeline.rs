@@ -129,16 +129,7 @@ async fn a_catch_up_waits_between_flushes_only_while_behind() {
     assert_matches(&log, &reference);
     assert!(log.regressions().is_empty(), "{:?}", log.regressions());
 
-    let waits = scrape(&addr)
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("readfold_flush_waits_total ")?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .unwrap_or(0.0);
+    let waits = scraped_sample(&addr, "readfold_flush_waits_total");
     let text = processor.log_text();
     assert!(waits >= 1.0, "no flush waited behind the backlog:\n{text}");
     assert!(processor.terminate(Duration::from_secs(30)), "{text}");
@@ -173,16 +164,7 @@ async fn a_catch_up_outrunning_its_flushes_waits_for_them_without_pausing() {
     assert_matches(&log, &reference);
     assert!(log.regressions().is_empty(), "{:?}", log.regressions());
 
-    let holds = scrape(&addr)
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("readfold_fold_holds_total ")?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-        .unwrap_or(0.0);
+    let holds = scraped_sample(&addr, "readfold_fold_holds_total");
     let text = processor.log_text();
     assert!(holds >= 1.0, "the fold never waited for a flush:\n{text}");
     assert!(

@@ -164,6 +164,16 @@ pub fn scrape(addr: &str) -> Option<String> {
     http_get(addr, "/metrics").map(|(_, body)| body)
 }
 
+/// The value of the unlabelled sample `name` on `addr`'s /metrics (0 when
+/// it cannot be read or is absent).
+pub fn scraped_sample(addr: &str, name: &str) -> f64 {
+    scrape(addr)
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// An address on loopback nobody listens on (for a spawned processor's
 /// metrics endpoint).
 pub fn free_local_addr() -> String {
