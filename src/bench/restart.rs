@@ -68,8 +68,8 @@ async fn one_size(config: &Config, cursors: u64) -> Result<RestartRow> {
         .await
         .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
     let (child, _) = start(&config, &warm)?;
-    let (watch, started) = (config.clone(), Instant::now());
-    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started))
+    let (watch, started, pid) = (config.clone(), Instant::now(), child.pid());
+    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
         .await
         .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
     stop(child)?;

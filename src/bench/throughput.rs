@@ -284,8 +284,8 @@ async fn until_committed(
         .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
     let started = Instant::now();
     let child = start()?;
-    let watch = config.clone();
-    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started))
+    let (watch, pid) = (config.clone(), child.pid());
+    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
         .await
         .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
     Ok((child, started.elapsed().as_secs_f64()))
@@ -315,13 +315,24 @@ pub(super) fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
 }
 
 /// Polls the group's committed offsets until every one reached `ends`.
-pub(super) fn wait_for_commits(config: &Config, ends: &TopicPartitionList, started: Instant) -> Result<()> {
+/// Waits until `config`'s group committed `ends`, or fails once the child
+/// process `pid`, which should commit them, has exited without doing so (a
+/// bad setting or a crash would otherwise leave the bench waiting 900 s).
+pub(super) fn wait_for_commits(
+    config: &Config,
+    ends: &TopicPartitionList,
+    started: Instant,
+    pid: u32,
+) -> Result<()> {
     let consumer = watcher(config)?;
     let mut wanted = TopicPartitionList::new();
     for e in ends.elements() {
         wanted.add_partition(e.topic(), e.partition());
     }
     loop {
+        // Read before the offsets: a child that commits, then exits (the raw
+        // consumer does), is seen to have committed.
+        let exited = has_exited(pid);
         if started.elapsed() > Duration::from_secs(900) {
             return Err(Error::Run(format!(
                 "{} has not committed the whole backlog after 900 s",
@@ -342,7 +353,28 @@ pub(super) fn wait_for_commits(config: &Config, ends: &TopicPartitionList, start
                 return Ok(());
             }
         }
+        if exited {
+            return Err(Error::Run(format!(
+                "the process of group {} (pid {pid}) exited before committing the whole backlog; \
+                 READFOLD_BENCH_CHILD_LOG=info shows why",
+                config.kafka.group_id
+            )));
+        }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Whether process `pid`, a child of this one, has exited: gone, or a
+/// zombie its parent has not reaped yet.
+fn has_exited(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses and
+        // may hold spaces.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state == "Z" || state == "X"),
+        Err(_) => true,
     }
 }
 
@@ -419,6 +451,22 @@ pub fn print_throughput(f: &ThroughputFigures) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_that_exited_is_seen_to_have_exited_before_it_is_reaped() {
+        let mut running = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(!has_exited(running.id()));
+        running.kill().unwrap();
+        // Killed, not yet reaped: a zombie.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !has_exited(running.id()) {
+            assert!(Instant::now() < deadline, "a killed child never showed as exited");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        running.wait().unwrap();
+        // Reaped: gone from /proc.
+        assert!(has_exited(running.id()));
+    }
 
     #[test]
     fn metric_reads_one_labelled_sample() {
