@@ -7,12 +7,14 @@
 //! - [`read_model`]: unread, read counts and who-read, from any store's cursors.
 //! - [`flush`]: what a flush publishes, planned from partition state.
 //! - [`backoff`]: the retry policy of flushes and connections.
+//! - [`pacing`]: how long a catch-up's next flush waits.
 //! - [`partitioner`]: Kafka's murmur2 partitioner, which places conversations.
 
 pub mod backoff;
 pub mod domain;
 pub mod flush;
 pub mod fold;
+pub mod pacing;
 pub mod partitioner;
 pub mod read_model;
 

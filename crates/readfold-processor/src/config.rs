@@ -18,6 +18,7 @@ pub struct FlushConfig {
     pub interval_ms: u64,
     pub linger_ms: u64,
     pub catch_up_interval_ms: u64,
+    pub catch_up_max_interval_ms: u64,
     pub max_dirty: usize,
 }
 
@@ -48,6 +49,7 @@ impl FlushConfig {
         if self.interval_ms == 0 || self.max_dirty == 0 {
             return Err("flush.interval_ms and flush.max_dirty must be positive".into());
         }
+
         Ok(())
     }
 
@@ -61,6 +63,10 @@ impl FlushConfig {
 
     pub fn catch_up_interval(&self) -> Duration {
         Duration::from_millis(self.catch_up_interval_ms)
+    }
+
+    pub fn catch_up_max_interval(&self) -> Duration {
+        Duration::from_millis(self.catch_up_max_interval_ms)
     }
 }
 

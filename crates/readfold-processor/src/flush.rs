@@ -8,8 +8,9 @@
 //! One flush is in flight at a time, on a task of its own, while the run
 //! loop goes on folding: what arrives meanwhile goes into the next flush,
 //! which starts as soon as this one settles, or, while the fold is behind
-//! a backlog, `flush.catch_up_interval_ms` after this one began (see
-//! `Processor::flush_after_commit`). So flushes follow the load: under a
+//! a backlog, a while after this one began: `flush.catch_up_interval_ms`,
+//! growing with the backlog's age up to `flush.catch_up_max_interval_ms`
+//! (see `Processor::flush_after_commit` and `readfold_core::pacing`). So flushes follow the load: under a
 //! light one a change is published within `flush.linger_ms` plus one
 //! flush; under a heavy one each flush carries what arrived during the
 //! last.

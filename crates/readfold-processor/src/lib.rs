@@ -32,6 +32,7 @@ use rdkafka::TopicPartitionList;
 use readfold_core::backoff::{self, Backoff};
 use readfold_core::flush::over_bound;
 use readfold_core::fold::InputKind;
+use readfold_core::pacing::CatchUpPacing;
 use readfold_kafka::admin::Layout;
 use readfold_kafka::changelog::Restorer;
 use readfold_store::cql::CqlStore;
@@ -85,6 +86,8 @@ pub struct Processor {
     caught_up: bool,
     /// When the last flush began.
     flush_started: Instant,
+    /// How long a catch-up's next flush waits.
+    pacing: CatchUpPacing,
     snapshot_interval: Duration,
     next_snapshot: Instant,
     partitions: Partitions,
@@ -247,6 +250,10 @@ impl Processor {
             catching_up: false,
             caught_up: false,
             flush_started: Instant::now(),
+            pacing: CatchUpPacing::new(
+                settings.flush.catch_up_interval(),
+                settings.flush.catch_up_max_interval(),
+            ),
             partitions: Partitions::default(),
             offsets_stable: false,
             paused: false,
@@ -387,6 +394,7 @@ impl Processor {
                     }
                     self.fold_fetched(&consumer).await?;
                     if self.catching_up && self.caught_up {
+                        self.pacing.caught_up();
                         self.flush_when_due();
                     }
                     if self.in_flight.is_none() && self.flush_at.is_none() {
@@ -715,21 +723,26 @@ impl Processor {
     /// After a flush committed, with changes waiting: the next flush starts
     /// at once, unless the fold is behind its input (it has not once found
     /// the fetched records all folded since that flush began). Then it
-    /// starts `flush.catch_up_interval_ms` after that flush began, or
-    /// sooner, once the fold catches up or the dirty set reaches its bound.
-    /// Each flush is a transaction and a Redis write: a catch-up flushing
-    /// as soon as it could paid their fixed costs every few milliseconds,
-    /// and published a key it changed throughout once per flush, with
-    /// nobody waiting for any but the last. Once caught up, a change waits
-    /// only for `flush.linger_ms` again.
+    /// waits as [`CatchUpPacing`] says (from `flush.catch_up_interval_ms`
+    /// after that flush began, growing with the backlog's age up to
+    /// `flush.catch_up_max_interval_ms`), or less, once the fold catches up
+    /// or the dirty set reaches its bound. Each flush is a transaction and
+    /// a Redis call per changed conversation: a catch-up flushing as soon
+    /// as it could paid those every few milliseconds, and published a key
+    /// it changed throughout once per flush, with nobody waiting for any
+    /// but the last. Once caught up, a change waits only for
+    /// `flush.linger_ms` again.
     fn flush_after_commit(&mut self) {
-        let wait = self.settings.flush.catch_up_interval();
-        if self.caught_up || wait.is_zero() {
-            self.flush_when_due();
-        } else {
-            self.flush_at = Some(self.flush_started + wait);
-            self.catching_up = true;
-            telemetry::flush_waited();
+        match self
+            .pacing
+            .after_commit(self.flush_started, Instant::now(), self.caught_up)
+        {
+            None => self.flush_when_due(),
+            Some(at) => {
+                self.flush_at = Some(at);
+                self.catching_up = true;
+                telemetry::flush_waited();
+            }
         }
     }
 

@@ -84,7 +84,7 @@ pub fn register() {
     );
     describe_counter!(
         "readfold_flush_waits_total",
-        "Flushes that, behind a backlog, waited for flush.catch_up_interval_ms after the last one began (or for the fold to catch up) rather than starting as it committed."
+        "Flushes that, behind a backlog, waited a while after the last one began (flush.catch_up_interval_ms, growing with the backlog's age up to flush.catch_up_max_interval_ms), or for the fold to catch up, rather than starting as it committed."
     );
     describe_gauge!(
         "readfold_consumer_lag",
