@@ -172,6 +172,12 @@ enum Command {
         /// next to a raw read (0: skip).
         #[arg(long, default_value_t = 0)]
         throughput_records: u64,
+        /// Times the throughput bench's raw consumer process and readfold
+        /// rows run, taking turns, each on its own group, output topics and
+        /// Redis keys; each row shows its median run, and the lines below
+        /// every run's rate and share of the raw consumer process.
+        #[arg(long, default_value_t = 1)]
+        throughput_runs: usize,
         /// Also time `readfold run` from start to ready after a clean stop,
         /// restoring the whole changelog vs a local checkpoint plus the
         /// tail, at a quarter, half and all of this many cursors (0: skip).
@@ -267,6 +273,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             replay_records,
             replay_runs,
             throughput_records,
+            throughput_runs,
             latency_seconds,
             latency_max_rate,
             restart_cursors,
@@ -316,7 +323,11 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                 readfold::bench::print_replay(&rows);
             }
             if throughput_records > 0 {
-                let figures = runtime.block_on(readfold::bench::throughput(&config, throughput_records))?;
+                let figures = runtime.block_on(readfold::bench::throughput(
+                    &config,
+                    throughput_records,
+                    throughput_runs,
+                ))?;
                 readfold::bench::print_throughput(&figures);
             }
             if restart_cursors > 0 {

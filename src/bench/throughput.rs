@@ -53,7 +53,12 @@ pub struct ThroughputRow {
 pub struct ThroughputFigures {
     pub reports: u64,
     pub events: u64,
+    /// The rows shown: for the raw consumer process and readfold, the run
+    /// of median rate.
     pub rows: Vec<ThroughputRow>,
+    /// Every run of the raw consumer process and readfold rows, in the
+    /// order they ran: one `[process, sinks off, sinks on]` per turn.
+    pub turns: Vec<Vec<ThroughputRow>>,
     /// Rows that could not run, and why.
     pub notes: Vec<String>,
 }
@@ -86,11 +91,14 @@ pub async fn readfold_max_rate(config: &Config, records: u64) -> Result<f64> {
     Ok(row.records as f64 / row.secs.max(1e-9))
 }
 
-/// `config` with a group and output topics of its own, named after `tag`,
-/// so that each timed run starts from nothing on the same inputs.
+/// `config` with a group, output topics and Redis keys of its own, named
+/// after `tag`, so that each timed run starts from nothing on the same
+/// inputs (on keys an earlier run wrote, Redis would have less to change).
 fn with_own_outputs(config: &Config, tag: &str) -> Config {
     let mut run = config.clone();
     run.kafka.group_id = format!("{}-{tag}", config.kafka.group_id);
+    // Under the bench's prefix, so that deleting its keys deletes these.
+    run.redis.key_prefix = format!("{}:{tag}", config.redis.key_prefix);
     let t = &mut run.topics;
     for topic in [
         &mut t.read_cursors,
@@ -103,7 +111,10 @@ fn with_own_outputs(config: &Config, tag: &str) -> Config {
     run
 }
 
-pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigures> {
+/// Produces `records` records, then times each way of reading them; the raw
+/// consumer process and readfold `runs` times each, taking turns, so that a
+/// slow spell of the box hits each alike.
+pub async fn throughput(config: &Config, records: u64, runs: usize) -> Result<ThroughputFigures> {
     let config = super::on_fresh_topics(config, "throughput");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
@@ -138,22 +149,26 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
         .await?,
     ];
 
-    // The same read as a group consumer process, timed as readfold is.
-    rows.push(
-        timed(
-            &clocks,
-            raw_consumer_process(&with_own_outputs(&config, "raw"), total),
-        )
-        .await?,
-    );
-
     let mut topics_made: Vec<String> = config.topics.names().into_iter().cloned().collect();
-    for (what, tag, sinks) in READFOLD_ROWS {
-        let run = with_own_outputs(&config, tag);
-        ensure_topics(&run.kafka, &run.topics).await?;
-        topics_made.extend(run.topics.names().into_iter().cloned());
-        rows.push(timed(&clocks, catch_up(&run, what, sinks, total)).await?);
+    let mut turns = Vec::new();
+    for turn in 1..=runs.max(1) {
+        let suffix = if turn == 1 {
+            String::new()
+        } else {
+            format!("-{turn}")
+        };
+        // The same read as a group consumer process, timed as readfold is.
+        let process = with_own_outputs(&config, &format!("raw{suffix}"));
+        let mut rows = vec![timed(&clocks, raw_consumer_process(&process, total)).await?];
+        for (what, tag, sinks) in READFOLD_ROWS {
+            let run = with_own_outputs(&config, &format!("{tag}{suffix}"));
+            ensure_topics(&run.kafka, &run.topics).await?;
+            topics_made.extend(run.topics.names().into_iter().cloned());
+            rows.push(timed(&clocks, catch_up(&run, what, sinks, total)).await?);
+        }
+        turns.push(rows);
     }
+    rows.extend((0..turns[0].len()).map(|i| median_run(turns.iter().map(|t| &t[i]))));
     // The seed design's consumer, per report and pipelined per poll.
     let events_topic = format!("{}.seed-events", config.topics.read_reports);
     readfold_kafka::admin::create_topic(&config.kafka, &events_topic, layout.partitions, 1, false).await?;
@@ -195,8 +210,16 @@ pub async fn throughput(config: &Config, records: u64) -> Result<ThroughputFigur
         reports,
         events,
         rows,
+        turns,
         notes,
     })
+}
+
+/// The run of median rate (the slower middle one of an even count).
+fn median_run<'a>(runs: impl Iterator<Item = &'a ThroughputRow>) -> ThroughputRow {
+    let mut runs: Vec<&ThroughputRow> = runs.collect();
+    runs.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+    runs[runs.len() / 2].clone()
 }
 
 /// Runs a row, with what the servers used meanwhile.
@@ -442,6 +465,28 @@ pub fn print_throughput(f: &ThroughputFigures) {
         println!(
             "  (no CQL statements in the readfold runs: most likely each took less than snapshot.interval_ms, so no snapshot fell within it)"
         );
+    }
+    if f.turns.len() > 1 {
+        println!(
+            "  (the raw consumer process and readfold rows: the median of {} runs taking turns; each run's reports/s and share of the raw consumer process of its turn, in the order they ran:)",
+            f.turns.len()
+        );
+        for i in 0..f.turns[0].len() {
+            let runs: Vec<String> = f
+                .turns
+                .iter()
+                .map(|turn| {
+                    let (process, row) = (&turn[0], &turn[i]);
+                    let rate = f.reports as f64 / row.secs.max(1e-9);
+                    if i == 0 {
+                        format!("{rate:.0}")
+                    } else {
+                        format!("{rate:.0} ({:.2})", process.secs / row.secs.max(1e-9))
+                    }
+                })
+                .collect();
+            println!("  {:<36} {}", f.turns[0][i].what, runs.join(", "));
+        }
     }
     for note in &f.notes {
         println!("  ({note})");
