@@ -497,6 +497,27 @@ pub fn print_throughput(f: &ThroughputFigures) {
 mod tests {
     use super::*;
 
+    fn row(secs: f64) -> ThroughputRow {
+        ThroughputRow {
+            what: "readfold",
+            records: 1,
+            secs,
+            cpu_secs: secs,
+            peak_rss: 0,
+            redis_calls: 0.0,
+            cql_statements: 0.0,
+            servers: ServerCpu::default(),
+        }
+    }
+
+    #[test]
+    fn the_median_run_is_the_middle_one_or_the_slower_middle_one() {
+        let median = |secs: &[f64]| median_run(secs.iter().map(|&s| row(s)).collect::<Vec<_>>().iter()).secs;
+        assert_eq!(median(&[2.0]), 2.0);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 3.0);
+    }
+
     #[test]
     fn a_child_that_exited_is_seen_to_have_exited_before_it_is_reaped() {
         let mut running = std::process::Command::new("sleep").arg("30").spawn().unwrap();
