@@ -30,12 +30,9 @@ pub struct ReplayRow {
 }
 
 impl ReplayRow {
-    /// The run with the median rate (the slower middle one of an even
-    /// count): on a shared box, one run can be slowed by a neighbour.
+    /// The run with the median rate (see [`super::median_run`]).
     pub fn median(&self) -> (f64, f64) {
-        let mut runs = self.runs.clone();
-        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        runs.get(runs.len() / 2).copied().unwrap_or((0.0, 0.0))
+        super::median_run(&self.runs, |run| run.0).unwrap_or((0.0, 0.0))
     }
 
     fn rate(&self, secs: f64) -> f64 {

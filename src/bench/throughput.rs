@@ -168,7 +168,10 @@ pub async fn throughput(config: &Config, records: u64, runs: usize) -> Result<Th
         }
         turns.push(rows);
     }
-    rows.extend((0..turns[0].len()).map(|i| median_run(turns.iter().map(|t| &t[i]))));
+    for i in 0..turns[0].len() {
+        let runs: Vec<ThroughputRow> = turns.iter().map(|turn| turn[i].clone()).collect();
+        rows.extend(super::median_run(&runs, |run| run.secs));
+    }
     // The seed design's consumer, per report and pipelined per poll.
     let events_topic = format!("{}.seed-events", config.topics.read_reports);
     readfold_kafka::admin::create_topic(&config.kafka, &events_topic, layout.partitions, 1, false).await?;
@@ -213,13 +216,6 @@ pub async fn throughput(config: &Config, records: u64, runs: usize) -> Result<Th
         turns,
         notes,
     })
-}
-
-/// The run of median rate (the slower middle one of an even count).
-fn median_run<'a>(runs: impl Iterator<Item = &'a ThroughputRow>) -> ThroughputRow {
-    let mut runs: Vec<&ThroughputRow> = runs.collect();
-    runs.sort_by(|a, b| a.secs.total_cmp(&b.secs));
-    runs[runs.len() / 2].clone()
 }
 
 /// Runs a row, with what the servers used meanwhile.
@@ -337,10 +333,10 @@ pub(super) fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
     Ok(ends)
 }
 
-/// Polls the group's committed offsets until every one reached `ends`.
-/// Waits until `config`'s group committed `ends`, or fails once the child
-/// process `pid`, which should commit them, has exited without doing so (a
-/// bad setting or a crash would otherwise leave the bench waiting 900 s).
+/// Polls the group's committed offsets until every one reached `ends`, or
+/// fails once the child process `pid`, which should commit them, has exited
+/// without doing so (a bad setting or a crash would otherwise leave the
+/// bench waiting 900 s).
 pub(super) fn wait_for_commits(
     config: &Config,
     ends: &TopicPartitionList,
@@ -512,7 +508,10 @@ mod tests {
 
     #[test]
     fn the_median_run_is_the_middle_one_or_the_slower_middle_one() {
-        let median = |secs: &[f64]| median_run(secs.iter().map(|&s| row(s)).collect::<Vec<_>>().iter()).secs;
+        let median = |secs: &[f64]| {
+            let runs: Vec<ThroughputRow> = secs.iter().map(|&s| row(s)).collect();
+            super::super::median_run(&runs, |run| run.secs).unwrap().secs
+        };
         assert_eq!(median(&[2.0]), 2.0);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 3.0);

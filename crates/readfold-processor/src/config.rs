@@ -49,7 +49,6 @@ impl FlushConfig {
         if self.interval_ms == 0 || self.max_dirty == 0 {
             return Err("flush.interval_ms and flush.max_dirty must be positive".into());
         }
-
         Ok(())
     }
 

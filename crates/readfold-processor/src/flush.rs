@@ -10,10 +10,10 @@
 //! which starts as soon as this one settles, or, while the fold is behind
 //! a backlog, a while after this one began: `flush.catch_up_interval_ms`,
 //! growing with the backlog's age up to `flush.catch_up_max_interval_ms`
-//! (see `Processor::flush_after_commit` and `readfold_core::pacing`). So flushes follow the load: under a
-//! light one a change is published within `flush.linger_ms` plus one
-//! flush; under a heavy one each flush carries what arrived during the
-//! last.
+//! (see `Processor::flush_after_commit` and `readfold_core::pacing`). So
+//! flushes follow the load: under a light one a change is published within
+//! `flush.linger_ms` plus one flush; under a heavy one each flush carries
+//! what arrived during the last.
 //!
 //! CQL snapshots run in a lane of their own, next to the flushes, so that a
 //! snapshot of many keys never holds back the changelog and Redis. The
