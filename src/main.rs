@@ -178,6 +178,11 @@ enum Command {
         /// every run's rate and share of the raw consumer process.
         #[arg(long, default_value_t = 1)]
         throughput_runs: usize,
+        /// Whether the throughput bench also runs the peers: the seed
+        /// design's consumer (per report, and pipelined) and the Kafka
+        /// Streams peer. Without them it shows the raw reads and readfold.
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        throughput_peers: bool,
         /// Also time `readfold run` from start to ready after a clean stop,
         /// restoring the whole changelog vs a local checkpoint plus the
         /// tail, at a quarter, half and all of this many cursors (0: skip).
@@ -274,6 +279,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             replay_runs,
             throughput_records,
             throughput_runs,
+            throughput_peers,
             latency_seconds,
             latency_max_rate,
             restart_cursors,
@@ -327,6 +333,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                     &config,
                     throughput_records,
                     throughput_runs,
+                    throughput_peers,
                 ))?;
                 readfold::bench::print_throughput(&figures);
             }

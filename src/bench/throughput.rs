@@ -113,8 +113,13 @@ fn with_own_outputs(config: &Config, tag: &str) -> Config {
 
 /// Produces `records` records, then times each way of reading them; the raw
 /// consumer process and readfold `runs` times each, taking turns, so that a
-/// slow spell of the box hits each alike.
-pub async fn throughput(config: &Config, records: u64, runs: usize) -> Result<ThroughputFigures> {
+/// slow spell of the box hits each alike. The peers run once, if `peers`.
+pub async fn throughput(
+    config: &Config,
+    records: u64,
+    runs: usize,
+    peers: bool,
+) -> Result<ThroughputFigures> {
     let config = super::on_fresh_topics(config, "throughput");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
@@ -172,38 +177,14 @@ pub async fn throughput(config: &Config, records: u64, runs: usize) -> Result<Th
         let runs: Vec<ThroughputRow> = turns.iter().map(|turn| turn[i].clone()).collect();
         rows.extend(super::median_run(&runs, |run| run.secs));
     }
-    // The seed design's consumer, per report and pipelined per poll.
-    let events_topic = format!("{}.seed-events", config.topics.read_reports);
-    readfold_kafka::admin::create_topic(&config.kafka, &events_topic, layout.partitions, 1, false).await?;
-    for pipelined in [false, true] {
-        let run = config.clone();
-        let row = timed(&clocks, async move {
-            tokio::task::spawn_blocking(move || super::seed_design::seed_design(&run, pipelined, reports))
-                .await
-                .map_err(|e| Error::Run(format!("seed design: {e}")))?
-        });
-        rows.push(row.await?);
-    }
-    topics_made.push(events_topic);
-    // Kafka Streams doing the same fold, where Maven and Java are here.
     let mut notes = Vec::new();
-    match kstreams_peer::unavailable(&config) {
-        Some(why) => notes.push(format!("Kafka Streams peer skipped: {why}")),
-        None => {
-            let mut run = config.clone();
-            run.kafka.group_id = format!("{}-kstreams", config.kafka.group_id);
-            run.topics.read_cursors.push_str("-kstreams");
-            run.topics.user_read_cursors.push_str("-kstreams");
-            ensure_topics(&run.kafka, &run.topics).await?;
-            topics_made.extend(run.topics.names().into_iter().cloned());
-            topics_made.extend(kstreams_peer::internal_topics(&run));
-            let row = timed(&clocks, async move {
-                tokio::task::spawn_blocking(move || kstreams_peer::kstreams_peer(&run, expected, reports))
-                    .await
-                    .map_err(|e| Error::Run(format!("kstreams peer: {e}")))?
-            });
-            rows.push(row.await?);
-        }
+    if peers {
+        let peers = peer_rows(&config, &clocks, layout.partitions, reports, expected).await?;
+        rows.extend(peers.rows);
+        topics_made.extend(peers.topics);
+        notes.extend(peers.notes);
+    } else {
+        notes.push("peers skipped (--throughput-peers false)".to_owned());
     }
     topics_made.sort();
     topics_made.dedup();
@@ -216,6 +197,59 @@ pub async fn throughput(config: &Config, records: u64, runs: usize) -> Result<Th
         turns,
         notes,
     })
+}
+
+/// What the peers ran: their rows, the topics they made and why any was
+/// skipped.
+#[derive(Default)]
+struct PeerRows {
+    rows: Vec<ThroughputRow>,
+    topics: Vec<String>,
+    notes: Vec<String>,
+}
+
+/// The seed design's consumer, per report and pipelined per poll, then
+/// Kafka Streams doing the same fold, where Maven and Java are here.
+async fn peer_rows(
+    config: &Config,
+    clocks: &ServerClocks,
+    partitions: i32,
+    reports: u64,
+    expected: kstreams_peer::Expected,
+) -> Result<PeerRows> {
+    let mut peers = PeerRows::default();
+    let (rows, topics_made, notes) = (&mut peers.rows, &mut peers.topics, &mut peers.notes);
+    let events_topic = format!("{}.seed-events", config.topics.read_reports);
+    readfold_kafka::admin::create_topic(&config.kafka, &events_topic, partitions, 1, false).await?;
+    for pipelined in [false, true] {
+        let run = config.clone();
+        let row = timed(clocks, async move {
+            tokio::task::spawn_blocking(move || super::seed_design::seed_design(&run, pipelined, reports))
+                .await
+                .map_err(|e| Error::Run(format!("seed design: {e}")))?
+        });
+        rows.push(row.await?);
+    }
+    topics_made.push(events_topic);
+    match kstreams_peer::unavailable(config) {
+        Some(why) => notes.push(format!("Kafka Streams peer skipped: {why}")),
+        None => {
+            let mut run = config.clone();
+            run.kafka.group_id = format!("{}-kstreams", config.kafka.group_id);
+            run.topics.read_cursors.push_str("-kstreams");
+            run.topics.user_read_cursors.push_str("-kstreams");
+            ensure_topics(&run.kafka, &run.topics).await?;
+            topics_made.extend(run.topics.names().into_iter().cloned());
+            topics_made.extend(kstreams_peer::internal_topics(&run));
+            let row = timed(clocks, async move {
+                tokio::task::spawn_blocking(move || kstreams_peer::kstreams_peer(&run, expected, reports))
+                    .await
+                    .map_err(|e| Error::Run(format!("kstreams peer: {e}")))?
+            });
+            rows.push(row.await?);
+        }
+    }
+    Ok(peers)
 }
 
 /// Runs a row, with what the servers used meanwhile.
