@@ -8,7 +8,10 @@
 //! - [`batch_producer`]: many records to one topic in one librdkafka call.
 //! - [`brokers`]: waiting for a client's first broker connection.
 //! - [`reader`]: committed-record readers (tail, changelogs).
-//! - [`partition_queue`]: one partition's queue, read a batch at a time.
+//! - [`queue_batch`]: a librdkafka queue, read a batch at a time.
+//! - [`partition_queue`]: one partition's queue, read that way.
+//! - [`routed_queue`]: a group member's fetched messages, routed to one
+//!   queue and read that way.
 //! - [`changelog`]: the changelog reader: restore, read, follow.
 
 pub mod admin;
@@ -20,7 +23,9 @@ pub mod context;
 pub mod error;
 pub mod partition_queue;
 pub mod producer;
+pub mod queue_batch;
 pub mod reader;
+pub mod routed_queue;
 
 pub use config::{KafkaConfig, TopicsConfig};
 pub use error::{is_fatal, Error, Result};

@@ -1,7 +1,8 @@
 //! Consumer group handling: the group member's consumer, and what
 //! librdkafka's rebalance callbacks report, queued in order for the run loop.
 
-use std::sync::{Arc, Mutex};
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -11,6 +12,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer}
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
+use readfold_kafka::routed_queue::{RoutedQueue, RoutedReader};
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 
 use crate::error::Result;
@@ -37,6 +39,9 @@ pub struct GroupContext {
     inputs: [String; 2],
     /// How long an assignment waits for the group's committed offsets.
     committed_wait: Duration,
+    /// Where assigned partitions' fetched messages go, while its reader
+    /// lives (see [`routed_reader`]).
+    routed: Mutex<Weak<RoutedQueue>>,
 }
 
 /// The events, and a wake-up for the run loop when one arrives.
@@ -73,6 +78,26 @@ impl GroupEvents {
     /// at its next flush tick (500 ms after the join, at every start).
     pub async fn arrived(&self) {
         self.0.arrived.notified().await;
+    }
+}
+
+impl GroupContext {
+    /// Routes the partitions about to be assigned to the run loop's
+    /// batched queue. One that cannot be routed is still read, one message
+    /// at a time, from the consumer's own queue.
+    fn route(&self, tpl: &TopicPartitionList) {
+        let Some(queue) = self.routed.lock().expect("routed queue lock").upgrade() else {
+            return;
+        };
+        for e in tpl.elements() {
+            if !queue.route(e.topic(), e.partition()) {
+                tracing::warn!(
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "could not route a partition to the batched queue; reading it from the consumer's"
+                );
+            }
+        }
     }
 }
 
@@ -119,6 +144,7 @@ impl ConsumerContext for GroupContext {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
         if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS {
             let offsets_stable = start_at_committed(consumer, tpl, self.committed_wait);
+            self.route(tpl);
             if let Err(e) = consumer.assign(tpl) {
                 tracing::error!(error = %e, "could not apply the group's assignment");
             }
@@ -206,6 +232,7 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         inputs: [topics.read_reports.clone(), topics.conversation_events.clone()],
         // Past it, librdkafka fetches the offsets itself.
         committed_wait: stable_offsets_wait(kafka),
+        routed: Mutex::new(Weak::new()),
     };
     let consumer: GroupConsumer = kafka
         .backlog_client_config()
@@ -220,4 +247,15 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         .set("statistics.interval.ms", "5000")
         .create_with_context(context)?;
     Ok((consumer, GroupEvents(events)))
+}
+
+/// A batched reader of everything `consumer` fetches from the next
+/// assignment on (see [`readfold_kafka::routed_queue`]). Make it before
+/// the first poll: the assignment is routed when it is applied.
+pub fn routed_reader(consumer: &Arc<GroupConsumer>) -> RoutedReader {
+    let client = NonNull::new(consumer.client().native_ptr()).expect("a consumer has a native client");
+    // SAFETY: `client` is the handle of the consumer passed to keep alive.
+    let reader = unsafe { RoutedReader::new(client, consumer.clone()) };
+    *consumer.context().routed.lock().expect("routed queue lock") = reader.queue();
+    reader
 }

@@ -17,6 +17,7 @@ mod flush;
 pub mod group;
 pub mod health;
 pub mod partitions;
+mod record;
 mod schemas;
 pub mod telemetry;
 pub mod transaction;
@@ -27,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
+use rdkafka::message::BorrowedMessage;
 use rdkafka::TopicPartitionList;
 use readfold_core::backoff::{self, Backoff};
 use readfold_core::flush::over_bound;
@@ -35,6 +36,7 @@ use readfold_core::fold::InputKind;
 use readfold_core::pacing::CatchUpPacing;
 use readfold_kafka::admin::Layout;
 use readfold_kafka::changelog::Restorer;
+use readfold_kafka::routed_queue::RoutedReader;
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::RedisStore;
 use readfold_wire::dead_letter::{dead_letter, Source};
@@ -52,6 +54,7 @@ use health::Health;
 use partitions::{Partitions, Slot};
 use readfold_wire::confluent::Framing;
 use readfold_wire::validate::{RejectReason, Rejection};
+use record::{OwnedRecord, Record};
 use schemas::{InputSchemas, SchemaCheck};
 use transaction::Transactions;
 
@@ -283,6 +286,9 @@ impl Processor {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let linger = self.settings.flush.linger();
         let consumer = Arc::clone(&self.consumer);
+        // Assigned partitions' records come from here, a batch at a time;
+        // the consumer's own queue keeps the group's events.
+        let mut routed = group::routed_reader(&consumer);
         let group_events = self.events.clone();
         // One timer for the linger, moved rather than made anew per loop.
         let linger_sleep = tokio::time::sleep(Duration::ZERO);
@@ -298,6 +304,7 @@ impl Processor {
             Flushed(Result<()>),
             Snapshotted(Result<()>),
             Fetched(std::result::Result<BorrowedMessage<'a>, KafkaError>),
+            Routed,
         }
         /// What to do about it, with no borrow of the consumer left.
         enum Step {
@@ -311,8 +318,10 @@ impl Processor {
             /// Folded (or dropped, its partition no longer ours), or deferred
             /// (copied) until a rebalance is applied or its partition is
             /// restored.
-            Fetched(Option<OwnedMessage>),
+            Fetched(Option<OwnedRecord>),
             FetchFailed(KafkaError),
+            /// Records wait on the routed queue.
+            Routed,
         }
         loop {
             if *shutdown.borrow() {
@@ -338,6 +347,7 @@ impl Processor {
                 _ = group_events.arrived() => Woke::Rebalanced,
                 _ = tick.tick() => Woke::Tick,
                 _ = &mut linger_sleep, if lingering && in_flight.is_none() => Woke::Linger,
+                _ = routed.ready(), if taking => Woke::Routed,
                 m = consumer.recv(), if taking => Woke::Fetched(m),
             };
             let step = match woke {
@@ -349,10 +359,13 @@ impl Processor {
                 Woke::Snapshotted(outcome) => Step::Snapshotted(outcome),
                 Woke::Fetched(Ok(message)) => Step::Fetched(self.fold_or_defer(message)),
                 Woke::Fetched(Err(e)) => Step::FetchFailed(e),
+                Woke::Routed => Step::Routed,
             };
             // Rebalance callbacks ran inside recv(); apply them before
             // touching any partition's state.
-            self.apply_group_events();
+            if self.apply_group_events() {
+                routed.discard();
+            }
             self.restore_assigned().await?;
             match step {
                 Step::Shutdown => break,
@@ -389,18 +402,15 @@ impl Processor {
                     self.snapshot_when_due();
                 }
                 Step::Fetched(deferred) => {
-                    if let Some(message) = deferred {
-                        self.process(message).await?;
+                    if let Some(record) = deferred {
+                        self.process(record).await?;
                     }
-                    self.fold_fetched(&consumer).await?;
-                    if self.catching_up && self.caught_up {
-                        self.pacing.caught_up();
-                        self.flush_when_due();
-                    }
-                    if self.in_flight.is_none() && self.flush_at.is_none() {
-                        self.flush_at = Some(Instant::now() + linger);
-                    }
-                    self.apply_backpressure()?;
+                    self.fold_unrouted(&consumer, &mut routed).await?;
+                    self.folded(linger)?;
+                }
+                Step::Routed => {
+                    self.fold_routed(&mut routed).await?;
+                    self.folded(linger)?;
                 }
                 Step::FetchFailed(e) => self.consumer_error(e)?,
             }
@@ -447,12 +457,16 @@ impl Processor {
         checkpoints.save(states, &self.restorer);
     }
 
-    fn apply_group_events(&mut self) {
+    /// Applies the group events queued since the last call; true if there
+    /// were any.
+    fn apply_group_events(&mut self) -> bool {
         let inputs = [
             self.settings.topics.read_reports.as_str(),
             self.settings.topics.conversation_events.as_str(),
         ];
-        for event in self.events.take() {
+        let events = self.events.take();
+        let any = !events.is_empty();
+        for event in events {
             // Paused partitions are resumed by the next assignment anyway.
             self.paused = false;
             self.offsets_stable = matches!(
@@ -477,6 +491,7 @@ impl Processor {
             telemetry::paused(false);
             self.report_partitions();
         }
+        any
     }
 
     /// Tells readiness probes how many partitions are owned and how many
@@ -533,23 +548,70 @@ impl Processor {
         );
     }
 
-    /// Folds the records the consumer has already fetched, up to
-    /// [`FOLD_BATCH`], without waiting for more: one turn of the run loop
-    /// per batch rather than per record.
-    async fn fold_fetched(&mut self, consumer: &GroupConsumer) -> Result<()> {
+    /// After a turn that folded records: a catch-up that caught up flushes
+    /// now, a first change starts the linger, and the dirty set's bound is
+    /// looked at.
+    fn folded(&mut self, linger: Duration) -> Result<()> {
+        if self.catching_up && self.caught_up {
+            self.pacing.caught_up();
+            self.flush_when_due();
+        }
+        if self.in_flight.is_none() && self.flush_at.is_none() {
+            self.flush_at = Some(Instant::now() + linger);
+        }
+        self.apply_backpressure()
+    }
+
+    /// Folds the records waiting on the routed queue, up to [`FOLD_BATCH`],
+    /// without waiting for more: one turn of the run loop per batch rather
+    /// than per record. Group events are applied before every turn, and
+    /// none arrive during one (they come with polls of the consumer's own
+    /// queue), so no rebalance waits for these records.
+    async fn fold_routed(&mut self, routed: &mut RoutedReader) -> Result<()> {
+        for _ in 0..FOLD_BATCH {
+            let deferred = match routed.next_message() {
+                None => {
+                    self.caught_up = true;
+                    return Ok(());
+                }
+                Some(Err(e)) => {
+                    self.consumer_error(e)?;
+                    continue;
+                }
+                Some(Ok(message)) => {
+                    let record = Record::from(message);
+                    match self.fold_record(&record) {
+                        Folded::Done | Folded::NotOwned => None,
+                        Folded::Unrestored | Folded::UnknownSchema(..) => Some(record.to_owned()),
+                    }
+                }
+            };
+            if let Some(record) = deferred {
+                self.process(record).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Folds the records left on the consumer's own queue (fetched before
+    /// their partition was routed, or not routed), up to [`FOLD_BATCH`],
+    /// without waiting for more.
+    async fn fold_unrouted(&mut self, consumer: &GroupConsumer, routed: &mut RoutedReader) -> Result<()> {
         for _ in 1..FOLD_BATCH {
             let deferred = match poll_once(consumer.recv()) {
                 None => {
-                    self.caught_up = true;
+                    self.caught_up = !routed.has_more();
                     return Ok(());
                 }
                 Some(Err(e)) => return self.consumer_error(e),
                 Some(Ok(message)) => self.fold_or_defer(message),
             };
-            if let Some(message) = deferred {
-                self.apply_group_events();
+            if let Some(record) = deferred {
+                if self.apply_group_events() {
+                    routed.discard();
+                }
                 self.restore_assigned().await?;
-                self.process(message).await?;
+                self.process(record).await?;
             }
         }
         Ok(())
@@ -559,25 +621,26 @@ impl Processor {
     /// to be applied or its partition has no state yet: then it returns a
     /// copy for [`Processor::process`], after the rebalance. A record of a
     /// partition no longer assigned is dropped.
-    fn fold_or_defer(&mut self, message: BorrowedMessage<'_>) -> Option<OwnedMessage> {
+    fn fold_or_defer(&mut self, message: BorrowedMessage<'_>) -> Option<OwnedRecord> {
+        let record = Record::of(&message);
         if self.events.pending() {
-            return Some(message.detach());
+            return Some(record.to_owned());
         }
-        match self.fold_record(&message) {
+        match self.fold_record(&record) {
             Folded::Done | Folded::NotOwned => None,
-            Folded::Unrestored | Folded::UnknownSchema(..) => Some(message.detach()),
+            Folded::Unrestored | Folded::UnknownSchema(..) => Some(record.to_owned()),
         }
     }
 
     /// Folds a record, first restoring its partition's state or asking the
     /// registry about its schema id if needed; drops it if its partition is
     /// no longer assigned.
-    async fn process(&mut self, message: OwnedMessage) -> Result<()> {
+    async fn process(&mut self, owned: OwnedRecord) -> Result<()> {
         loop {
-            match self.fold_record(&message) {
+            match self.fold_record(&owned.as_record()) {
                 Folded::Done | Folded::NotOwned => return Ok(()),
                 Folded::Unrestored => {
-                    for (partition, slot) in self.restore(&[message.partition()]).await? {
+                    for (partition, slot) in self.restore(&[owned.partition()]).await? {
                         self.partitions.slots.insert(partition, slot);
                     }
                     self.report_partitions();
@@ -600,8 +663,8 @@ impl Processor {
 
     /// Folds one input record into its partition's state (or its dead
     /// letters).
-    fn fold_record(&mut self, message: &impl Message) -> Folded {
-        let topic = message.topic();
+    fn fold_record(&mut self, message: &Record<'_>) -> Folded {
+        let topic = message.topic;
         let kind = if topic == self.settings.topics.read_reports {
             InputKind::ReadReports
         } else if topic == self.settings.topics.conversation_events {
@@ -610,12 +673,12 @@ impl Processor {
             tracing::warn!(topic, "message from an unexpected topic");
             return Folded::Done;
         };
-        let partition = message.partition();
+        let partition = message.partition;
         if !self.partitions.owns(partition) {
             tracing::debug!(
                 topic,
                 partition,
-                offset = message.offset(),
+                offset = message.offset,
                 "dropping a record of a partition no longer assigned"
             );
             return Folded::NotOwned;
@@ -625,14 +688,14 @@ impl Processor {
         };
         let schema = match &self.input_schemas {
             None => SchemaCheck::Accepted,
-            Some(schemas) => schemas.check(kind, message.payload(), self.settings.input.format),
+            Some(schemas) => schemas.check(kind, message.payload, self.settings.input.format),
         };
         if let SchemaCheck::Unknown(id) = schema {
             return Folded::UnknownSchema(kind, id);
         }
         self.records_in.record(kind);
         let placement = Placement {
-            key: message.key(),
+            key: message.key,
             partition,
             partition_count: self.layout.partitions,
         };
@@ -641,7 +704,7 @@ impl Processor {
                 reason: RejectReason::UnknownSchema,
                 detail,
             }),
-            _ => ingest(kind, message.payload(), placement, &self.settings.input),
+            _ => ingest(kind, message.payload, placement, &self.settings.input),
         };
         match ingested {
             Ok(input) => {
@@ -649,22 +712,22 @@ impl Processor {
             }
             Err(rejection) => {
                 telemetry::dead_lettered(rejection.reason);
-                tracing::debug!(topic, partition, offset = message.offset(), reason = %rejection.reason, detail = %rejection.detail, "dead-lettering");
+                tracing::debug!(topic, partition, offset = message.offset, reason = %rejection.reason, detail = %rejection.detail, "dead-lettering");
                 let source = Source {
                     topic: topic.to_owned(),
                     partition,
-                    offset: message.offset(),
+                    offset: message.offset,
                 };
                 slot.dead_letters.push(dead_letter(
-                    message.key(),
-                    message.payload(),
+                    message.key,
+                    message.payload,
                     &rejection,
                     &source,
                     &self.out,
                 ));
             }
         }
-        slot.processed(kind, message.offset());
+        slot.processed(kind, message.offset);
         Folded::Done
     }
 

@@ -1,0 +1,163 @@
+//! A group member's fetched messages, routed to one queue of our own and
+//! read a batch at a time (see [`crate::queue_batch`]).
+//!
+//! The consumer's own queue carries the group's rebalance events, which
+//! rdkafka serves one event at a time, so it cannot be read in batches.
+//! Each assigned partition's fetch queue is forwarded to a [`RoutedQueue`]
+//! instead, from the rebalance callback, before the assignment starts
+//! fetching; the consumer's queue is left with the events and the errors
+//! that are not about one partition. librdkafka calls back when the routed
+//! queue turns non-empty, which wakes [`RoutedReader::ready`].
+
+use std::any::Any;
+use std::ffi::{c_void, CString};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use rdkafka::bindings as rdsys;
+use rdkafka::error::KafkaError;
+use tokio::sync::Notify;
+
+use crate::queue_batch::{QueueBatch, QueuedMessage};
+
+/// The queue the assigned partitions' fetched messages are routed to.
+pub struct RoutedQueue {
+    queue: NonNull<rdsys::rd_kafka_queue_t>,
+    client: NonNull<rdsys::rd_kafka_t>,
+    /// Woken by librdkafka when the queue turns non-empty; its address is
+    /// the callback's opaque pointer, so it lives as long as the queue.
+    ready: Arc<Notify>,
+}
+
+// SAFETY: librdkafka's clients and queues may be used from any thread; the
+// queue is destroyed once, by the last owner.
+unsafe impl Send for RoutedQueue {}
+unsafe impl Sync for RoutedQueue {}
+
+/// librdkafka's "queue turned non-empty" callback. It runs on librdkafka's
+/// threads, under the queue's lock: only a wake-up.
+unsafe extern "C" fn wake(_: *mut rdsys::rd_kafka_t, opaque: *mut c_void) {
+    // SAFETY: `opaque` is the `Notify` of a live `RoutedQueue` (see `Drop`).
+    unsafe { &*(opaque as *const Notify) }.notify_one();
+}
+
+impl RoutedQueue {
+    /// Routes partition `partition` of `topic` to this queue. Call before
+    /// the partition is assigned: messages fetched before stay where they
+    /// went. librdkafka clears the route when the partition stops (revoke),
+    /// so route it at every assignment. False if the client does not know
+    /// the topic name.
+    pub fn route(&self, topic: &str, partition: i32) -> bool {
+        let Ok(topic) = CString::new(topic) else {
+            return false;
+        };
+        // SAFETY: the client outlives this queue (see `RoutedReader`); the
+        // partition's queue handle is ours to release.
+        unsafe {
+            let fetched =
+                rdsys::rd_kafka_queue_get_partition(self.client.as_ptr(), topic.as_ptr(), partition);
+            if fetched.is_null() {
+                return false;
+            }
+            rdsys::rd_kafka_queue_forward(fetched, self.queue.as_ptr());
+            rdsys::rd_kafka_queue_destroy(fetched);
+        }
+        true
+    }
+
+    fn is_empty(&self) -> bool {
+        // SAFETY: a valid queue.
+        unsafe { rdsys::rd_kafka_queue_length(self.queue.as_ptr()) == 0 }
+    }
+}
+
+impl Drop for RoutedQueue {
+    fn drop(&mut self) {
+        // SAFETY: turning the callback off takes the queue's lock, under
+        // which librdkafka calls it, so none runs once this returns and the
+        // `Notify` may go. The queue is ours, destroyed once; the client is
+        // still alive (see `RoutedReader`).
+        unsafe {
+            rdsys::rd_kafka_queue_cb_event_enable(self.queue.as_ptr(), None, std::ptr::null_mut());
+            rdsys::rd_kafka_queue_destroy(self.queue.as_ptr());
+        }
+    }
+}
+
+/// Reads a [`RoutedQueue`] a batch at a time. It owns the queue: the
+/// rebalance callback routes partitions through a [`std::sync::Weak`]
+/// (`RoutedReader::queue`), which stops working once the reader is gone.
+pub struct RoutedReader {
+    // Dropped in this order: the batch's messages, then the queue, then
+    // the client they belong to.
+    batch: QueueBatch,
+    queue: Arc<RoutedQueue>,
+    _client: Arc<dyn Any + Send + Sync>,
+}
+
+impl RoutedReader {
+    /// A new queue of `client` (a consumer's native handle), which
+    /// `keep_alive` keeps alive as long as the reader.
+    ///
+    /// # Safety
+    /// `client` must be the native handle of the consumer `keep_alive`
+    /// owns.
+    pub unsafe fn new(client: NonNull<rdsys::rd_kafka_t>, keep_alive: Arc<dyn Any + Send + Sync>) -> Self {
+        let ready = Arc::new(Notify::new());
+        // SAFETY: a valid client; the queue is ours to destroy, and the
+        // callback's `Notify` lives as long as it.
+        let queue = unsafe {
+            let queue = NonNull::new(rdsys::rd_kafka_queue_new(client.as_ptr()))
+                .expect("librdkafka allocates a queue");
+            rdsys::rd_kafka_queue_cb_event_enable(
+                queue.as_ptr(),
+                Some(wake),
+                Arc::as_ptr(&ready) as *mut c_void,
+            );
+            queue
+        };
+        RoutedReader {
+            batch: QueueBatch::new(),
+            queue: Arc::new(RoutedQueue { queue, client, ready }),
+            _client: keep_alive,
+        }
+    }
+
+    /// The queue, for the rebalance callback to route partitions to.
+    pub fn queue(&self) -> std::sync::Weak<RoutedQueue> {
+        Arc::downgrade(&self.queue)
+    }
+
+    /// The next message or error without waiting, taking a new batch off
+    /// the queue when the last is done; `None` when the queue is empty.
+    /// What it lends is valid until the next call.
+    pub fn next_message(&mut self) -> Option<Result<QueuedMessage<'_>, KafkaError>> {
+        // SAFETY: a valid queue, whose client `_client` keeps alive.
+        unsafe { self.batch.next(self.queue.queue, 0) }
+    }
+
+    /// Whether a message waits, in the batch taken or on the queue.
+    pub fn has_more(&self) -> bool {
+        self.batch.has_more() || !self.queue.is_empty()
+    }
+
+    /// Drops the rest of the batch taken off the queue. After a rebalance
+    /// its messages are stale: librdkafka would have dropped them had they
+    /// still been queued, and fetches again from the committed offsets.
+    pub fn discard(&mut self) {
+        self.batch.discard();
+    }
+
+    /// Completes once a message waits (at once if one does).
+    pub async fn ready(&self) {
+        loop {
+            // Asked for before the check: a message queued after the check
+            // leaves a permit, so the wait below cannot miss it.
+            let notified = self.queue.ready.notified();
+            if self.has_more() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
