@@ -48,6 +48,10 @@ pub(crate) struct QueueBatch {
     /// to be destroyed: by the next call, so that what it lent stays valid
     /// until then.
     lent: bool,
+    /// The topic names seen, checked as UTF-8 once: a message names its
+    /// topic as a C string, and checking it for every message cost 2% of
+    /// the processor's CPU.
+    topics: Vec<Box<str>>,
 }
 
 // SAFETY: librdkafka's messages may be used and destroyed from any thread,
@@ -63,6 +67,7 @@ impl QueueBatch {
             taken: 0,
             next: 0,
             lent: false,
+            topics: Vec::new(),
         }
     }
 
@@ -107,7 +112,27 @@ impl QueueBatch {
         // SAFETY: librdkafka owns the message until `rd_kafka_message_destroy`,
         // which happens only in the next call or on `discard`, both of which
         // need `&mut self` and so end this borrow first.
-        Some(unsafe { decode(message) })
+        let m = unsafe { message.as_ref() };
+        let topic = if m.err == rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && !m.rkt.is_null() {
+            // SAFETY: the message holds its topic, whose name lives as long.
+            let name = unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(m.rkt)) }.to_bytes();
+            self.topic_index(name)
+        } else {
+            None
+        };
+        let topic = topic.map_or("", |i| &*self.topics[i]);
+        // SAFETY: as above.
+        Some(unsafe { decode(message, topic) })
+    }
+
+    /// Where `name` is in `topics`, added if new; `None` if not UTF-8.
+    fn topic_index(&mut self, name: &[u8]) -> Option<usize> {
+        if let Some(i) = self.topics.iter().position(|t| t.as_bytes() == name) {
+            return Some(i);
+        }
+        let name = std::str::from_utf8(name).ok()?;
+        self.topics.push(name.into());
+        Some(self.topics.len() - 1)
     }
 
     /// Destroys every message not yet handed over, and the one lent last.
@@ -137,7 +162,10 @@ impl Drop for QueueBatch {
 
 /// # Safety
 /// `message` must be a valid message, living as long as `'a`.
-unsafe fn decode<'a>(message: NonNull<rdsys::rd_kafka_message_t>) -> Result<QueuedMessage<'a>, KafkaError> {
+unsafe fn decode<'a>(
+    message: NonNull<rdsys::rd_kafka_message_t>,
+    topic: &'a str,
+) -> Result<QueuedMessage<'a>, KafkaError> {
     let m = unsafe { message.as_ref() };
     if m.err != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
         return Err(
@@ -151,15 +179,6 @@ unsafe fn decode<'a>(message: NonNull<rdsys::rd_kafka_message_t>) -> Result<Queu
     let mut kind = rdsys::rd_kafka_timestamp_type_t::RD_KAFKA_TIMESTAMP_NOT_AVAILABLE;
     // SAFETY: a valid message, and a valid place for the type.
     let timestamp = unsafe { rdsys::rd_kafka_message_timestamp(message.as_ptr(), &mut kind) };
-    let topic = if m.rkt.is_null() {
-        ""
-    } else {
-        // SAFETY: the message holds its topic, whose name lives as long.
-        // Kafka topic names are ASCII.
-        unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(m.rkt)) }
-            .to_str()
-            .unwrap_or_default()
-    };
     Ok(QueuedMessage {
         topic,
         partition: m.partition,
