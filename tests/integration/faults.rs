@@ -29,7 +29,11 @@ async fn sigkill_at_random_moments_loses_nothing() {
 async fn instances_join_and_leave_under_load() {
     let env = TestEnv::new("join-leave", 6).await;
     let fast_session = [("READFOLD__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS", "6000")];
-    let mut a = env.spawn_with("a", &fast_session);
+    let a_metrics = free_local_addr();
+    let mut a = env.spawn_with(
+        "a",
+        &[fast_session[0], ("READFOLD__METRICS__LISTEN", a_metrics.as_str())],
+    );
     let membership = async {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let mut b = env.spawn_with("b", &fast_session);
@@ -41,6 +45,9 @@ async fn instances_join_and_leave_under_load() {
     };
     let (load, ()) = tokio::join!(produce_load(&env, Duration::from_secs(20), 11), membership);
     check_everything(&env, &load).await;
+    // Through every rebalance, records came a batch at a time from the
+    // queue the assignment was routed to.
+    assert_all_routed(&a_metrics, &a);
     assert!(a.terminate(Duration::from_secs(30)), "{}", a.log_text());
     assert_all_input_committed(&env);
 }

@@ -1,5 +1,6 @@
 //! Two instances in one group split the partitions and together reach the
-//! same final changelog as one would.
+//! same final changelog as one would, reading their records in batches
+//! from the queue each assignment is routed to.
 
 use std::time::Duration;
 
@@ -8,8 +9,9 @@ use crate::kit::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_split_partitions_and_agree_with_one() {
     let env = TestEnv::new("scale", 4).await;
-    let mut a = env.spawn("a");
-    let mut b = env.spawn("b");
+    let (a_metrics, b_metrics) = (free_local_addr(), free_local_addr());
+    let mut a = env.spawn_with("a", &[("READFOLD__METRICS__LISTEN", a_metrics.as_str())]);
+    let mut b = env.spawn_with("b", &[("READFOLD__METRICS__LISTEN", b_metrics.as_str())]);
     let mut reference = Reference::default();
     let mut feed = env.feed(&mut reference);
     for round in 0..5i64 {
@@ -35,6 +37,10 @@ async fn two_instances_split_partitions_and_agree_with_one() {
     };
     assert!(assigned(&a), "instance a got no partitions:\n{}", a.log_text());
     assert!(assigned(&b), "instance b got no partitions:\n{}", b.log_text());
+    // Through the rebalances of b joining, every record came from the
+    // routed queue, none from the consumer's own.
+    assert_all_routed(&a_metrics, &a);
+    assert_all_routed(&b_metrics, &b);
     assert!(a.terminate(Duration::from_secs(30)));
     assert!(b.terminate(Duration::from_secs(30)));
 }

@@ -622,6 +622,7 @@ impl Processor {
     /// copy for [`Processor::process`], after the rebalance. A record of a
     /// partition no longer assigned is dropped.
     fn fold_or_defer(&mut self, message: BorrowedMessage<'_>) -> Option<OwnedRecord> {
+        telemetry::unrouted();
         let record = Record::of(&message);
         if self.events.pending() {
             return Some(record.to_owned());

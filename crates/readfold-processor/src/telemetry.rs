@@ -42,6 +42,10 @@ pub fn register() {
         "Input records read, per input topic."
     );
     describe_counter!(
+        "readfold_records_unrouted_total",
+        "Input records read one at a time from the consumer's own queue, not in batches from the queue assigned partitions are routed to: fetched before their partition was routed, or of a partition that could not be routed. 0 normally."
+    );
+    describe_counter!(
         "readfold_dlq_records_total",
         "Input records rejected to the dead-letter topic, per reason."
     );
@@ -146,6 +150,7 @@ pub fn register() {
         "readfold_restores_total",
         "readfold_restored_records_total",
         "readfold_fold_holds_total",
+        "readfold_records_unrouted_total",
     ] {
         counter!(name).absolute(0);
     }
@@ -194,6 +199,11 @@ pub fn dirty_keys(n: usize) {
 /// Cursors held in memory, over all partitions.
 pub fn cursors_held(n: usize) {
     gauge!("readfold_cursors").set(n as f64);
+}
+
+/// A record came from the consumer's own queue, not the routed one.
+pub fn unrouted() {
+    counter!("readfold_records_unrouted_total").increment(1);
 }
 
 /// The fold stopped taking records until the flush in flight commits.

@@ -150,3 +150,25 @@ pub fn assert_same_rows<K: std::fmt::Debug + Ord, V: std::fmt::Debug + PartialEq
         "{store} rows differ from the reference: missing {missing:?}, extra {extra:?}, (key, got, want) {different:?}"
     );
 }
+
+/// Asserts that the processor serving metrics on `addr` read records, all
+/// of them from the queue its assigned partitions are routed to, none one
+/// at a time from its consumer's own queue.
+pub fn assert_all_routed(addr: &str, processor: &Processor) {
+    let scraped = scrape(addr).unwrap_or_default();
+    let samples = |series: &str| -> Vec<f64> {
+        scraped
+            .lines()
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect()
+    };
+    let read: f64 = samples("readfold_records_in_total{").iter().sum();
+    assert!(read > 0.0, "no records read:\n{scraped}");
+    assert_eq!(
+        samples("readfold_records_unrouted_total "),
+        [0.0],
+        "records read from the consumer's own queue:\n{}",
+        processor.log_text()
+    );
+}
