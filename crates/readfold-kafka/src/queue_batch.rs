@@ -4,7 +4,7 @@
 //! a clock read, a timeout computation, an event object and the queue's
 //! lock. At hundreds of thousands of small records a second that was a
 //! tenth of all the CPU spent (the replay), and a fifth of the processor's
-//! run loop. librdkafka's `rd_kafka_consume_batch_queue` takes up to a whole
+//! (in a catch-up). librdkafka's `rd_kafka_consume_batch_queue` takes up to a whole
 //! batch off a queue in one call; [`QueueBatch`] keeps that batch and hands
 //! it over one message at a time, so callers keep their per-record logic.
 //!
