@@ -1,7 +1,6 @@
 //! One partition's own queue, read a batch at a time (see
 //! [`crate::queue_batch`]).
 
-use std::ffi::CString;
 use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,14 +9,13 @@ use rdkafka::bindings as rdsys;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
 
-use crate::queue_batch::QueueBatch;
 pub use crate::queue_batch::QueuedMessage;
+use crate::queue_batch::{forward_partition, QueueBatch};
 
 /// A partition split off its consumer's shared queue (as
 /// `BaseConsumer::split_partition_queue` does), read in batches.
 pub struct BatchedPartitionQueue<C: ConsumerContext + 'static> {
     queue: NonNull<rdsys::rd_kafka_queue_t>,
-    partition: i32,
     batch: QueueBatch,
     /// Keeps the client alive as long as the queue.
     _consumer: Arc<BaseConsumer<C>>,
@@ -32,19 +30,19 @@ impl<C: ConsumerContext + 'static> BatchedPartitionQueue<C> {
     /// the consumer does not know the partition. Call right after assigning
     /// it: what was fetched before the split stays on the shared queue.
     pub fn split(consumer: &Arc<BaseConsumer<C>>, topic: &str, partition: i32) -> Option<Self> {
-        let topic = CString::new(topic).ok()?;
         // SAFETY: the client pointer is valid while `consumer` lives; the
-        // queue returned is ours to destroy.
+        // queue returned is ours to destroy. A null destination stops
+        // forwarding to the shared queue.
         let queue = unsafe {
-            rdsys::rd_kafka_queue_get_partition(consumer.client().native_ptr(), topic.as_ptr(), partition)
-        };
-        let queue = NonNull::new(queue)?;
-        // SAFETY: `queue` is valid; a null destination stops forwarding to
-        // the shared queue.
-        unsafe { rdsys::rd_kafka_queue_forward(queue.as_ptr(), std::ptr::null_mut()) };
+            forward_partition(
+                consumer.client().native_ptr(),
+                topic,
+                partition,
+                std::ptr::null_mut(),
+            )
+        }?;
         Some(BatchedPartitionQueue {
             queue,
-            partition,
             batch: QueueBatch::new(),
             _consumer: consumer.clone(),
         })
@@ -56,14 +54,7 @@ impl<C: ConsumerContext + 'static> BatchedPartitionQueue<C> {
         let wait_ms = wait.as_millis().min(i32::MAX as u128) as i32;
         // SAFETY: the queue is valid, and the consumer field keeps its
         // client alive as long as the batch.
-        let next = unsafe { self.batch.next(self.queue, wait_ms) };
-        // An end-of-partition notice is this queue's partition's.
-        next.map(|r| {
-            r.map_err(|e| match e {
-                KafkaError::PartitionEOF(_) => KafkaError::PartitionEOF(self.partition),
-                e => e,
-            })
-        })
+        unsafe { self.batch.next(self.queue, wait_ms) }
     }
 }
 

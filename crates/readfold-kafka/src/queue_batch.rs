@@ -15,7 +15,7 @@
 //! ([`crate::partition_queue`]), or every assigned partition routed to one
 //! queue ([`crate::routed_queue`]).
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::ptr::NonNull;
 
 use rdkafka::bindings as rdsys;
@@ -158,6 +158,28 @@ impl Drop for QueueBatch {
     fn drop(&mut self) {
         self.discard();
     }
+}
+
+/// A handle of `client`'s fetch queue of `topic`/`partition`, now forwarded
+/// to `to` (null: to no other queue, so that it is read on its own). `None`
+/// if `topic` has a NUL or the client has no such partition. The handle is
+/// the caller's to release with `rd_kafka_queue_destroy`.
+///
+/// # Safety
+/// `client` must be a valid consumer and `to` null or a valid queue of it.
+pub(crate) unsafe fn forward_partition(
+    client: *mut rdsys::rd_kafka_t,
+    topic: &str,
+    partition: i32,
+    to: *mut rdsys::rd_kafka_queue_t,
+) -> Option<NonNull<rdsys::rd_kafka_queue_t>> {
+    let topic = CString::new(topic).ok()?;
+    // SAFETY: a valid client; the handle returned is the caller's.
+    let fetched =
+        NonNull::new(unsafe { rdsys::rd_kafka_queue_get_partition(client, topic.as_ptr(), partition) })?;
+    // SAFETY: both queues are valid (or `to` null).
+    unsafe { rdsys::rd_kafka_queue_forward(fetched.as_ptr(), to) };
+    Some(fetched)
 }
 
 /// # Safety

@@ -10,7 +10,7 @@
 //! queue turns non-empty, which wakes [`RoutedReader::ready`].
 
 use std::any::Any;
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -18,7 +18,7 @@ use rdkafka::bindings as rdsys;
 use rdkafka::error::KafkaError;
 use tokio::sync::Notify;
 
-use crate::queue_batch::{QueueBatch, QueuedMessage};
+use crate::queue_batch::{forward_partition, QueueBatch, QueuedMessage};
 
 /// The queue the assigned partitions' fetched messages are routed to.
 pub struct RoutedQueue {
@@ -48,19 +48,15 @@ impl RoutedQueue {
     /// so route it at every assignment. False if the client does not know
     /// the topic name.
     pub fn route(&self, topic: &str, partition: i32) -> bool {
-        let Ok(topic) = CString::new(topic) else {
-            return false;
-        };
         // SAFETY: the client outlives this queue (see `RoutedReader`); the
         // partition's queue handle is ours to release.
         unsafe {
-            let fetched =
-                rdsys::rd_kafka_queue_get_partition(self.client.as_ptr(), topic.as_ptr(), partition);
-            if fetched.is_null() {
+            let Some(fetched) =
+                forward_partition(self.client.as_ptr(), topic, partition, self.queue.as_ptr())
+            else {
                 return false;
-            }
-            rdsys::rd_kafka_queue_forward(fetched, self.queue.as_ptr());
-            rdsys::rd_kafka_queue_destroy(fetched);
+            };
+            rdsys::rd_kafka_queue_destroy(fetched.as_ptr());
         }
         true
     }
