@@ -179,10 +179,10 @@ pub async fn throughput(
     }
     let mut notes = Vec::new();
     if peers {
-        let peers = peer_rows(&config, &clocks, layout.partitions, reports, expected).await?;
-        rows.extend(peers.rows);
-        topics_made.extend(peers.topics);
-        notes.extend(peers.notes);
+        let ran = peer_rows(&config, &clocks, layout.partitions, reports, expected).await?;
+        rows.extend(ran.rows);
+        topics_made.extend(ran.topics);
+        notes.extend(ran.notes);
     } else {
         notes.push("peers skipped (--throughput-peers false)".to_owned());
     }
@@ -218,7 +218,6 @@ async fn peer_rows(
     expected: kstreams_peer::Expected,
 ) -> Result<PeerRows> {
     let mut peers = PeerRows::default();
-    let (rows, topics_made, notes) = (&mut peers.rows, &mut peers.topics, &mut peers.notes);
     let events_topic = format!("{}.seed-events", config.topics.read_reports);
     readfold_kafka::admin::create_topic(&config.kafka, &events_topic, partitions, 1, false).await?;
     for pipelined in [false, true] {
@@ -228,25 +227,25 @@ async fn peer_rows(
                 .await
                 .map_err(|e| Error::Run(format!("seed design: {e}")))?
         });
-        rows.push(row.await?);
+        peers.rows.push(row.await?);
     }
-    topics_made.push(events_topic);
+    peers.topics.push(events_topic);
     match kstreams_peer::unavailable(config) {
-        Some(why) => notes.push(format!("Kafka Streams peer skipped: {why}")),
+        Some(why) => peers.notes.push(format!("Kafka Streams peer skipped: {why}")),
         None => {
             let mut run = config.clone();
             run.kafka.group_id = format!("{}-kstreams", config.kafka.group_id);
             run.topics.read_cursors.push_str("-kstreams");
             run.topics.user_read_cursors.push_str("-kstreams");
             ensure_topics(&run.kafka, &run.topics).await?;
-            topics_made.extend(run.topics.names().into_iter().cloned());
-            topics_made.extend(kstreams_peer::internal_topics(&run));
+            peers.topics.extend(run.topics.names().into_iter().cloned());
+            peers.topics.extend(kstreams_peer::internal_topics(&run));
             let row = timed(clocks, async move {
                 tokio::task::spawn_blocking(move || kstreams_peer::kstreams_peer(&run, expected, reports))
                     .await
                     .map_err(|e| Error::Run(format!("kstreams peer: {e}")))?
             });
-            rows.push(row.await?);
+            peers.rows.push(row.await?);
         }
     }
     Ok(peers)
