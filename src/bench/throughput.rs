@@ -336,6 +336,7 @@ async fn until_committed(
         .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
     let started = Instant::now();
     let child = start()?;
+    tracing::debug!(pid = child.pid(), group = %config.kafka.group_id, "child started");
     let (watch, pid) = (config.clone(), child.pid());
     tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
         .await

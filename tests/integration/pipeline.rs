@@ -135,6 +135,56 @@ async fn a_catch_up_waits_between_flushes_only_while_behind() {
     assert!(processor.terminate(Duration::from_secs(30)), "{text}");
 }
 
+/// A backlog the fold gets through well within
+/// `flush.catch_up_max_interval_ms` goes out in one flush once the fold
+/// reaches the inputs' ends, after the first (which starts `linger_ms`
+/// after the first record): every key once or twice, not once per flush
+/// of a growing series. And it does go out when the fold gets there, not
+/// when the minute is up: the fold must see that it reached the end of its
+/// partitions, not only the end of what was fetched so far.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_folded_within_the_max_wait_goes_out_once_the_fold_reaches_the_end() {
+    let env = TestEnv::new("catchupend", 2).await;
+    let mut reference = Reference::default();
+    // 200,000 reports on 10,000 keys, round after round: any flush that
+    // covers a round's worth of the backlog publishes every key.
+    let mut reports = Vec::new();
+    for round in 1..=20i64 {
+        for c in 0..100 {
+            for u in 0..100 {
+                reports.push(report(&format!("c{c}"), &format!("u{u}"), round + (c + u) % 3));
+            }
+        }
+    }
+    reports.iter().for_each(|r| reference.report(r));
+    for chunk in reports.chunks(20_000) {
+        env.producer().send_many(chunk, &[]).await.unwrap();
+    }
+
+    let addr = free_local_addr();
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__FLUSH__CATCH_UP_MAX_INTERVAL_MS", "60000"),
+            ("READFOLD__METRICS__LISTEN", addr.as_str()),
+        ],
+    );
+    // Well before the minute.
+    let log = env.wait_for_reference(&reference, Duration::from_secs(30)).await;
+    assert_matches(&log, &reference);
+    assert!(log.regressions().is_empty(), "{:?}", log.regressions());
+
+    let published = scraped_sample(&addr, "readfold_changelog_updates_total");
+    let waits = scraped_sample(&addr, "readfold_flush_waits_total");
+    let text = processor.log_text();
+    assert!(waits >= 1.0, "no flush waited behind the backlog:\n{text}");
+    assert!(
+        published <= 20_000.0,
+        "{published} changelog updates for 10,000 keys: the backlog went out in more than two flushes\n{text}"
+    );
+    assert!(processor.terminate(Duration::from_secs(30)), "{text}");
+}
+
 /// A backlog of many distinct keys with a tiny `flush.max_dirty`: the fold
 /// outruns every flush, and waits for the one in flight rather than pausing
 /// the consumer (which would drop librdkafka's prefetch); nothing is lost.

@@ -11,6 +11,11 @@
 //! most `max`. A change already waits at least as long as the backlog has
 //! lasted, so this at most doubles its delay, while a long catch-up runs at
 //! `max`. Once the fold catches up the wait starts again from `base`.
+//!
+//! A backlog the fold will have folded before `max` has passed needs no
+//! flush before then: every key it carried would be published again right
+//! after. So when the fold's recent rate says it catches up within that
+//! window, the wait is `max`, which ends as soon as it does catch up.
 
 use std::time::{Duration, Instant};
 
@@ -36,14 +41,26 @@ impl CatchUpPacing {
     }
 
     /// A flush that began at `began` committed at `now`, with changes
-    /// waiting, the fold behind its input (`caught_up` false) or not. When
-    /// the next flush starts: `None` for at once.
-    pub fn after_commit(&mut self, began: Instant, now: Instant, caught_up: bool) -> Option<Instant> {
+    /// waiting, the fold behind its input (`caught_up` false) or not, and
+    /// if behind, how long it needs to catch up at its recent rate
+    /// (`catch_up_in`, if known). When the next flush starts: `None` for at
+    /// once. The caller starts it sooner once the fold catches up.
+    pub fn after_commit(
+        &mut self,
+        began: Instant,
+        now: Instant,
+        caught_up: bool,
+        catch_up_in: Option<Duration>,
+    ) -> Option<Instant> {
         if caught_up || self.base.is_zero() {
             self.behind_since = None;
             return None;
         }
         let since = *self.behind_since.get_or_insert(began);
+        let latest = began + self.max;
+        if catch_up_in.is_some_and(|eta| now + eta <= latest) {
+            return Some(latest);
+        }
         let wait = now.saturating_duration_since(since).clamp(self.base, self.max);
         Some(began + wait)
     }
@@ -73,14 +90,14 @@ mod tests {
     #[test]
     fn a_fold_that_caught_up_flushes_at_once() {
         let t = Instant::now();
-        assert_eq!(pacing().after_commit(t, t + 30 * MS, true), None);
+        assert_eq!(pacing().after_commit(t, t + 30 * MS, true, None), None);
     }
 
     #[test]
     fn zero_base_turns_pacing_off() {
         let t = Instant::now();
         let mut p = CatchUpPacing::new(Duration::ZERO, 1000 * MS);
-        assert_eq!(p.after_commit(t, t + 30 * MS, false), None);
+        assert_eq!(p.after_commit(t, t + 30 * MS, false, None), None);
         assert!(!p.is_behind());
     }
 
@@ -89,15 +106,18 @@ mod tests {
         let t = Instant::now();
         let mut p = pacing();
         // Behind for 30 ms: the base.
-        assert_eq!(p.after_commit(t, t + 30 * MS, false), Some(t + 100 * MS));
+        assert_eq!(p.after_commit(t, t + 30 * MS, false, None), Some(t + 100 * MS));
         // Behind since t, now 400 ms later: the flush that began at 100
         // waits 400 ms from its start.
         let began = t + 100 * MS;
-        assert_eq!(p.after_commit(began, t + 400 * MS, false), Some(began + 400 * MS));
+        assert_eq!(
+            p.after_commit(began, t + 400 * MS, false, None),
+            Some(began + 400 * MS)
+        );
         // Long behind: at most max after the last began.
         let began = t + 5000 * MS;
         assert_eq!(
-            p.after_commit(began, t + 5100 * MS, false),
+            p.after_commit(began, t + 5100 * MS, false, None),
             Some(began + 1000 * MS)
         );
     }
@@ -106,25 +126,55 @@ mod tests {
     fn catching_up_starts_again_from_base() {
         let t = Instant::now();
         let mut p = pacing();
-        p.after_commit(t, t + 900 * MS, false);
+        p.after_commit(t, t + 900 * MS, false, None);
         assert!(p.is_behind());
         p.caught_up();
         assert!(!p.is_behind());
         let began = t + 2000 * MS;
         assert_eq!(
-            p.after_commit(began, began + 10 * MS, false),
+            p.after_commit(began, began + 10 * MS, false, None),
             Some(began + 100 * MS)
         );
         // A commit that finds the fold caught up resets it too.
-        p.after_commit(began + 3000 * MS, began + 3900 * MS, false);
-        assert_eq!(p.after_commit(began + 4000 * MS, began + 4010 * MS, true), None);
+        p.after_commit(began + 3000 * MS, began + 3900 * MS, false, None);
+        assert_eq!(
+            p.after_commit(began + 4000 * MS, began + 4010 * MS, true, None),
+            None
+        );
         assert!(!p.is_behind());
+    }
+
+    #[test]
+    fn a_backlog_folded_within_max_waits_for_the_fold() {
+        let t = Instant::now();
+        let mut p = pacing();
+        // A flush of 50 ms behind a backlog the fold needs 600 ms more
+        // for: no flush before max (the caller starts one at catch-up).
+        assert_eq!(
+            p.after_commit(t, t + 50 * MS, false, Some(600 * MS)),
+            Some(t + 1000 * MS)
+        );
+        // Exactly at max still counts.
+        assert_eq!(
+            p.after_commit(t, t + 50 * MS, false, Some(950 * MS)),
+            Some(t + 1000 * MS)
+        );
+        // A backlog longer than that: the age rule.
+        assert_eq!(
+            p.after_commit(t, t + 50 * MS, false, Some(951 * MS)),
+            Some(t + 100 * MS)
+        );
+        // Caught up: at once, whatever the estimate.
+        assert_eq!(p.after_commit(t, t + 50 * MS, true, Some(MS)), None);
+        // Pacing off stays off.
+        let mut off = CatchUpPacing::new(Duration::ZERO, 1000 * MS);
+        assert_eq!(off.after_commit(t, t + 50 * MS, false, Some(MS)), None);
     }
 
     #[test]
     fn max_below_base_is_base() {
         let t = Instant::now();
         let mut p = CatchUpPacing::new(100 * MS, 10 * MS);
-        assert_eq!(p.after_commit(t, t + 5000 * MS, false), Some(t + 100 * MS));
+        assert_eq!(p.after_commit(t, t + 5000 * MS, false, None), Some(t + 100 * MS));
     }
 }

@@ -162,6 +162,17 @@ impl TopicsConfig {
             if a.is_empty() {
                 return Err("topic names must not be empty".into());
             }
+            // Kafka's own rule, checked here so that a bad name fails at
+            // start with the setting's value rather than at the broker.
+            if a.len() > 249
+                || !a
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+            {
+                return Err(format!(
+                    "topic {a:?}: Kafka topic names are at most 249 of the characters a-z, A-Z, 0-9, '.', '_' and '-'"
+                ));
+            }
             if names[..i].contains(a) {
                 return Err(format!("topic {a:?} is configured for two roles"));
             }
@@ -191,6 +202,20 @@ pub(crate) mod tests {
     pub(crate) fn default_section<T: serde::de::DeserializeOwned>(name: &str) -> T {
         let defaults: toml::Table = include_str!("../../../config/default.toml").parse().unwrap();
         defaults[name].clone().try_into().unwrap()
+    }
+
+    #[test]
+    fn topic_names_follow_kafkas_rule() {
+        let mut topics = default_section::<TopicsConfig>("topics");
+        topics.dlq = "chat.read-cursors_dlq-2".into();
+        topics.check().unwrap();
+        for bad in ["chat read-reports", "chat/reports", "chat\0reports", "ü"] {
+            topics.dlq = bad.into();
+            let e = topics.check().unwrap_err();
+            assert!(e.contains("Kafka topic names"), "{bad}: {e}");
+        }
+        topics.dlq = "x".repeat(250);
+        assert!(topics.check().is_err());
     }
 
     #[test]

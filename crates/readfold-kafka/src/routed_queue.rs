@@ -10,7 +10,7 @@
 //! queue turns non-empty, which wakes [`RoutedReader::ready`].
 
 use std::any::Any;
-use std::ffi::c_void;
+use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -142,6 +142,58 @@ impl RoutedReader {
     /// still been queued, and fetches again from the committed offsets.
     pub fn discard(&mut self) {
         self.batch.discard();
+    }
+
+    /// How many offsets this consumer has still to take before it reaches
+    /// the ends of `partitions` (topic, partition, end offset if known),
+    /// summed: each end less the consumer's position in that partition
+    /// (one past the last message taken off its queues, commit markers
+    /// included), which librdkafka keeps current. An unknown end is the
+    /// high watermark of the partition's last fetch response, as librdkafka
+    /// caches it. No broker call. A partition with no position or end yet
+    /// counts as 0.
+    pub fn fetch_lag(&self, partitions: &[(&CStr, i32, Option<i64>)]) -> i64 {
+        if partitions.is_empty() {
+            return 0;
+        }
+        let client = self.queue.client.as_ptr();
+        let ok = rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR;
+        let mut lag = 0;
+        // SAFETY: a valid client, whose handle `_client` keeps alive; the
+        // list is ours, destroyed once; its elements are read within its
+        // count, in the order they were added.
+        unsafe {
+            let list = rdsys::rd_kafka_topic_partition_list_new(partitions.len() as i32);
+            for (topic, partition, _) in partitions {
+                rdsys::rd_kafka_topic_partition_list_add(list, topic.as_ptr(), *partition);
+            }
+            rdsys::rd_kafka_position(client, list);
+            let positions = std::slice::from_raw_parts((*list).elems, (*list).cnt.max(0) as usize);
+            for (elem, &(topic, partition, end)) in positions.iter().zip(partitions) {
+                if elem.err != ok || elem.offset < 0 {
+                    continue;
+                }
+                let end = end.unwrap_or_else(|| {
+                    let (mut low, mut high) = (-1, -1);
+                    if rdsys::rd_kafka_get_watermark_offsets(
+                        client,
+                        topic.as_ptr(),
+                        partition,
+                        &mut low,
+                        &mut high,
+                    ) != ok
+                    {
+                        high = -1;
+                    }
+                    high
+                });
+                if end >= 0 {
+                    lag += (end - elem.offset).max(0);
+                }
+            }
+            rdsys::rd_kafka_topic_partition_list_destroy(list);
+        }
+        lag
     }
 
     /// Completes once a message waits (at once if one does).

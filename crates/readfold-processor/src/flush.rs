@@ -91,6 +91,7 @@ impl Processor {
         self.flush_at = None;
         self.catching_up = false;
         self.caught_up = false;
+        self.taken_since_flush = 0;
         self.flush_started = Instant::now();
         telemetry::dirty_keys(self.partitions.dirty_len());
         telemetry::cursors_held(self.partitions.cursor_count());

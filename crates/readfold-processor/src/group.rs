@@ -1,6 +1,7 @@
 //! Consumer group handling: the group member's consumer, and what
 //! librdkafka's rebalance callbacks report, queued in order for the run loop.
 
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -42,6 +43,10 @@ pub struct GroupContext {
     /// Where assigned partitions' fetched messages go, while its reader
     /// lives (see [`routed_reader`]).
     routed: Mutex<Weak<RoutedQueue>>,
+    /// Each input partition's end as the last statistics gave it: its last
+    /// stable offset (read-committed: what an open transaction holds back
+    /// is not there to fold yet), by input as in `inputs`.
+    stable_ends: Mutex<[BTreeMap<i32, i64>; 2]>,
 }
 
 /// The events, and a wake-up for the run loop when one arrives.
@@ -52,6 +57,17 @@ struct Queue {
 }
 
 impl GroupContext {
+    /// `partitions` of both inputs with their stable ends if known, as
+    /// (input, partition, end) with the input as in `inputs`.
+    pub fn stable_ends(&self, partitions: &[i32]) -> Vec<(usize, i32, Option<i64>)> {
+        let stable_ends = self.stable_ends.lock().expect("stable ends lock");
+        let mut ends = Vec::with_capacity(2 * partitions.len());
+        for (input, known) in stable_ends.iter().enumerate() {
+            ends.extend(partitions.iter().map(|&p| (input, p, known.get(&p).copied())));
+        }
+        ends
+    }
+
     fn push(&self, event: GroupEvent) {
         self.events.events.lock().expect("group event lock").push(event);
         self.events.arrived.notify_one();
@@ -111,10 +127,11 @@ impl ClientContext for GroupContext {
     }
 
     fn stats(&self, statistics: Statistics) {
+        let mut stable_ends = self.stable_ends.lock().expect("stable ends lock");
         for (name, topic) in &statistics.topics {
-            if !self.inputs.contains(name) {
+            let Some(input) = self.inputs.iter().position(|i| i == name) else {
                 continue;
-            }
+            };
             for (&partition, p) in &topic.partitions {
                 // librdkafka's own consumer_lag is measured from the
                 // consumer's committed offset, which it never learns when
@@ -125,6 +142,9 @@ impl ClientContext for GroupContext {
                 } else {
                     p.hi_offset
                 };
+                if partition >= 0 && end >= 0 {
+                    stable_ends[input].insert(partition, end);
+                }
                 if partition >= 0 && p.app_offset >= 0 && end >= 0 {
                     telemetry::consumer_lag(name, partition, (end - p.app_offset).max(0));
                 }
@@ -233,6 +253,7 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         // Past it, librdkafka fetches the offsets itself.
         committed_wait: stable_offsets_wait(kafka),
         routed: Mutex::new(Weak::new()),
+        stable_ends: Mutex::default(),
     };
     let consumer: GroupConsumer = kafka
         .backlog_client_config()
@@ -244,7 +265,9 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         .set("isolation.level", "read_committed")
         // Range puts partition p of both inputs on one member; see topology.md.
         .set("partition.assignment.strategy", "range")
-        .set("statistics.interval.ms", "5000")
+        // Often enough for a catch-up's pacing to know the inputs' ends
+        // (see `Processor::queue_drained`); cheap at this size.
+        .set("statistics.interval.ms", "100")
         .create_with_context(context)?;
     Ok((consumer, GroupEvents(events)))
 }

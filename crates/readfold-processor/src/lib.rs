@@ -22,6 +22,7 @@ mod schemas;
 pub mod telemetry;
 pub mod transaction;
 
+use std::ffi::CString;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,9 +85,17 @@ pub struct Processor {
     /// `flush_at` is a catch-up's wait (see `flush_after_commit`), which
     /// ends early once the fold catches up.
     catching_up: bool,
-    /// The fold found every fetched record folded at least once since the
-    /// last flush began: it is not behind its input.
+    /// The fold found every record of its input folded at least once since
+    /// the last flush began: it is not behind (see `queue_drained`).
     caught_up: bool,
+    /// Since when the fold has found its queue empty while the broker held
+    /// more (`queue_drained`); `None` once records come again.
+    drained_since: Option<Instant>,
+    /// The input topics' names, for librdkafka's cached figures.
+    input_names: [CString; 2],
+    /// Records taken off the routed queue since the last flush began: the
+    /// fold's recent rate, for a catch-up's pacing.
+    taken_since_flush: u64,
     /// When the last flush began.
     flush_started: Instant,
     /// How long a catch-up's next flush waits.
@@ -113,6 +122,20 @@ pub struct Processor {
 /// Records folded per turn of the run loop at most, so that flushes,
 /// ticks and shutdown are still looked at often under load.
 const FOLD_BATCH: usize = 512;
+
+/// Offsets the broker may be ahead, over all owned partitions, with the
+/// fold still counted as caught up: less than one turn of the fold.
+const CAUGHT_UP_LAG: i64 = FOLD_BATCH as i64;
+
+/// How long an empty queue, with the broker further ahead than
+/// [`CAUGHT_UP_LAG`], still counts as a catch-up between two fetches.
+const DRAINED_QUIET: Duration = Duration::from_millis(20);
+
+/// A topic's name for librdkafka's C calls. `TopicsConfig::check` allows
+/// only Kafka's characters, so no NUL.
+fn topic_c_name(topic: &str) -> CString {
+    CString::new(topic).expect("a checked topic name has no NUL")
+}
 
 /// What [`Processor::fold_record`] did with a record.
 enum Folded {
@@ -252,6 +275,12 @@ impl Processor {
             flush_at: None,
             catching_up: false,
             caught_up: false,
+            drained_since: None,
+            taken_since_flush: 0,
+            input_names: [
+                topic_c_name(&settings.topics.read_reports),
+                topic_c_name(&settings.topics.conversation_events),
+            ],
             flush_started: Instant::now(),
             pacing: CatchUpPacing::new(
                 settings.flush.catch_up_interval(),
@@ -377,7 +406,7 @@ impl Processor {
                     // Whatever arrived during that flush goes out now,
                     // or, behind a backlog, a little later.
                     if self.has_pending() {
-                        self.flush_after_commit();
+                        self.flush_after_commit(&routed);
                     }
                     self.apply_backpressure()?;
                 }
@@ -552,7 +581,7 @@ impl Processor {
     /// now, a first change starts the linger, and the dirty set's bound is
     /// looked at.
     fn folded(&mut self, linger: Duration) -> Result<()> {
-        if self.catching_up && self.caught_up {
+        if self.catching_up && self.has_caught_up() {
             self.pacing.caught_up();
             self.flush_when_due();
         }
@@ -568,10 +597,14 @@ impl Processor {
     /// none arrive during one (they come with polls of the consumer's own
     /// queue), so no rebalance waits for these records.
     async fn fold_routed(&mut self, routed: &mut RoutedReader) -> Result<()> {
-        for _ in 0..FOLD_BATCH {
+        for taken in 0..FOLD_BATCH {
+            if taken == 1 {
+                self.drained_since = None;
+            }
             let deferred = match routed.next_message() {
                 None => {
-                    self.caught_up = true;
+                    self.taken_since_flush += taken as u64;
+                    self.queue_drained(routed);
                     return Ok(());
                 }
                 Some(Err(e)) => {
@@ -590,6 +623,7 @@ impl Processor {
                 self.process(record).await?;
             }
         }
+        self.taken_since_flush += FOLD_BATCH as u64;
         Ok(())
     }
 
@@ -600,7 +634,9 @@ impl Processor {
         for _ in 1..FOLD_BATCH {
             let deferred = match poll_once(consumer.recv()) {
                 None => {
-                    self.caught_up = !routed.has_more();
+                    if !routed.has_more() {
+                        self.queue_drained(routed);
+                    }
                     return Ok(());
                 }
                 Some(Err(e)) => return self.consumer_error(e),
@@ -615,6 +651,63 @@ impl Processor {
             }
         }
         Ok(())
+    }
+
+    /// The fold found no record waiting. It has caught up with its input
+    /// only if the broker held no more either: during a catch-up the fold
+    /// often empties librdkafka's queue before the next fetch response
+    /// lands, and taking that for caught up flushed a backlog in many
+    /// small flushes, each writing most keys again (see
+    /// `flush_after_commit`). So it compares its position with the inputs'
+    /// last stable offsets from the consumer's statistics (every 100 ms;
+    /// one that is late only makes the fold look caught up sooner, as
+    /// before), or until the first statistics, the high watermarks of the
+    /// last fetch responses. Should the queue stay empty while the ends say
+    /// otherwise (a high watermark past a read-committed input's open
+    /// transaction), the fold counts as caught up after [`DRAINED_QUIET`].
+    fn queue_drained(&mut self, routed: &RoutedReader) {
+        if self.caught_up {
+            return;
+        }
+        if self.input_lag(routed) <= CAUGHT_UP_LAG {
+            self.caught_up = true;
+            self.drained_since = None;
+        } else {
+            self.drained_since.get_or_insert_with(Instant::now);
+        }
+    }
+
+    /// How long the fold needs to fold what the broker holds past its
+    /// position, at the rate it took records since the last flush began;
+    /// `None` if it took none.
+    fn catch_up_eta(&self, routed: &RoutedReader, now: Instant) -> Option<Duration> {
+        let elapsed = now.saturating_duration_since(self.flush_started).as_secs_f64();
+        if self.taken_since_flush == 0 || elapsed <= 0.0 {
+            return None;
+        }
+        let rate = self.taken_since_flush as f64 / elapsed;
+        Some(Duration::from_secs_f64(self.input_lag(routed) as f64 / rate))
+    }
+
+    /// Offsets the fold has still to take before it reaches its input
+    /// partitions' stable ends, as the consumer's last statistics gave them
+    /// (before the first, their last fetch responses' high watermarks).
+    fn input_lag(&self, routed: &RoutedReader) -> i64 {
+        let ends = self.consumer.context().stable_ends(&self.partitions.owned());
+        let ends: Vec<(&std::ffi::CStr, i32, Option<i64>)> = ends
+            .into_iter()
+            .map(|(input, partition, end)| (self.input_names[input].as_c_str(), partition, end))
+            .collect();
+        routed.fetch_lag(&ends)
+    }
+
+    /// Whether the fold has caught up, counting a queue empty for
+    /// [`DRAINED_QUIET`] as caught up (see `queue_drained`).
+    fn has_caught_up(&mut self) -> bool {
+        if !self.caught_up && self.drained_since.is_some_and(|t| t.elapsed() >= DRAINED_QUIET) {
+            self.caught_up = true;
+        }
+        self.caught_up
     }
 
     /// Folds a fetched record at once, in place, unless a rebalance waits
@@ -785,21 +878,30 @@ impl Processor {
     }
 
     /// After a flush committed, with changes waiting: the next flush starts
-    /// at once, unless the fold is behind its input (it has not once found
-    /// the fetched records all folded since that flush began). Then it
-    /// waits as [`CatchUpPacing`] says (from `flush.catch_up_interval_ms`
-    /// after that flush began, growing with the backlog's age up to
-    /// `flush.catch_up_max_interval_ms`), or less, once the fold catches up
-    /// or the dirty set reaches its bound. Each flush is a transaction and
+    /// at once, unless the fold is behind its input (since that flush began
+    /// it has not once folded everything up to its partitions' ends: see
+    /// `queue_drained`). Then it waits as [`CatchUpPacing`] says (from
+    /// `flush.catch_up_interval_ms` after that flush began, growing with
+    /// the backlog's age up to `flush.catch_up_max_interval_ms`, or that
+    /// maximum at once if the fold, at its rate since that flush began,
+    /// will have caught up by then), or less, once the fold catches up or
+    /// the dirty set reaches its bound. Each flush is a transaction and
     /// a Redis call per changed conversation: a catch-up flushing as soon
     /// as it could paid those every few milliseconds, and published a key
     /// it changed throughout once per flush, with nobody waiting for any
     /// but the last. Once caught up, a change waits only for
     /// `flush.linger_ms` again.
-    fn flush_after_commit(&mut self) {
+    fn flush_after_commit(&mut self, routed: &RoutedReader) {
+        let caught_up = self.has_caught_up();
+        let now = Instant::now();
+        let catch_up_in = if caught_up {
+            None
+        } else {
+            self.catch_up_eta(routed, now)
+        };
         match self
             .pacing
-            .after_commit(self.flush_started, Instant::now(), self.caught_up)
+            .after_commit(self.flush_started, now, caught_up, catch_up_in)
         {
             None => self.flush_when_due(),
             Some(at) => {

@@ -109,6 +109,11 @@ impl Partitions {
         self.owned.contains(&partition)
     }
 
+    /// The partitions of the current assignment, in order.
+    pub fn owned(&self) -> Vec<i32> {
+        self.owned.iter().copied().collect()
+    }
+
     /// The owned partitions with no state yet, in order: to restore before
     /// any of their records is folded. None between a revoke and the next
     /// assignment, so a restore never makes a slot for a partition owned
