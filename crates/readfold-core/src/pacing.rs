@@ -15,7 +15,9 @@
 //! A backlog the fold will have folded before `max` has passed needs no
 //! flush before then: every key it carried would be published again right
 //! after. So when the fold's recent rate says it catches up within that
-//! window, the wait is `max`, which ends as soon as it does catch up.
+//! window, the wait is `max`, which ends as soon as it does catch up. A
+//! change then waits for the rest of the backlog, never longer than `max`
+//! after the last flush began.
 
 use std::time::{Duration, Instant};
 

@@ -164,13 +164,12 @@ impl TopicsConfig {
             }
             // Kafka's own rule, checked here so that a bad name fails at
             // start with the setting's value rather than at the broker.
-            if a.len() > 249
-                || !a
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-            {
+            let legal = a
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if a.len() > 249 || !legal || matches!(a.as_str(), "." | "..") {
                 return Err(format!(
-                    "topic {a:?}: Kafka topic names are at most 249 of the characters a-z, A-Z, 0-9, '.', '_' and '-'"
+                    "topic {a:?}: Kafka topic names are at most 249 of the characters a-z, A-Z, 0-9, '.', '_' and '-', and not \".\" or \"..\""
                 ));
             }
             if names[..i].contains(a) {
@@ -209,7 +208,14 @@ pub(crate) mod tests {
         let mut topics = default_section::<TopicsConfig>("topics");
         topics.dlq = "chat.read-cursors_dlq-2".into();
         topics.check().unwrap();
-        for bad in ["chat read-reports", "chat/reports", "chat\0reports", "ü"] {
+        for bad in [
+            "chat read-reports",
+            "chat/reports",
+            "chat\0reports",
+            "ü",
+            ".",
+            "..",
+        ] {
             topics.dlq = bad.into();
             let e = topics.check().unwrap_err();
             assert!(e.contains("Kafka topic names"), "{bad}: {e}");

@@ -57,13 +57,13 @@ struct Queue {
 }
 
 impl GroupContext {
-    /// `partitions` of both inputs with their stable ends if known, as
-    /// (input, partition, end) with the input as in `inputs`.
-    pub fn stable_ends(&self, partitions: &[i32]) -> Vec<(usize, i32, Option<i64>)> {
+    /// The assigned `partitions` of each input (as in `inputs`) with their
+    /// stable ends if known, as (input, partition, end).
+    pub fn stable_ends(&self, partitions: &[Vec<i32>; 2]) -> Vec<(usize, i32, Option<i64>)> {
         let stable_ends = self.stable_ends.lock().expect("stable ends lock");
-        let mut ends = Vec::with_capacity(2 * partitions.len());
-        for (input, known) in stable_ends.iter().enumerate() {
-            ends.extend(partitions.iter().map(|&p| (input, p, known.get(&p).copied())));
+        let mut ends = Vec::with_capacity(partitions[0].len() + partitions[1].len());
+        for (input, (known, assigned)) in stable_ends.iter().zip(partitions).enumerate() {
+            ends.extend(assigned.iter().map(|&p| (input, p, known.get(&p).copied())));
         }
         ends
     }
@@ -266,7 +266,7 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         // Range puts partition p of both inputs on one member; see topology.md.
         .set("partition.assignment.strategy", "range")
         // Often enough for a catch-up's pacing to know the inputs' ends
-        // (see `Processor::queue_drained`); cheap at this size.
+        // (see `Processor::queue_drained`).
         .set("statistics.interval.ms", "100")
         .create_with_context(context)?;
     Ok((consumer, GroupEvents(events)))

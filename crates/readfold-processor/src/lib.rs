@@ -88,9 +88,6 @@ pub struct Processor {
     /// The fold found every record of its input folded at least once since
     /// the last flush began: it is not behind (see `queue_drained`).
     caught_up: bool,
-    /// Since when the fold has found its queue empty while the broker held
-    /// more (`queue_drained`); `None` once records come again.
-    drained_since: Option<Instant>,
     /// The input topics' names, for librdkafka's cached figures.
     input_names: [CString; 2],
     /// Records taken off the routed queue since the last flush began: the
@@ -126,10 +123,6 @@ const FOLD_BATCH: usize = 512;
 /// Offsets the broker may be ahead, over all owned partitions, with the
 /// fold still counted as caught up: less than one turn of the fold.
 const CAUGHT_UP_LAG: i64 = FOLD_BATCH as i64;
-
-/// How long an empty queue, with the broker further ahead than
-/// [`CAUGHT_UP_LAG`], still counts as a catch-up between two fetches.
-const DRAINED_QUIET: Duration = Duration::from_millis(20);
 
 /// A topic's name for librdkafka's C calls. `TopicsConfig::check` allows
 /// only Kafka's characters, so no NUL.
@@ -275,7 +268,6 @@ impl Processor {
             flush_at: None,
             catching_up: false,
             caught_up: false,
-            drained_since: None,
             taken_since_flush: 0,
             input_names: [
                 topic_c_name(&settings.topics.read_reports),
@@ -581,7 +573,7 @@ impl Processor {
     /// now, a first change starts the linger, and the dirty set's bound is
     /// looked at.
     fn folded(&mut self, linger: Duration) -> Result<()> {
-        if self.catching_up && self.has_caught_up() {
+        if self.catching_up && self.caught_up {
             self.pacing.caught_up();
             self.flush_when_due();
         }
@@ -598,9 +590,6 @@ impl Processor {
     /// queue), so no rebalance waits for these records.
     async fn fold_routed(&mut self, routed: &mut RoutedReader) -> Result<()> {
         for taken in 0..FOLD_BATCH {
-            if taken == 1 {
-                self.drained_since = None;
-            }
             let deferred = match routed.next_message() {
                 None => {
                     self.taken_since_flush += taken as u64;
@@ -624,6 +613,11 @@ impl Processor {
             }
         }
         self.taken_since_flush += FOLD_BATCH as u64;
+        // A batch that ended the queue: whether that is the input's end
+        // too is asked now, not at the next record, which may be long.
+        if !routed.has_more() {
+            self.queue_drained(routed);
+        }
         Ok(())
     }
 
@@ -640,7 +634,10 @@ impl Processor {
                     return Ok(());
                 }
                 Some(Err(e)) => return self.consumer_error(e),
-                Some(Ok(message)) => self.fold_or_defer(message),
+                Some(Ok(message)) => {
+                    self.taken_since_flush += 1;
+                    self.fold_or_defer(message)
+                }
             };
             if let Some(record) = deferred {
                 if self.apply_group_events() {
@@ -662,18 +659,12 @@ impl Processor {
     /// last stable offsets from the consumer's statistics (every 100 ms;
     /// one that is late only makes the fold look caught up sooner, as
     /// before), or until the first statistics, the high watermarks of the
-    /// last fetch responses. Should the queue stay empty while the ends say
-    /// otherwise (a high watermark past a read-committed input's open
-    /// transaction), the fold counts as caught up after [`DRAINED_QUIET`].
+    /// last fetch responses (past a read-committed input's open
+    /// transaction, the one case that makes a flush wait for nothing, at
+    /// most `flush.catch_up_max_interval_ms`, once).
     fn queue_drained(&mut self, routed: &RoutedReader) {
-        if self.caught_up {
-            return;
-        }
-        if self.input_lag(routed) <= CAUGHT_UP_LAG {
+        if !self.caught_up && self.input_lag(routed) <= CAUGHT_UP_LAG {
             self.caught_up = true;
-            self.drained_since = None;
-        } else {
-            self.drained_since.get_or_insert_with(Instant::now);
         }
     }
 
@@ -693,21 +684,15 @@ impl Processor {
     /// partitions' stable ends, as the consumer's last statistics gave them
     /// (before the first, their last fetch responses' high watermarks).
     fn input_lag(&self, routed: &RoutedReader) -> i64 {
-        let ends = self.consumer.context().stable_ends(&self.partitions.owned());
+        let ends = self
+            .consumer
+            .context()
+            .stable_ends(self.partitions.owned_by_input());
         let ends: Vec<(&std::ffi::CStr, i32, Option<i64>)> = ends
             .into_iter()
             .map(|(input, partition, end)| (self.input_names[input].as_c_str(), partition, end))
             .collect();
         routed.fetch_lag(&ends)
-    }
-
-    /// Whether the fold has caught up, counting a queue empty for
-    /// [`DRAINED_QUIET`] as caught up (see `queue_drained`).
-    fn has_caught_up(&mut self) -> bool {
-        if !self.caught_up && self.drained_since.is_some_and(|t| t.elapsed() >= DRAINED_QUIET) {
-            self.caught_up = true;
-        }
-        self.caught_up
     }
 
     /// Folds a fetched record at once, in place, unless a rebalance waits
@@ -892,7 +877,10 @@ impl Processor {
     /// but the last. Once caught up, a change waits only for
     /// `flush.linger_ms` again.
     fn flush_after_commit(&mut self, routed: &RoutedReader) {
-        let caught_up = self.has_caught_up();
+        if !routed.has_more() {
+            self.queue_drained(routed);
+        }
+        let caught_up = self.caught_up;
         let now = Instant::now();
         let catch_up_in = if caught_up {
             None

@@ -28,6 +28,8 @@ pub struct Partitions {
     /// The partitions of the current assignment; none between a revoke and
     /// the next assignment.
     owned: BTreeSet<i32>,
+    /// `owned`, by input.
+    owned_by_input: [Vec<i32>; 2],
     /// Between a revoke and the next assignment nothing is flushed.
     pub suspended: bool,
     /// Counts group events: a flush that began in another generation must
@@ -45,6 +47,7 @@ impl Partitions {
         match event {
             GroupEvent::Revoked { lost } => {
                 self.owned.clear();
+                self.owned_by_input = Default::default();
                 for slot in self.slots.values_mut() {
                     slot.forget_uncommitted();
                 }
@@ -73,6 +76,7 @@ impl Partitions {
                     .copied()
                     .collect();
                 self.owned = reports.iter().chain(&events).copied().collect();
+                self.owned_by_input = [reports.clone(), events.clone()];
                 // Another member may have owned a partition we did not get
                 // back: its state here is stale. A slot is only ever made
                 // for an owned partition (see `owns`), so one we got back
@@ -109,9 +113,10 @@ impl Partitions {
         self.owned.contains(&partition)
     }
 
-    /// The partitions of the current assignment, in order.
-    pub fn owned(&self) -> Vec<i32> {
-        self.owned.iter().copied().collect()
+    /// The partitions of the current assignment of each input (read
+    /// reports, conversation events), in order.
+    pub fn owned_by_input(&self) -> &[Vec<i32>; 2] {
+        &self.owned_by_input
     }
 
     /// The owned partitions with no state yet, in order: to restore before
@@ -198,8 +203,12 @@ mod tests {
         parts.apply(assigned(&[("reports", 0), ("events", 0), ("events", 3)]), INPUTS);
         assert!(parts.owns(0) && parts.owns(3));
         assert!(!parts.owns(1));
+        // Each input's own: librdkafka is only asked about partitions it
+        // was assigned (it would make the others up, and look for them).
+        assert_eq!(parts.owned_by_input(), &[vec![0], vec![0, 3]]);
         parts.apply(GroupEvent::Revoked { lost: false }, INPUTS);
         assert!(!parts.owns(0), "nothing between a revoke and the next assignment");
+        assert_eq!(parts.owned_by_input(), &[Vec::<i32>::new(), vec![]]);
         parts.apply(assigned(&[("reports", 1), ("events", 1)]), INPUTS);
         assert!(parts.owns(1) && !parts.owns(0) && !parts.owns(3));
     }
