@@ -94,16 +94,12 @@ async fn flushes_follow_the_load_without_waiting_for_the_interval() {
     );
 }
 
-/// Behind a backlog, the next flush waits `flush.catch_up_interval_ms`
-/// after the last one began, but only while the fold is behind: with an
-/// interval of ten minutes, a backlog still goes out whole, and correct,
-/// as soon as the fold catches up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_catch_up_waits_between_flushes_only_while_behind() {
-    let env = TestEnv::new("catchup", 2).await;
+/// A backlog on fresh topics named after `name`: 200,000 reports on 10,000
+/// keys (100 conversations of 100 members), round after round, each round
+/// raising every key; and the reference fold of it.
+async fn backlog_of_rounds(name: &str) -> (TestEnv, Reference) {
+    let env = TestEnv::new(name, 2).await;
     let mut reference = Reference::default();
-    // 200,000 reports on 10,000 keys: the fold is still behind when the
-    // first flush, a few milliseconds in, commits.
     let mut reports = Vec::new();
     for round in 1..=20i64 {
         for c in 0..100 {
@@ -116,7 +112,18 @@ async fn a_catch_up_waits_between_flushes_only_while_behind() {
     for chunk in reports.chunks(20_000) {
         env.producer().send_many(chunk, &[]).await.unwrap();
     }
+    (env, reference)
+}
 
+/// Behind a backlog, the next flush waits `flush.catch_up_interval_ms`
+/// after the last one began, but only while the fold is behind: with an
+/// interval of ten minutes, a backlog still goes out whole, and correct,
+/// as soon as the fold catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_catch_up_waits_between_flushes_only_while_behind() {
+    // The fold is still behind when the first flush, a few milliseconds
+    // in, commits.
+    let (env, reference) = backlog_of_rounds("catchup").await;
     let addr = free_local_addr();
     let mut processor = env.spawn_with(
         "a",
@@ -144,23 +151,9 @@ async fn a_catch_up_waits_between_flushes_only_while_behind() {
 /// partitions, not only the end of what was fetched so far.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_folded_within_the_max_wait_goes_out_once_the_fold_reaches_the_end() {
-    let env = TestEnv::new("catchupend", 2).await;
-    let mut reference = Reference::default();
-    // 200,000 reports on 10,000 keys, round after round: any flush that
-    // covers a round's worth of the backlog publishes every key.
-    let mut reports = Vec::new();
-    for round in 1..=20i64 {
-        for c in 0..100 {
-            for u in 0..100 {
-                reports.push(report(&format!("c{c}"), &format!("u{u}"), round + (c + u) % 3));
-            }
-        }
-    }
-    reports.iter().for_each(|r| reference.report(r));
-    for chunk in reports.chunks(20_000) {
-        env.producer().send_many(chunk, &[]).await.unwrap();
-    }
-
+    // Any flush that covers a round's worth of the backlog publishes
+    // every key.
+    let (env, reference) = backlog_of_rounds("catchupend").await;
     let addr = free_local_addr();
     let mut processor = env.spawn_with(
         "a",
