@@ -171,6 +171,7 @@ pub fn kstreams_peer(config: &Config, expected: Expected, reports: u64) -> Resul
         peak_rss,
         redis_calls: 0.0,
         cql_statements: 0.0,
+        flushes: 0.0,
         servers: Default::default(),
     })
 }

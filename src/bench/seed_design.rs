@@ -171,6 +171,7 @@ pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Res
         peak_rss: 0,
         redis_calls: calls as f64,
         cql_statements: 0.0,
+        flushes: 0.0,
         servers: Default::default(),
     })
 }

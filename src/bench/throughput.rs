@@ -44,6 +44,8 @@ pub struct ThroughputRow {
     pub peak_rss: u64,
     pub redis_calls: f64,
     pub cql_statements: f64,
+    /// Flushes committed (readfold rows; 0 for the others).
+    pub flushes: f64,
     /// What Redis and the broker used while the row ran.
     pub servers: ServerCpu,
 }
@@ -145,6 +147,7 @@ pub async fn throughput(
                     peak_rss: 0,
                     redis_calls: 0.0,
                     cql_statements: 0.0,
+                    flushes: 0.0,
                     servers: ServerCpu::default(),
                 })
             })
@@ -290,6 +293,7 @@ async fn catch_up(config: &Config, what: &'static str, sinks: bool, records: u64
         peak_rss,
         redis_calls: metric(&scraped, "readfold_sink_calls_total{sink=\"redis\"}"),
         cql_statements: metric(&scraped, "readfold_sink_calls_total{sink=\"cql\"}"),
+        flushes: metric(&scraped, "readfold_flushes_total{result=\"committed\"}"),
         servers: ServerCpu::default(),
     })
 }
@@ -320,6 +324,7 @@ async fn raw_consumer_process(config: &Config, records: u64) -> Result<Throughpu
         peak_rss,
         redis_calls: 0.0,
         cql_statements: 0.0,
+        flushes: 0.0,
         servers: ServerCpu::default(),
     })
 }
@@ -518,9 +523,32 @@ pub fn print_throughput(f: &ThroughputFigures) {
             println!("  {:<36} {}", f.turns[0][i].what, runs.join(", "));
         }
     }
+    if let Some(flushes) = flush_counts(f) {
+        println!("  ({flushes})");
+    }
     for note in &f.notes {
         println!("  ({note})");
     }
+}
+
+/// How many flushes each readfold run committed, in the order they ran: a
+/// catch-up's pacing at work (fewer, larger flushes write each key fewer
+/// times).
+fn flush_counts(f: &ThroughputFigures) -> Option<String> {
+    let rows: Vec<String> = READFOLD_ROWS
+        .iter()
+        .filter_map(|(what, tag, _)| {
+            let runs: Vec<String> = f
+                .turns
+                .iter()
+                .flatten()
+                .filter(|r| r.what == *what)
+                .map(|r| format!("{:.0}", r.flushes))
+                .collect();
+            (!runs.is_empty()).then(|| format!("sinks {tag} {}", runs.join(", ")))
+        })
+        .collect();
+    (!rows.is_empty()).then(|| format!("flushes committed by each readfold run: {}", rows.join("; ")))
 }
 
 #[cfg(test)]
@@ -536,6 +564,7 @@ mod tests {
             peak_rss: 0,
             redis_calls: 0.0,
             cql_statements: 0.0,
+            flushes: 0.0,
             servers: ServerCpu::default(),
         }
     }
@@ -549,6 +578,36 @@ mod tests {
         assert_eq!(median(&[2.0]), 2.0);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), 3.0);
+    }
+
+    #[test]
+    fn flush_counts_list_each_readfold_run_in_order() {
+        let run = |what: &'static str, flushes: f64| ThroughputRow {
+            what,
+            flushes,
+            ..row(1.0)
+        };
+        let (off, on) = (READFOLD_ROWS[0].0, READFOLD_ROWS[1].0);
+        let turn = |a: f64, b: f64| {
+            vec![
+                run("raw consumer process (librdkafka)", 0.0),
+                run(off, a),
+                run(on, b),
+            ]
+        };
+        let mut figures = ThroughputFigures {
+            reports: 1,
+            events: 0,
+            rows: Vec::new(),
+            turns: vec![turn(7.0, 2.0), turn(8.0, 3.0)],
+            notes: Vec::new(),
+        };
+        assert_eq!(
+            flush_counts(&figures).unwrap(),
+            "flushes committed by each readfold run: sinks off 7, 8; sinks on 2, 3"
+        );
+        figures.turns.clear();
+        assert_eq!(flush_counts(&figures), None);
     }
 
     #[test]
