@@ -2,6 +2,7 @@
 //! librdkafka's rebalance callbacks report, queued in order for the run loop.
 
 use std::collections::BTreeMap;
+use std::ffi::{CStr, CString};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -37,7 +38,9 @@ pub enum GroupEvent {
 /// events before it touches any partition's state.
 pub struct GroupContext {
     events: Arc<Queue>,
-    inputs: [String; 2],
+    /// The input topics (read reports, conversation events), as librdkafka
+    /// takes names.
+    inputs: [CString; 2],
     /// How long an assignment waits for the group's committed offsets.
     committed_wait: Duration,
     /// Where assigned partitions' fetched messages go, while its reader
@@ -58,12 +61,16 @@ struct Queue {
 
 impl GroupContext {
     /// The assigned `partitions` of each input (as in `inputs`) with their
-    /// stable ends if known, as (input, partition, end).
-    pub fn stable_ends(&self, partitions: &[Vec<i32>; 2]) -> Vec<(usize, i32, Option<i64>)> {
+    /// stable ends if known, as (topic, partition, end).
+    pub fn stable_ends(&self, partitions: &[Vec<i32>; 2]) -> Vec<(&CStr, i32, Option<i64>)> {
         let stable_ends = self.stable_ends.lock().expect("stable ends lock");
         let mut ends = Vec::with_capacity(partitions[0].len() + partitions[1].len());
-        for (input, (known, assigned)) in stable_ends.iter().zip(partitions).enumerate() {
-            ends.extend(assigned.iter().map(|&p| (input, p, known.get(&p).copied())));
+        for ((topic, known), assigned) in self.inputs.iter().zip(stable_ends.iter()).zip(partitions) {
+            ends.extend(
+                assigned
+                    .iter()
+                    .map(|&p| (topic.as_c_str(), p, known.get(&p).copied())),
+            );
         }
         ends
     }
@@ -129,7 +136,7 @@ impl ClientContext for GroupContext {
     fn stats(&self, statistics: Statistics) {
         let mut stable_ends = self.stable_ends.lock().expect("stable ends lock");
         for (name, topic) in &statistics.topics {
-            let Some(input) = self.inputs.iter().position(|i| i == name) else {
+            let Some(input) = self.inputs.iter().position(|i| i.to_bytes() == name.as_bytes()) else {
                 continue;
             };
             for (&partition, p) in &topic.partitions {
@@ -244,12 +251,21 @@ pub(crate) fn stable_offsets_wait(kafka: &KafkaConfig) -> Duration {
     Duration::from_millis(kafka.transaction_timeout_ms)
 }
 
+/// A topic's name for librdkafka's C calls. `TopicsConfig::check` allows
+/// only Kafka's characters, so no NUL.
+fn topic_c_name(topic: &str) -> CString {
+    CString::new(topic).expect("a checked topic name has no NUL")
+}
+
 /// The group member's consumer, not yet subscribed, and its event queue.
 pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupConsumer, GroupEvents)> {
     let events = Arc::new(Queue::default());
     let context = GroupContext {
         events: events.clone(),
-        inputs: [topics.read_reports.clone(), topics.conversation_events.clone()],
+        inputs: [
+            topic_c_name(&topics.read_reports),
+            topic_c_name(&topics.conversation_events),
+        ],
         // Past it, librdkafka fetches the offsets itself.
         committed_wait: stable_offsets_wait(kafka),
         routed: Mutex::new(Weak::new()),

@@ -22,7 +22,6 @@ mod schemas;
 pub mod telemetry;
 pub mod transaction;
 
-use std::ffi::CString;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -88,10 +87,8 @@ pub struct Processor {
     /// The fold found every record of its input folded at least once since
     /// the last flush began: it is not behind (see `queue_drained`).
     caught_up: bool,
-    /// The input topics' names, for librdkafka's cached figures.
-    input_names: [CString; 2],
-    /// Records taken off the routed queue since the last flush began: the
-    /// fold's recent rate, for a catch-up's pacing.
+    /// Records taken off the queues since the last flush began: the fold's
+    /// recent rate, for a catch-up's pacing.
     taken_since_flush: u64,
     /// When the last flush began.
     flush_started: Instant,
@@ -123,12 +120,6 @@ const FOLD_BATCH: usize = 512;
 /// Offsets the broker may be ahead, over all owned partitions, with the
 /// fold still counted as caught up: less than one turn of the fold.
 const CAUGHT_UP_LAG: i64 = FOLD_BATCH as i64;
-
-/// A topic's name for librdkafka's C calls. `TopicsConfig::check` allows
-/// only Kafka's characters, so no NUL.
-fn topic_c_name(topic: &str) -> CString {
-    CString::new(topic).expect("a checked topic name has no NUL")
-}
 
 /// What [`Processor::fold_record`] did with a record.
 enum Folded {
@@ -269,10 +260,6 @@ impl Processor {
             catching_up: false,
             caught_up: false,
             taken_since_flush: 0,
-            input_names: [
-                topic_c_name(&settings.topics.read_reports),
-                topic_c_name(&settings.topics.conversation_events),
-            ],
             flush_started: Instant::now(),
             pacing: CatchUpPacing::new(
                 settings.flush.catch_up_interval(),
@@ -662,37 +649,33 @@ impl Processor {
     /// last fetch responses (past a read-committed input's open
     /// transaction, the one case that makes a flush wait for nothing, at
     /// most `flush.catch_up_max_interval_ms`, once).
-    fn queue_drained(&mut self, routed: &RoutedReader) {
-        if !self.caught_up && self.input_lag(routed) <= CAUGHT_UP_LAG {
-            self.caught_up = true;
+    /// Returns the lag it found, if it looked (not yet caught up).
+    fn queue_drained(&mut self, routed: &RoutedReader) -> Option<i64> {
+        if self.caught_up {
+            return None;
         }
+        let lag = self.input_lag(routed);
+        self.caught_up = lag <= CAUGHT_UP_LAG;
+        Some(lag)
     }
 
-    /// How long the fold needs to fold what the broker holds past its
-    /// position, at the rate it took records since the last flush began;
-    /// `None` if it took none.
-    fn catch_up_eta(&self, routed: &RoutedReader, now: Instant) -> Option<Duration> {
+    /// How long the fold needs to take `lag` more offsets, at the rate it
+    /// took records since the last flush began; `None` if it took none.
+    fn catch_up_eta(&self, lag: i64, now: Instant) -> Option<Duration> {
         let elapsed = now.saturating_duration_since(self.flush_started).as_secs_f64();
         if self.taken_since_flush == 0 || elapsed <= 0.0 {
             return None;
         }
         let rate = self.taken_since_flush as f64 / elapsed;
-        Some(Duration::from_secs_f64(self.input_lag(routed) as f64 / rate))
+        Some(Duration::from_secs_f64(lag as f64 / rate))
     }
 
     /// Offsets the fold has still to take before it reaches its input
     /// partitions' stable ends, as the consumer's last statistics gave them
     /// (before the first, their last fetch responses' high watermarks).
     fn input_lag(&self, routed: &RoutedReader) -> i64 {
-        let ends = self
-            .consumer
-            .context()
-            .stable_ends(self.partitions.owned_by_input());
-        let ends: Vec<(&std::ffi::CStr, i32, Option<i64>)> = ends
-            .into_iter()
-            .map(|(input, partition, end)| (self.input_names[input].as_c_str(), partition, end))
-            .collect();
-        routed.fetch_lag(&ends)
+        let owned = self.partitions.owned_by_input();
+        routed.fetch_lag(&self.consumer.context().stable_ends(owned))
     }
 
     /// Folds a fetched record at once, in place, unless a rebalance waits
@@ -877,16 +860,17 @@ impl Processor {
     /// but the last. Once caught up, a change waits only for
     /// `flush.linger_ms` again.
     fn flush_after_commit(&mut self, routed: &RoutedReader) {
-        if !routed.has_more() {
-            self.queue_drained(routed);
-        }
-        let caught_up = self.caught_up;
-        let now = Instant::now();
-        let catch_up_in = if caught_up {
-            None
+        // The lag is read once: to see whether an empty queue is the
+        // input's end, and if not, how long the fold needs to get there.
+        let lag = if routed.has_more() {
+            (!self.caught_up).then(|| self.input_lag(routed))
         } else {
-            self.catch_up_eta(routed, now)
+            self.queue_drained(routed)
         };
+        let (caught_up, now) = (self.caught_up, Instant::now());
+        let catch_up_in = lag
+            .filter(|_| !caught_up)
+            .and_then(|lag| self.catch_up_eta(lag, now));
         match self
             .pacing
             .after_commit(self.flush_started, now, caught_up, catch_up_in)
