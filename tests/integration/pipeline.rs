@@ -94,14 +94,14 @@ async fn flushes_follow_the_load_without_waiting_for_the_interval() {
     );
 }
 
-/// A backlog on fresh topics named after `name`: 200,000 reports on 10,000
-/// keys (100 conversations of 100 members), round after round, each round
-/// raising every key; and the reference fold of it.
-async fn backlog_of_rounds(name: &str) -> (TestEnv, Reference) {
+/// A backlog on fresh topics named after `name`: `rounds` x 10,000 reports
+/// on 10,000 keys (100 conversations of 100 members), each round raising
+/// every key; and the reference fold of it.
+async fn backlog_of_rounds(name: &str, rounds: i64) -> (TestEnv, Reference) {
     let env = TestEnv::new(name, 2).await;
     let mut reference = Reference::default();
     let mut reports = Vec::new();
-    for round in 1..=20i64 {
+    for round in 1..=rounds {
         for c in 0..100 {
             for u in 0..100 {
                 reports.push(report(&format!("c{c}"), &format!("u{u}"), round + (c + u) % 3));
@@ -121,9 +121,11 @@ async fn backlog_of_rounds(name: &str) -> (TestEnv, Reference) {
 /// as soon as the fold catches up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catch_up_waits_between_flushes_only_while_behind() {
-    // The fold is still behind when the first flush, a few milliseconds
-    // in, commits.
-    let (env, reference) = backlog_of_rounds("catchup").await;
+    // The fold must still be behind when the first flush, a few
+    // milliseconds in, commits: 400,000 reports take it about five times as
+    // long here, so that a first transaction slowed by other tests on the
+    // broker still commits before the fold reaches the end.
+    let (env, reference) = backlog_of_rounds("catchup", 40).await;
     let addr = free_local_addr();
     let mut processor = env.spawn_with(
         "a",
@@ -153,7 +155,7 @@ async fn a_catch_up_waits_between_flushes_only_while_behind() {
 async fn a_backlog_folded_within_the_max_wait_goes_out_once_the_fold_reaches_the_end() {
     // Any flush that covers a round's worth of the backlog publishes
     // every key.
-    let (env, reference) = backlog_of_rounds("catchupend").await;
+    let (env, reference) = backlog_of_rounds("catchupend", 20).await;
     let addr = free_local_addr();
     let mut processor = env.spawn_with(
         "a",
