@@ -70,13 +70,7 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
     let _services = shared_services().await;
     let prefix = unique("batched");
     let sink = redis_store(&redis_url(), &prefix).await;
-    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move |n: u64| {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng % n
-    };
+    let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
     for round in 0..60u64 {
         let (batched, single) = (format!("B{round}"), format!("S{round}"));
         let mut model = MergeModel::default();
@@ -135,6 +129,141 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
         );
         assert_eq!(merged, model.stored(), "round {round}: against the model");
     }
+}
+
+/// A small seeded generator: `next(n)` draws from 0..n.
+fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+    move |n| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    }
+}
+
+/// One script call merges many conversations (`redis.conversations_per_call`):
+/// each must end as the merge rules leave it alone, with conversations of no
+/// members, small ones with repeated users, departures and stale epochs, and
+/// groups large enough to split calls by their arguments; and as it ends
+/// with one conversation per call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conversations_sharing_a_call_merge_as_if_alone() {
+    let _services = shared_services().await;
+    let (shared, alone) = (unique("shared"), unique("alone"));
+    let shared_sink = redis_store(&redis_url(), &shared).await;
+    let config = RedisConfig {
+        conversations_per_call: 1,
+        ..redis_config(&redis_url(), &alone)
+    };
+    let alone_sink = RedisStore::connect_writer(&config)
+        .await
+        .expect("connect to Redis");
+    let mut next = xorshift(0x2545_f491_4f6c_dd1d);
+    let conversations = 300u64;
+    let mut models: Vec<MergeModel> = (0..conversations).map(|_| MergeModel::default()).collect();
+    for round in 0..4 {
+        let batches: Vec<ConversationBatch> = (0..conversations)
+            .map(|c| {
+                let size = match c % 50 {
+                    0 => 0,
+                    7 => 1500,
+                    _ => 1 + next(12),
+                };
+                let members = (0..size)
+                    .map(|k| MemberWrite {
+                        user_id: format!("u{}", if size > 100 { k } else { next(6) })
+                            .parse()
+                            .unwrap(),
+                        cursor: Seq(next(40)),
+                        join_seq: Seq(1 + next(3) * next(4)),
+                        left: next(8) == 0,
+                        epoch: next(3),
+                    })
+                    .collect();
+                ConversationBatch {
+                    conversation_id: format!("C{c}").parse().unwrap(),
+                    latest_seq: Seq(next(50)),
+                    members,
+                }
+            })
+            .collect();
+        let expected: u64 = batches
+            .iter()
+            .zip(&mut models)
+            .map(|(b, model)| model.merge(b.latest_seq.get(), &b.members))
+            .sum();
+        let raised = shared_sink.write(&batches).await.unwrap();
+        assert_eq!(raised, expected, "round {round}: cursors raised, shared calls");
+        let raised = alone_sink.write(&batches).await.unwrap();
+        assert_eq!(
+            raised, expected,
+            "round {round}: cursors raised, one conversation per call"
+        );
+    }
+    for (c, model) in models.iter().enumerate() {
+        let conv = format!("C{c}");
+        let merged = stored(&shared, &conv).await;
+        assert_eq!(merged, model.stored(), "{conv}: shared calls, against the model");
+        assert_eq!(
+            merged,
+            stored(&alone, &conv).await,
+            "{conv}: shared calls, against alone"
+        );
+    }
+}
+
+/// A call whose arguments do not match its keys is a bug in the caller:
+/// the script refuses it whole, before it writes anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_mismatched_arguments_changes_nothing() {
+    let _services = shared_services().await;
+    let prefix = unique("mismatch");
+    let _sink = redis_store(&redis_url(), &prefix).await;
+    let mut conn = redis_conn(&redis_url()).await;
+    let sha = redis::Script::new(readfold_store::redis::MERGE_SCRIPT)
+        .get_hash()
+        .to_owned();
+    let [a_keys, b_keys] = [keys(&prefix, "A"), keys(&prefix, "B")];
+    let calls: [Vec<String>; 3] = [
+        // A's arguments are right, B's member count claims two members.
+        vec!["1", "5", "u", "3", "1", "0", "2", "5", "v", "3", "1", "0"],
+        // One argument left over after B.
+        vec!["0", "5", "0", "6", "extra"],
+        // B's member count is not a number.
+        vec!["0", "5", "x", "6"],
+    ]
+    .map(|args| args.into_iter().map(str::to_owned).collect());
+    for args in calls {
+        let answer: redis::RedisResult<i64> = redis::cmd("EVALSHA")
+            .arg(&sha)
+            .arg(8)
+            .arg(&a_keys)
+            .arg(&b_keys)
+            .arg(&args)
+            .query_async(&mut conn)
+            .await;
+        let error = answer.expect_err("refused").to_string();
+        assert!(error.contains("readfold merge"), "{error}");
+    }
+    for conv in ["A", "B"] {
+        assert!(
+            stored(&prefix, conv).await.iter().all(HashMap::is_empty),
+            "{conv} untouched"
+        );
+    }
+    // Five keys for two conversations.
+    let answer: redis::RedisResult<i64> = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(5)
+        .arg(&a_keys)
+        .arg(&b_keys[0])
+        .arg(&["0", "5", "0"])
+        .query_async(&mut conn)
+        .await;
+    assert!(answer
+        .expect_err("refused")
+        .to_string()
+        .contains("4 per conversation"));
 }
 
 /// The merge rules of `merge.lua`, member by member, in plain Rust: what

@@ -341,7 +341,7 @@ async fn timed_write<S: CursorStore>(
     };
     match written.await {
         Ok(written) => {
-            telemetry::sink_written(S::NAME, started.elapsed(), batches.len() + private.len(), written);
+            telemetry::sink_written(S::NAME, started.elapsed(), store.calls(batches, private), written);
             Ok(())
         }
         Err(e) => {

@@ -854,7 +854,7 @@ impl Processor {
     /// maximum at once if the fold, at its rate since that flush began,
     /// will have caught up by then), or less, once the fold catches up or
     /// the dirty set reaches its bound. Each flush is a transaction and
-    /// a Redis call per changed conversation: a catch-up flushing as soon
+    /// Redis calls for every changed conversation: a catch-up flushing as soon
     /// as it could paid those every few milliseconds, and published a key
     /// it changed throughout once per flush, with nobody waiting for any
     /// but the last. Once caught up, a change waits only for

@@ -40,6 +40,12 @@ pub trait CursorStore {
     /// one user per batch. Returns how many values were raised or written.
     fn write_private(&self, batches: &[UserBatch]) -> impl Future<Output = Result<u64>> + Send;
 
+    /// The calls (script calls, statements) a write of these batches sends,
+    /// for metrics: by default, one per conversation and per user.
+    fn calls(&self, batches: &[ConversationBatch], private: &[UserBatch]) -> usize {
+        batches.len() + private.len()
+    }
+
     /// One conversation as readers see it; `None` when the store holds
     /// nothing of it.
     fn read(

@@ -19,6 +19,9 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Connect and response timeout of one call.
     pub timeout_ms: u64,
+    /// Conversations one merge script call takes, at most; 1 keeps every
+    /// call within one Redis Cluster slot.
+    pub conversations_per_call: usize,
 }
 
 /// Never prints the password, in the URL or apart.
@@ -32,9 +35,14 @@ impl std::fmt::Debug for RedisConfig {
             .field("tls_ca_file", &self.tls_ca_file)
             .field("key_prefix", &self.key_prefix)
             .field("timeout_ms", &self.timeout_ms)
+            .field("conversations_per_call", &self.conversations_per_call)
             .finish()
     }
 }
+
+/// Beyond this, a call only holds Redis longer: the gain from sharing one
+/// call's overhead ends at a few dozen conversations.
+pub const MAX_CONVERSATIONS_PER_CALL: usize = 1024;
 
 impl RedisConfig {
     pub fn check(&self) -> Result<(), String> {
@@ -43,6 +51,12 @@ impl RedisConfig {
         }
         if self.timeout_ms == 0 {
             return Err("redis.timeout_ms must be positive".into());
+        }
+        if !(1..=MAX_CONVERSATIONS_PER_CALL).contains(&self.conversations_per_call) {
+            return Err(format!(
+                "redis.conversations_per_call must be 1 to {MAX_CONVERSATIONS_PER_CALL}, not {}",
+                self.conversations_per_call
+            ));
         }
         if !self.tls_ca_file.is_empty() && !self.url.starts_with("rediss://") {
             return Err("redis.tls_ca_file is set but redis.url is not rediss:// (TLS)".into());
@@ -96,6 +110,7 @@ mod tests {
             tls_ca_file: String::new(),
             key_prefix: "p".into(),
             timeout_ms: 1,
+            conversations_per_call: 1,
         };
         let debug = format!("{config:?}");
         assert!(

@@ -1,7 +1,7 @@
 //! Redis: hot cursors, one hash per conversation. The write half max-merges
-//! with one Lua script (`merge.lua`) called with EVALSHA, one call per
-//! conversation, one pipeline per flush; the read half reads a
-//! conversation's keys in one round trip.
+//! with one Lua script (`merge.lua`) called with EVALSHA, one call per few
+//! dozen conversations, in pipelines; the read half reads a conversation's
+//! keys in one round trip.
 //!
 //! For conversation C, with prefix P:
 //! - `P:{C}:cursors` hash user -> public cursor, for every present member;
@@ -48,7 +48,7 @@ fn used_cpu_secs(info: &str) -> Option<f64> {
 
 /// The Redis keys of one conversation: cursors, latest, joined, epoch. The
 /// braces are a Redis Cluster hash tag: all keys of a conversation live in
-/// one slot, as the script needs.
+/// one slot, as a script call of one conversation needs.
 pub fn keys(prefix: &str, conversation_id: &str) -> [String; 4] {
     [
         format!("{prefix}:{{{conversation_id}}}:cursors"),
@@ -75,6 +75,7 @@ pub struct RedisStore {
     script: redis::Script,
     private_script: redis::Script,
     prefix: String,
+    conversations_per_call: usize,
 }
 
 impl RedisStore {
@@ -95,6 +96,7 @@ impl RedisStore {
             script: redis::Script::new(MERGE_SCRIPT),
             private_script: redis::Script::new(MERGE_PRIVATE_SCRIPT),
             prefix: config.key_prefix.clone(),
+            conversations_per_call: config.conversations_per_call,
         })
     }
 
@@ -237,6 +239,10 @@ impl CursorStore for RedisStore {
 
     async fn write_private(&self, batches: &[UserBatch]) -> Result<u64> {
         self.merge_private(batches).await
+    }
+
+    fn calls(&self, batches: &[ConversationBatch], private: &[UserBatch]) -> usize {
+        write::calls(batches, self.conversations_per_call).count() + private.len()
     }
 
     async fn read(&self, conversation: &ConversationId) -> Result<Option<ConversationView>> {

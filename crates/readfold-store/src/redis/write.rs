@@ -1,5 +1,6 @@
-//! The write half: one EVALSHA of a max-merge script per conversation (and
-//! per user with private changes), in pipelines of bounded size.
+//! The write half: EVALSHA of a max-merge script for a few dozen
+//! conversations at a time (and one per user with private changes), in
+//! pipelines of bounded size.
 
 use futures_util::stream::{self, StreamExt, TryStreamExt};
 use readfold_core::flush::{ConversationBatch, UserBatch};
@@ -76,31 +77,74 @@ impl RedisStore {
         Ok(raised.iter().sum())
     }
 
-    /// Max-merges a flush: one EVALSHA per conversation, in pipelines of
-    /// bounded size. Returns the number of fields raised.
+    /// Max-merges a flush: one EVALSHA per group of conversations (see
+    /// [`calls`]), in pipelines of bounded size. Returns the number of
+    /// cursors raised.
     pub async fn merge(&self, batches: &[ConversationBatch]) -> Result<u64> {
         if batches.is_empty() {
             return Ok(0);
         }
         let mut pipes = Pipelines::default();
-        for batch in batches {
+        for call in calls(batches, self.conversations_per_call) {
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.script.get_hash()).arg(4);
-            for key in keys(&self.prefix, batch.conversation_id.as_str()) {
-                cmd.arg(key);
+            cmd.arg(self.script.get_hash()).arg(4 * call.len());
+            for batch in call {
+                for key in keys(&self.prefix, batch.conversation_id.as_str()) {
+                    cmd.arg(key);
+                }
             }
-            cmd.arg(batch.latest_seq.get());
-            for m in &batch.members {
-                let cursor = if m.left { -1 } else { m.cursor.get() as i64 };
-                cmd.arg(m.user_id.as_str())
-                    .arg(cursor)
-                    .arg(m.join_seq.get())
-                    .arg(m.epoch);
+            for batch in call {
+                cmd.arg(batch.members.len()).arg(batch.latest_seq.get());
+                for m in &batch.members {
+                    let cursor = if m.left { -1 } else { m.cursor.get() as i64 };
+                    cmd.arg(m.user_id.as_str())
+                        .arg(cursor)
+                        .arg(m.join_seq.get())
+                        .arg(m.epoch);
+                }
             }
             pipes.push(cmd);
         }
         self.run_all(pipes.done()).await
     }
+}
+
+/// Script arguments (keys included) one call takes, at most, unless one
+/// conversation alone has more: a call holds Redis for its whole length,
+/// and one of 4k arguments, about a thousand members, takes it a few
+/// milliseconds.
+const CALL_ARGS: usize = 4096;
+
+/// `batches` in consecutive groups of at most `per_call` conversations and
+/// [`CALL_ARGS`] script arguments, one script call each. Each call costs
+/// Redis a fixed part (running the script, and a reply) besides its
+/// members; most conversations are small, so sharing that part cuts
+/// Redis's time for a flush by about a sixth.
+pub(super) fn calls(
+    batches: &[ConversationBatch],
+    per_call: usize,
+) -> impl Iterator<Item = &[ConversationBatch]> {
+    let per_call = per_call.max(1);
+    let mut rest = batches;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut args = 0;
+        let mut end = 0;
+        while end < rest.len().min(per_call) {
+            // Four keys, the member count, the latest seq and four per member.
+            let more = 6 + 4 * rest[end].members.len();
+            if end > 0 && args + more > CALL_ARGS {
+                break;
+            }
+            args += more;
+            end += 1;
+        }
+        let (call, after) = rest.split_at(end);
+        rest = after;
+        Some(call)
+    })
 }
 
 /// Script arguments per pipeline, at most (a command with more goes alone).
@@ -180,6 +224,49 @@ mod tests {
                     .collect()
             })
             .collect()
+    }
+
+    fn conversation(members: usize) -> ConversationBatch {
+        ConversationBatch {
+            conversation_id: "C".parse().unwrap(),
+            latest_seq: readfold_core::Seq(1),
+            members: (0..members)
+                .map(|_| readfold_core::flush::MemberWrite {
+                    user_id: "u".parse().unwrap(),
+                    cursor: readfold_core::Seq(1),
+                    join_seq: readfold_core::Seq(1),
+                    left: false,
+                    epoch: 0,
+                })
+                .collect(),
+        }
+    }
+
+    /// The sizes (in conversations) of the calls for conversations of these
+    /// member counts.
+    fn call_sizes(members: &[usize], per_call: usize) -> Vec<usize> {
+        let batches: Vec<ConversationBatch> = members.iter().map(|&m| conversation(m)).collect();
+        let grouped: Vec<&[ConversationBatch]> = calls(&batches, per_call).collect();
+        assert_eq!(
+            grouped.iter().map(|c| c.len()).sum::<usize>(),
+            batches.len(),
+            "each once"
+        );
+        grouped.iter().map(|c| c.len()).collect()
+    }
+
+    #[test]
+    fn calls_take_up_to_per_call_conversations_and_bounded_arguments() {
+        assert!(call_sizes(&[], 64).is_empty());
+        assert_eq!(call_sizes(&[1; 130], 64), [64, 64, 2]);
+        // 1 keeps each conversation alone, as a Redis Cluster needs.
+        assert_eq!(call_sizes(&[2; 3], 1), [1, 1, 1]);
+        // A conversation of no members (only its latest seq) still counts.
+        assert_eq!(call_sizes(&[0, 0, 0], 2), [2, 1]);
+        // 6 + 4 * 500 = 2006 arguments each: two fit, a third would not.
+        assert_eq!(call_sizes(&[500; 5], 64), [2, 2, 1]);
+        // One larger than the bound goes alone, then the rest go on.
+        assert_eq!(call_sizes(&[1, 5000, 1, 1], 64), [1, 1, 2]);
     }
 
     #[test]
