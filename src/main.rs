@@ -289,6 +289,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                 group_members: group_members.max(1),
                 direct_chats: direct_chats.max(1),
                 flush_every: flush_every.max(1),
+                conversations_per_call: config.redis.conversations_per_call,
             };
             if let Some(shape) = memory_shape {
                 println!("{}", readfold::bench::memory_shape(memory_cursors, shape));

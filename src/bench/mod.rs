@@ -19,7 +19,6 @@ mod server_cpu;
 mod throughput;
 mod workload;
 
-use std::collections::HashSet;
 use std::time::Instant;
 
 use readfold_core::fold::{ConversationEvent, EventKind, Input, PartitionState, ReadReport};
@@ -130,6 +129,9 @@ pub struct Workload {
     pub direct_chats: u64,
     /// Reports folded between two flushes (rate x flush interval).
     pub flush_every: u64,
+    /// `redis.conversations_per_call`: how the flushes' Redis calls are
+    /// counted.
+    pub conversations_per_call: usize,
 }
 
 /// What the run measured.
@@ -229,11 +231,10 @@ pub fn run(w: Workload) -> Figures {
         let changes = state.drain();
         elapsed += started.elapsed();
         encoded += encode(&changes);
-        let conversations: HashSet<&ConversationId> =
-            changes.iter().map(|c| &c.key.conversation_id).collect();
+        let conversations = readfold_core::flush::group_by_conversation(&changes);
         flushes += 1;
         cursor_updates += changes.len() as u64;
-        redis_calls += conversations.len() as u64;
+        redis_calls += readfold_store::redis::calls(&conversations, w.conversations_per_call).count() as u64;
     }
     Figures {
         reports: w.reports,
@@ -371,6 +372,7 @@ mod tests {
             group_members: 50,
             direct_chats: 100,
             flush_every: 500,
+            conversations_per_call: 64,
         };
         let f = run(w);
         assert!(f.cursor_updates <= f.reports);

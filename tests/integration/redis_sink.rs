@@ -224,13 +224,16 @@ async fn a_call_with_mismatched_arguments_changes_nothing() {
         .get_hash()
         .to_owned();
     let [a_keys, b_keys] = [keys(&prefix, "A"), keys(&prefix, "B")];
-    let calls: [Vec<String>; 3] = [
+    let calls: [Vec<String>; 5] = [
         // A's arguments are right, B's member count claims two members.
         vec!["1", "5", "u", "3", "1", "0", "2", "5", "v", "3", "1", "0"],
         // One argument left over after B.
         vec!["0", "5", "0", "6", "extra"],
-        // B's member count is not a number.
+        // B's member count is not a number, or not a whole one: 1.5 would
+        // line up with the arguments there are, 0.5 would read no fields.
         vec!["0", "5", "x", "6"],
+        vec!["0", "5", "1.5", "6", "u", "3", "1", "0", "v", "3"],
+        vec!["0", "5", "0.5", "6", "u", "3"],
     ]
     .map(|args| args.into_iter().map(str::to_owned).collect());
     for args in calls {

@@ -1,7 +1,7 @@
 //! Flush pacing behind a backlog: how long a catch-up's next flush waits.
 //!
-//! Every flush pays fixed costs (a Kafka transaction, one Redis script call
-//! per changed conversation) and publishes each key it carries once, however
+//! Every flush pays fixed costs (a Kafka transaction, Redis script calls for
+//! every changed conversation) and publishes each key it carries once, however
 //! often the fold changed it meanwhile. Behind a backlog nobody is waiting
 //! for any value but the last, so fewer, larger flushes get through it
 //! sooner. But a short burst should not hold a change back for long.

@@ -41,8 +41,9 @@ impl std::fmt::Debug for RedisConfig {
 }
 
 /// Beyond this, a call only holds Redis longer: the gain from sharing one
-/// call's overhead ends at a few dozen conversations.
-pub const MAX_CONVERSATIONS_PER_CALL: usize = 1024;
+/// call's overhead ends at a few dozen conversations. (A call's arguments
+/// are bounded too, which alone keeps it under 683 conversations.)
+pub const MAX_CONVERSATIONS_PER_CALL: usize = 512;
 
 impl RedisConfig {
     pub fn check(&self) -> Result<(), String> {

@@ -160,18 +160,21 @@ local function merge(k, a, n)
   return raised
 end
 
--- The arguments must fit the keys exactly before anything is written: a
--- call that does not is a bug in its caller, and must change nothing.
+-- The arguments' layout must fit the keys exactly before anything is
+-- written: a call that does not is a bug in its caller, and must change
+-- nothing. (A value that is no number fails where it is merged, after the
+-- conversations before it: harmless, as every merge is idempotent and a
+-- failed flush is written again whole.)
 local nkeys, nargs, a = #keys, #argv, 1
 if nkeys % 4 ~= 0 then
   error('readfold merge: ' .. nkeys .. ' keys, not 4 per conversation')
 end
 for _ = 1, nkeys / 4 do
-  local n = tonumber(argv[a])
-  if not n or n < 0 or a + 1 + 4 * n > nargs then
+  local count = argv[a]
+  if not count or not count:find('^%d+$') or a + 1 + 4 * tonumber(count) > nargs then
     error('readfold merge: arguments do not match the keys')
   end
-  a = a + 2 + 4 * n
+  a = a + 2 + 4 * tonumber(count)
 end
 if a ~= nargs + 1 then
   error('readfold merge: arguments do not match the keys')

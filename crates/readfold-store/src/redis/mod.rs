@@ -27,7 +27,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 pub use config::RedisConfig;
 pub use read::{MemberView, PrivateState, UserViews};
-pub use write::{MERGE_PRIVATE_SCRIPT, MERGE_SCRIPT};
+pub use write::{calls, MERGE_PRIVATE_SCRIPT, MERGE_SCRIPT};
 
 use crate::error::{Error, Result};
 use crate::CursorStore;

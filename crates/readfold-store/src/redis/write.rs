@@ -7,7 +7,7 @@ use readfold_core::flush::{ConversationBatch, UserBatch};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::{keys, user_keys, RedisStore};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The public max-merge script; see the file for its keys and arguments.
 pub const MERGE_SCRIPT: &str = include_str!("merge.lua");
@@ -70,9 +70,11 @@ impl RedisStore {
         let raised: Vec<u64> = match pipe.query_async(&mut conn).await {
             Err(e) if is_noscript(&e) => {
                 self.load_script().await?;
-                pipe.query_async(&mut conn).await?
+                pipe.query_async(&mut conn)
+                    .await
+                    .map_err(|e| cross_slot(e, self.conversations_per_call))?
             }
-            other => other?,
+            other => other.map_err(|e| cross_slot(e, self.conversations_per_call))?,
         };
         Ok(raised.iter().sum())
     }
@@ -120,10 +122,7 @@ const CALL_ARGS: usize = 4096;
 /// Redis a fixed part (running the script, and a reply) besides its
 /// members; most conversations are small, so sharing that part cuts
 /// Redis's time for a flush by about a sixth.
-pub(super) fn calls(
-    batches: &[ConversationBatch],
-    per_call: usize,
-) -> impl Iterator<Item = &[ConversationBatch]> {
+pub fn calls(batches: &[ConversationBatch], per_call: usize) -> impl Iterator<Item = &[ConversationBatch]> {
     let per_call = per_call.max(1);
     let mut rest = batches;
     std::iter::from_fn(move || {
@@ -188,6 +187,22 @@ impl Pipelines {
         }
         self.done
     }
+}
+
+/// A Redis Cluster (behind a proxy) refuses a call whose keys lie in
+/// several slots, and will every time: a configuration error, not one to
+/// retry forever.
+fn cross_slot(e: RedisError, conversations_per_call: usize) -> Error {
+    if e.kind() != ErrorKind::Server(ServerErrorKind::CrossSlot) {
+        return e.into();
+    }
+    let advice = if conversations_per_call > 1 {
+        "; a call carries several conversations (redis.conversations_per_call), \
+         which a Redis Cluster refuses: set redis.conversations_per_call = 1"
+    } else {
+        ""
+    };
+    Error::Config(format!("Redis refused a merge call: {e}{advice}"))
 }
 
 fn is_noscript(e: &RedisError) -> bool {
@@ -267,6 +282,23 @@ mod tests {
         assert_eq!(call_sizes(&[500; 5], 64), [2, 2, 1]);
         // One larger than the bound goes alone, then the rest go on.
         assert_eq!(call_sizes(&[1, 5000, 1, 1], 64), [1, 1, 2]);
+    }
+
+    #[test]
+    fn a_cross_slot_refusal_is_a_configuration_error_naming_the_setting() {
+        let refused = || {
+            RedisError::from((
+                ErrorKind::Server(ServerErrorKind::CrossSlot),
+                "keys in several slots",
+            ))
+        };
+        let e = cross_slot(refused(), 64);
+        assert!(!e.is_retriable());
+        assert!(e.to_string().contains("redis.conversations_per_call = 1"), "{e}");
+        assert!(!cross_slot(refused(), 1).to_string().contains("set redis"));
+        // Anything else stays what it was, retried as before.
+        let busy = RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
+        assert!(cross_slot(busy, 64).is_retriable());
     }
 
     #[test]
