@@ -479,7 +479,7 @@ pub fn print_throughput(f: &ThroughputFigures) {
         };
         let of_process = process_secs.map_or("-".to_owned(), |p| format!("{:.2}", p / r.secs.max(1e-9)));
         println!(
-            "  {:<36} {:>10.0} {:>8.2} {:>10} {:>15.2} {:>9} {:>13.3} {:>13.3} {:>13} {:>13}",
+            "  {:<36} {:>10.0} {:>8.2} {:>10} {:>15.2} {:>9} {:>13.4} {:>13.4} {:>13} {:>13}",
             r.what,
             f.reports as f64 / r.secs.max(1e-9),
             raw_secs / r.secs.max(1e-9),
