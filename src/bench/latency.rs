@@ -9,6 +9,10 @@
 //! - sends 50 probe reports per second to conversations of their own and
 //!   polls Redis until each shows up.
 //!
+//! Each step also shows the cores readfold and the servers used during it:
+//! on a small machine they share the cores, and a CQL server writing a
+//! snapshot can take most of them for a while.
+//!
 //! An unrecorded warm-up at 50% (as long as a step, at most 5 s) comes
 //! first. The maximum is `--latency-max-rate`, or, when that is 0, the rate at
 //! which `readfold run` catches up on a backlog of 500,000 records here.
@@ -24,7 +28,8 @@ use readfold_store::redis::RedisStore;
 use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use super::child::{config_vars, free_addr, spawn};
+use super::child::{config_vars, cpu_secs_of, free_addr, spawn};
+use super::server_cpu::{ServerClocks, ServerCpu};
 use super::workload::{ChatWorkload, Generated};
 use super::{now_ms, percentile};
 use crate::config::Config;
@@ -49,6 +54,16 @@ pub struct LatencyRow {
     pub changelog_ms: Vec<f64>,
     /// Report-to-Redis of the probes, sorted, ms.
     pub redis_ms: Vec<f64>,
+    /// The cores readfold and the servers used during the step.
+    pub cores: StepCores,
+}
+
+/// Cores (CPU seconds per second) used during one step, by readfold and by
+/// each server whose CPU time is known.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepCores {
+    pub readfold: f64,
+    pub servers: ServerCpu,
 }
 
 /// What a latency run measured.
@@ -79,6 +94,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     let mut vars = config_vars(&config);
     vars.push(("READFOLD__METRICS__LISTEN".into(), metrics));
     let mut child = spawn("run", &vars)?;
+    let clocks = ServerClocks::new(&config).await;
 
     // Every changelog record from now on: (updated_at, arrival) in ms.
     let arrivals: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
@@ -136,6 +152,8 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
         cursors,
         workload: &mut workload,
         probe_seq,
+        clocks: &clocks,
+        readfold_pid: child.pid().to_string(),
     };
     // A warm-up at the middle rate, not recorded: the first seconds of a
     // run (the broker's JIT compiling its hot paths, the processor's first
@@ -161,6 +179,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
             achieved: step.achieved,
             changelog_ms,
             redis_ms,
+            cores: step.cores,
         });
     }
     following.store(false, Ordering::Relaxed);
@@ -190,6 +209,8 @@ struct Load<'a> {
     cursors: ProbeCursors,
     workload: &'a mut ChatWorkload,
     probe_seq: i64,
+    clocks: &'a ServerClocks,
+    readfold_pid: String,
 }
 
 /// What one step at one offered rate did.
@@ -200,6 +221,7 @@ struct Step {
     to: i64,
     /// Report-to-Redis of its probes, ms, unsorted.
     redis_ms: Vec<f64>,
+    cores: StepCores,
 }
 
 impl Load<'_> {
@@ -207,6 +229,7 @@ impl Load<'_> {
     /// until every send and probe is done and the step's last flushes had
     /// time to arrive.
     async fn offer(&mut self, offered: f64, seconds: u64) -> Result<Step> {
+        let (servers_before, readfold_before) = (self.clocks.read().await, cpu_secs_of(&self.readfold_pid));
         let started = Instant::now();
         let from = now_ms();
         let (mut sent, mut next_probe) = (0u64, 0u64);
@@ -251,11 +274,23 @@ impl Load<'_> {
         }
         // Let the step's last flushes arrive before the next step starts.
         tokio::time::sleep(Duration::from_secs(2)).await;
+        let secs = started.elapsed().as_secs_f64();
+        let used = self.clocks.read().await.since(servers_before);
+        let per_sec = |cpu: Option<f64>| cpu.map(|c| c / secs);
+        let cores = StepCores {
+            readfold: (cpu_secs_of(&self.readfold_pid) - readfold_before).max(0.0) / secs,
+            servers: ServerCpu {
+                redis: per_sec(used.redis),
+                broker: per_sec(used.broker),
+                cql: per_sec(used.cql),
+            },
+        };
         Ok(Step {
             achieved,
             from,
             to,
             redis_ms,
+            cores,
         })
     }
 }
@@ -361,14 +396,14 @@ pub fn print_latency(f: &LatencyFigures) {
         f.warmup_seconds
     );
     println!(
-        "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6}",
+        "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6} | cores: readfold / broker / Redis / CQL server",
         "load",
         "offered",
         "achieved",
         "report->changelog p50/p99/p99.9 ms",
         "records",
         "report->Redis p50/p99/p99.9 ms",
-        "probes"
+        "probes",
     );
     for r in &f.rows {
         let p = |v: &[f64]| {
@@ -380,14 +415,48 @@ pub fn print_latency(f: &LatencyFigures) {
             )
         };
         println!(
-            "  {:>4.0}% {:>9.0} {:>9.0} | {:>35} {:>8} | {:>30} {:>6}",
+            "  {:>4.0}% {:>9.0} {:>9.0} | {:>35} {:>8} | {:>30} {:>6} | {}",
             r.fraction * 100.0,
             r.offered,
             r.achieved,
             p(&r.changelog_ms),
             r.changelog_ms.len(),
             p(&r.redis_ms),
-            r.redis_ms.len()
+            r.redis_ms.len(),
+            cores_text(&r.cores)
         );
+    }
+    println!(
+        "  (cores: CPU seconds per second each used during the step, its 2 s tail included; the broker's and the CQL server's only when they run on this machine)"
+    );
+}
+
+/// "0.52 / 0.31 / 0.04 / 0.90", "-" for a server whose CPU is unknown.
+fn cores_text(c: &StepCores) -> String {
+    let known = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
+    format!(
+        "{:.2} / {} / {} / {}",
+        c.readfold,
+        known(c.servers.broker),
+        known(c.servers.redis),
+        known(c.servers.cql)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cores_show_unknown_servers_as_a_dash() {
+        let cores = StepCores {
+            readfold: 0.523,
+            servers: ServerCpu {
+                redis: Some(0.04),
+                broker: None,
+                cql: Some(1.2),
+            },
+        };
+        assert_eq!(cores_text(&cores), "0.52 / - / 0.04 / 1.20");
     }
 }

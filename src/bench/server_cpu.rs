@@ -1,8 +1,10 @@
 //! CPU time of the servers a bench row talks to, next to the row's own: on
-//! a small machine readfold, the broker and Redis share the cores, and a
-//! row's rate is bounded by all three. Redis reports its own (`INFO cpu`);
-//! a broker's is read from /proc when exactly one Kafka server runs on this
-//! machine and the bootstrap servers are all local. Unknown stays None.
+//! a small machine readfold, the broker, Redis and the CQL server share the
+//! cores, and a row's rate (or latency) is bounded by all of them. Redis
+//! reports its own (`INFO cpu`); a broker's and a CQL server's are read
+//! from /proc when exactly one Kafka server (or one Cassandra) runs on this
+//! machine and readfold's addresses for it are all local. Unknown stays
+//! None.
 
 use readfold_store::redis::RedisStore;
 
@@ -14,6 +16,8 @@ use crate::config::Config;
 pub struct ServerCpu {
     pub redis: Option<f64>,
     pub broker: Option<f64>,
+    /// A local Cassandra's, with `cql.enabled`.
+    pub cql: Option<f64>,
 }
 
 impl ServerCpu {
@@ -23,6 +27,7 @@ impl ServerCpu {
         ServerCpu {
             redis: delta(self.redis, earlier.redis),
             broker: delta(self.broker, earlier.broker),
+            cql: delta(self.cql, earlier.cql),
         }
     }
 }
@@ -31,6 +36,7 @@ impl ServerCpu {
 pub struct ServerClocks {
     redis: Option<RedisStore>,
     broker_pid: Option<u32>,
+    cql_pid: Option<u32>,
 }
 
 impl ServerClocks {
@@ -43,11 +49,20 @@ impl ServerClocks {
             }
         };
         let broker_pid = if all_local(&config.kafka.bootstrap_servers) {
-            local_kafka_pid()
+            local_java_pid(KAFKA_MAIN)
         } else {
             None
         };
-        ServerClocks { redis, broker_pid }
+        let cql_pid = if config.cql.enabled && all_local(&config.cql.contact_points) {
+            local_java_pid(CASSANDRA_MAIN)
+        } else {
+            None
+        };
+        ServerClocks {
+            redis,
+            broker_pid,
+            cql_pid,
+        }
     }
 
     pub async fn read(&self) -> ServerCpu {
@@ -55,12 +70,16 @@ impl ServerClocks {
             Some(store) => store.used_cpu_secs().await.ok().flatten(),
             None => None,
         };
-        // A broker that exited (or restarted under another pid) is unknown.
-        let broker = self
-            .broker_pid
-            .filter(|pid| std::path::Path::new(&format!("/proc/{pid}/stat")).exists())
-            .map(|pid| cpu_secs_of(&pid.to_string()));
-        ServerCpu { redis, broker }
+        // A server that exited (or restarted under another pid) is unknown.
+        let of = |pid: Option<u32>| {
+            pid.filter(|pid| std::path::Path::new(&format!("/proc/{pid}/stat")).exists())
+                .map(|pid| cpu_secs_of(&pid.to_string()))
+        };
+        ServerCpu {
+            redis,
+            broker: of(self.broker_pid),
+            cql: of(self.cql_pid),
+        }
     }
 }
 
@@ -76,15 +95,19 @@ fn all_local(bootstrap_servers: &str) -> bool {
     })
 }
 
-/// The one process on this machine whose command line runs Kafka's server
-/// class (`kafka.Kafka`); None when there is none or more than one.
-fn local_kafka_pid() -> Option<u32> {
+/// The main classes of a Kafka server and of Cassandra.
+const KAFKA_MAIN: &[u8] = b"kafka.Kafka";
+const CASSANDRA_MAIN: &[u8] = b"org.apache.cassandra.service.CassandraDaemon";
+
+/// The one process on this machine whose command line runs `main_class`;
+/// None when there is none or more than one.
+fn local_java_pid(main_class: &[u8]) -> Option<u32> {
     let mut found = std::fs::read_dir("/proc").ok()?.filter_map(|entry| {
         let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
         cmdline
             .split(|&b| b == 0)
-            .any(|arg| arg == b"kafka.Kafka")
+            .any(|arg| arg == main_class)
             .then_some(pid)
     });
     let pid = found.next()?;
@@ -100,16 +123,19 @@ mod tests {
         let then = ServerCpu {
             redis: Some(1.0),
             broker: None,
+            cql: Some(2.0),
         };
         let now = ServerCpu {
             redis: Some(3.5),
             broker: Some(7.0),
+            cql: Some(2.25),
         };
         assert_eq!(
             now.since(then),
             ServerCpu {
                 redis: Some(2.5),
-                broker: None
+                broker: None,
+                cql: Some(0.25),
             }
         );
     }
