@@ -275,15 +275,9 @@ impl Load<'_> {
         // Let the step's last flushes arrive before the next step starts.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let secs = started.elapsed().as_secs_f64();
-        let used = self.clocks.read().await.since(servers_before);
-        let per_sec = |cpu: Option<f64>| cpu.map(|c| c / secs);
         let cores = StepCores {
             readfold: (cpu_secs_of(&self.readfold_pid) - readfold_before).max(0.0) / secs,
-            servers: ServerCpu {
-                redis: per_sec(used.redis),
-                broker: per_sec(used.broker),
-                cql: per_sec(used.cql),
-            },
+            servers: self.clocks.read().await.since(servers_before).per_second(secs),
         };
         Ok(Step {
             achieved,

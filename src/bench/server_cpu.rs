@@ -30,6 +30,16 @@ impl ServerCpu {
             cql: delta(self.cql, earlier.cql),
         }
     }
+
+    /// CPU seconds per second (cores) over a window of `secs`.
+    pub fn per_second(self, secs: f64) -> ServerCpu {
+        let rate = |cpu: Option<f64>| cpu.map(|c| c / secs);
+        ServerCpu {
+            redis: rate(self.redis),
+            broker: rate(self.broker),
+            cql: rate(self.cql),
+        }
+    }
 }
 
 /// Reads the servers' CPU clocks.
@@ -136,6 +146,14 @@ mod tests {
                 redis: Some(2.5),
                 broker: None,
                 cql: Some(0.25),
+            }
+        );
+        assert_eq!(
+            now.since(then).per_second(0.5),
+            ServerCpu {
+                redis: Some(5.0),
+                broker: None,
+                cql: Some(0.5),
             }
         );
     }

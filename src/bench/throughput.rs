@@ -46,7 +46,8 @@ pub struct ThroughputRow {
     pub cql_statements: f64,
     /// Flushes committed (readfold rows; 0 for the others).
     pub flushes: f64,
-    /// What Redis and the broker used while the row ran.
+    /// What the servers used while the row ran (the table shows Redis and
+    /// the broker).
     pub servers: ServerCpu,
 }
 

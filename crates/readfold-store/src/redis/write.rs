@@ -70,12 +70,11 @@ impl RedisStore {
         let raised: Vec<u64> = match pipe.query_async(&mut conn).await {
             Err(e) if is_noscript(&e) => {
                 self.load_script().await?;
-                pipe.query_async(&mut conn)
-                    .await
-                    .map_err(|e| cross_slot(e, self.conversations_per_call))?
+                pipe.query_async(&mut conn).await
             }
-            other => other.map_err(|e| cross_slot(e, self.conversations_per_call))?,
-        };
+            other => other,
+        }
+        .map_err(|e| cross_slot(e, self.conversations_per_call))?;
         Ok(raised.iter().sum())
     }
 
