@@ -161,6 +161,7 @@ impl Config {
         self.topics.check().map_err(ConfigError::Invalid)?;
         self.input.check().map_err(ConfigError::Invalid)?;
         self.flush.check().map_err(ConfigError::Invalid)?;
+        self.snapshot.check().map_err(ConfigError::Invalid)?;
         self.redis.check().map_err(ConfigError::Invalid)?;
         self.cql.check().map_err(ConfigError::Invalid)?;
         self.serve.check().map_err(ConfigError::Invalid)?;
@@ -349,6 +350,9 @@ mod tests {
         assert!(err.to_string().contains("xml"), "{err}");
         let err = Config::from_sources(None, env(&[("READFOLD__TOPICS__PARTITIONS", "0")])).unwrap_err();
         assert!(err.to_string().contains("partitions"), "{err}");
+        // A zero interval would snapshot without pause.
+        let err = Config::from_sources(None, env(&[("READFOLD__SNAPSHOT__INTERVAL_MS", "0")])).unwrap_err();
+        assert!(err.to_string().contains("snapshot.interval_ms"), "{err}");
     }
 
     #[test]

@@ -29,6 +29,15 @@ pub struct SnapshotConfig {
     pub interval_ms: u64,
 }
 
+impl SnapshotConfig {
+    pub fn check(&self) -> Result<(), String> {
+        if self.interval_ms == 0 {
+            return Err("snapshot.interval_ms must be positive".into());
+        }
+        Ok(())
+    }
+}
+
 /// `[state]`: local state checkpoints.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
