@@ -24,6 +24,9 @@
 #   CASSANDRA_JMX_PORT (unset = no JMX listener)  CASSANDRA_JVM_EXTRA_OPTS (appended last)
 #   CASSANDRA_JAVA (java binary; else $JAVA_HOME/bin/java, java on PATH, /usr/lib/jvm/*17*)
 #   CASSANDRA_MLOCK=1 (let Cassandra mlockall its memory as root; default: prevented, saves RSS)
+#   CASSANDRA_NICE (0; e.g. 10: run at a lower CPU priority, its threads and, where the kernel
+#     groups each session's processes (sched_autogroup), its session too, so that on a small
+#     machine it yields the cores to the broker, as a cluster on machines of its own would)
 set -euo pipefail
 
 SVC_NAME=cassandra
@@ -42,6 +45,8 @@ STORAGE_PORT="${CASSANDRA_STORAGE_PORT:-7000}"
 START_TIMEOUT="${CASSANDRA_START_TIMEOUT:-120}"
 STOP_TIMEOUT="${CASSANDRA_STOP_TIMEOUT:-30}"
 JMX_PORT="${CASSANDRA_JMX_PORT:-}"
+NICE="${CASSANDRA_NICE:-0}"
+[[ "$NICE" =~ ^-?[0-9]+$ ]] || { printf '[cassandra] ERROR: CASSANDRA_NICE must be a whole number (got %s)\n' "$NICE" >&2; exit 2; }
 MARKER="-Dreadfold.service=cassandra"   # on the java command line; guards against pid reuse
 
 log()  { printf '[%s] %s\n' "$SVC_NAME" "$*" >&2; }
@@ -181,6 +186,11 @@ launch() {
   if [[ "${CASSANDRA_MLOCK:-0}" != 1 && "$(id -u)" == 0 ]] && command -v setpriv >/dev/null; then
     wrap=(setpriv --bounding-set -ipc_lock)
   fi
+  # A thread's nice value counts only within its autogroup (one per session, and setsid
+  # makes a new one), so the session's group gets the value too, once java runs.
+  if [[ "$NICE" != 0 ]]; then
+    wrap=(nice -n "$NICE" "${wrap[@]}")
+  fi
   # New session (immune to the caller's Ctrl-C / hangup), stdio detached, lock fd closed.
   # The inner bash writes its own pid, then execs java, so the pid file holds java's pid.
   # shellcheck disable=SC2016  # $$ and $@ are for the inner bash
@@ -189,6 +199,9 @@ launch() {
   local i
   for ((i = 0; i < 100; i++)); do [[ -s "$PIDFILE" ]] && break; sleep 0.05; done
   our_pid >/dev/null || { log_tail "$LOGDIR/system.log"; die "java did not start"; }
+  if [[ "$NICE" != 0 && -w "/proc/$(our_pid)/autogroup" ]]; then
+    echo "$NICE" >"/proc/$(our_pid)/autogroup" 2>/dev/null || warn "could not set the session's CPU priority"
+  fi
 }
 
 wait_healthy() {  # wait_healthy PID T0

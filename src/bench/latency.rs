@@ -29,7 +29,7 @@ use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use super::child::{config_vars, cpu_secs_of, free_addr, spawn};
-use super::server_cpu::{ServerClocks, ServerCpu};
+use super::server_cpu::{Priorities, ServerClocks, ServerCpu};
 use super::workload::{ChatWorkload, Generated};
 use super::{now_ms, percentile};
 use crate::config::Config;
@@ -76,6 +76,8 @@ pub struct LatencyFigures {
     pub rows: Vec<LatencyRow>,
     /// The unrecorded warm-up at 50% before the rows, in seconds.
     pub warmup_seconds: u64,
+    /// A local broker's and CQL server's CPU priorities.
+    pub priorities: Option<Priorities>,
 }
 
 pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<LatencyFigures> {
@@ -195,6 +197,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
         cql: config.cql.enabled,
         rows,
         warmup_seconds: warmup_seconds(seconds),
+        priorities: clocks.priorities(),
     })
 }
 
@@ -423,6 +426,25 @@ pub fn print_latency(f: &LatencyFigures) {
     println!(
         "  (cores: CPU seconds per second each used during the step, its 2 s tail included; the broker's and the CQL server's only when they run on this machine)"
     );
+    if let Some(priorities) = f.priorities {
+        println!("  ({})", priority_note(priorities));
+    }
+}
+
+/// What the table's reader should know about a CQL server sharing the
+/// broker's machine: at the same priority, its snapshot bursts take the
+/// cores the flushes' transactions need.
+fn priority_note(p: Priorities) -> String {
+    if p.cql > p.broker {
+        return format!(
+            "the local CQL server ran at a lower CPU priority than the broker, nice {} against {}: it yields the cores, as CQL servers on machines of their own would",
+            p.cql, p.broker
+        );
+    }
+    format!(
+        "the local CQL server ran at the broker's CPU priority or above (nice {} against {}): its snapshot bursts take the cores the flushes need; CASSANDRA_NICE=10 for scripts/services.sh measures without that (see README)",
+        p.cql, p.broker
+    )
 }
 
 /// "0.52 / 0.31 / 0.04 / 0.90", "-" for a server whose CPU is unknown.

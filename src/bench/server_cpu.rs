@@ -93,6 +93,54 @@ impl ServerClocks {
     }
 }
 
+/// The CPU priorities (nice values) of a local broker and CQL server, as
+/// the scheduler weighs them against each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Priorities {
+    pub broker: i32,
+    pub cql: i32,
+}
+
+impl ServerClocks {
+    /// The local broker's and CQL server's priorities, when both run here.
+    pub fn priorities(&self) -> Option<Priorities> {
+        Some(Priorities {
+            broker: nice_of(self.broker_pid?)?,
+            cql: nice_of(self.cql_pid?)?,
+        })
+    }
+}
+
+/// A process's nice value as the scheduler weighs it against processes of
+/// other sessions: its session's autogroup's where the kernel groups
+/// sessions (sched_autogroup), which both services scripts start, else its
+/// own.
+fn nice_of(pid: u32) -> Option<i32> {
+    let grouped =
+        std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").is_ok_and(|v| v.trim() == "1");
+    if grouped {
+        if let Some(nice) = std::fs::read_to_string(format!("/proc/{pid}/autogroup"))
+            .ok()
+            .and_then(|text| autogroup_nice(&text))
+        {
+            return Some(nice);
+        }
+    }
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_nice(&stat)
+}
+
+/// The nice value in /proc/PID/autogroup: "/autogroup-504 nice 10".
+fn autogroup_nice(text: &str) -> Option<i32> {
+    text.split_once(" nice ")?.1.trim().parse().ok()
+}
+
+/// The nice value in /proc/PID/stat: the 17th field after the command,
+/// whose parentheses may hold spaces.
+fn stat_nice(stat: &str) -> Option<i32> {
+    stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
+}
+
 /// Whether every bootstrap server is this machine.
 fn all_local(bootstrap_servers: &str) -> bool {
     bootstrap_servers.split(',').map(str::trim).all(|server| {
@@ -127,6 +175,16 @@ fn local_java_pid(main_class: &[u8]) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nice_values_are_read_from_proc_text() {
+        assert_eq!(autogroup_nice("/autogroup-504 nice 10\n"), Some(10));
+        assert_eq!(autogroup_nice("/autogroup-1 nice -5\n"), Some(-5));
+        assert_eq!(autogroup_nice("garbage"), None);
+        let stat = "4791 (java main) S 1 4790 4790 0 -1 4194560 1 0 0 0 10 20 0 0 20 10 84 0 5 0";
+        assert_eq!(stat_nice(stat), Some(10));
+        assert_eq!(stat_nice("4791 (java) S 1"), None);
+    }
 
     #[test]
     fn a_window_is_the_difference_and_unknown_stays_unknown() {
