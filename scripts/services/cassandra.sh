@@ -246,6 +246,7 @@ cmd_up() {
   if healthy; then
     pid="$(our_pid || true)"
     log "already up: Cassandra $(cqlping --timeout 3 ping) on $HOST:$PORT${pid:+ (pid $pid)}"
+    [[ "$NICE" == 0 ]] || log "CASSANDRA_NICE applies when Cassandra starts: \`down\` first to start it at nice $NICE"
     return 0
   fi
   if pid="$(our_pid)"; then
