@@ -102,7 +102,9 @@ pub struct Priorities {
 }
 
 impl ServerClocks {
-    /// The local broker's and CQL server's priorities, when both run here.
+    /// The local broker's and CQL server's priorities, when both run here:
+    /// at the same one, a CQL server's snapshot bursts take the broker's
+    /// cores (see README, Measuring).
     pub fn priorities(&self) -> Option<Priorities> {
         Some(Priorities {
             broker: nice_of(self.broker_pid?)?,
@@ -112,9 +114,9 @@ impl ServerClocks {
 }
 
 /// A process's nice value as the scheduler weighs it against processes of
-/// other sessions: its session's autogroup's where the kernel groups
-/// sessions (sched_autogroup), which both services scripts start, else its
-/// own.
+/// other sessions. Where the kernel groups each session's processes
+/// (sched_autogroup), that is its session's group's value, and the services
+/// scripts start each server in a session of its own; elsewhere, its own.
 fn nice_of(pid: u32) -> Option<i32> {
     let grouped =
         std::fs::read_to_string("/proc/sys/kernel/sched_autogroup_enabled").is_ok_and(|v| v.trim() == "1");
