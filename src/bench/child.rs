@@ -132,12 +132,17 @@ pub fn cpu_secs_of(pid: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
-            let rest = s.rsplit_once(')')?.1.to_owned();
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+            let ticks = stat_field(&s, 11)?.parse::<f64>().ok()? + stat_field(&s, 12)?.parse::<f64>().ok()?;
             Some(ticks / 100.0)
         })
         .unwrap_or(0.0)
+}
+
+/// Field `index` of /proc/PID/stat text counted from the one after the
+/// command name (0: the state), since the name, in parentheses, may hold
+/// spaces.
+pub fn stat_field(stat: &str, index: usize) -> Option<&str> {
+    stat.rsplit_once(')')?.1.split_whitespace().nth(index)
 }
 
 /// A free TCP address on this machine.

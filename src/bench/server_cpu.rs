@@ -8,7 +8,7 @@
 
 use readfold_store::redis::RedisStore;
 
-use super::child::cpu_secs_of;
+use super::child::{cpu_secs_of, stat_field};
 use crate::config::Config;
 
 /// CPU seconds the servers used, since they started or over a window.
@@ -91,17 +91,7 @@ impl ServerClocks {
             cql: of(self.cql_pid),
         }
     }
-}
 
-/// The CPU priorities (nice values) of a local broker and CQL server, as
-/// the scheduler weighs them against each other.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Priorities {
-    pub broker: i32,
-    pub cql: i32,
-}
-
-impl ServerClocks {
     /// The local broker's and CQL server's priorities, when both run here:
     /// at the same one, a CQL server's snapshot bursts take the broker's
     /// cores (see README, Measuring).
@@ -111,6 +101,14 @@ impl ServerClocks {
             cql: nice_of(self.cql_pid?)?,
         })
     }
+}
+
+/// The CPU priorities (nice values) of a local broker and CQL server, as
+/// the scheduler weighs them against each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Priorities {
+    pub broker: i32,
+    pub cql: i32,
 }
 
 /// A process's nice value as the scheduler weighs it against processes of
@@ -137,10 +135,9 @@ fn autogroup_nice(text: &str) -> Option<i32> {
     text.split_once(" nice ")?.1.trim().parse().ok()
 }
 
-/// The nice value in /proc/PID/stat: the 17th field after the command,
-/// whose parentheses may hold spaces.
+/// The nice value in /proc/PID/stat (field 19).
 fn stat_nice(stat: &str) -> Option<i32> {
-    stat.rsplit_once(')')?.1.split_whitespace().nth(16)?.parse().ok()
+    stat_field(stat, 16)?.parse().ok()
 }
 
 /// Whether every bootstrap server is this machine.

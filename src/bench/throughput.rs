@@ -427,12 +427,7 @@ pub(super) fn wait_for_commits(
 /// zombie its parent has not reaped yet.
 fn has_exited(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state follows the command name, which is in parentheses and
-        // may hold spaces.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state == "Z" || state == "X"),
+        Ok(stat) => super::child::stat_field(&stat, 0).is_some_and(|state| state == "Z" || state == "X"),
         Err(_) => true,
     }
 }
