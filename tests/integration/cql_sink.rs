@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use readfold_core::flush::{ConversationBatch, MemberWrite};
+use readfold_core::flush::{ConversationBatch, MemberWrite, PrivateWrite, UserBatch};
 use readfold_core::Seq;
 use readfold_store::cql::{CqlConfig, CqlStore};
 use readfold_store::CursorStore;
@@ -39,6 +39,18 @@ async fn cursors(store: &CqlStore, conv: &str) -> HashMap<String, i64> {
 
 async fn latest_seq(store: &CqlStore, conv: &str) -> Option<i64> {
     store.latest_seq(conv).await.unwrap().map(|s| s.get() as i64)
+}
+
+/// One user's private cursor in one conversation.
+fn private_batch(user: &str, conv: &str, cursor: u64) -> UserBatch {
+    UserBatch {
+        user_id: user.parse().unwrap(),
+        conversations: vec![PrivateWrite {
+            conversation_id: conv.parse().unwrap(),
+            private_cursor: Seq(cursor),
+            mark: None,
+        }],
+    }
 }
 
 async fn drop_keyspace(store: &CqlStore) {
@@ -162,6 +174,61 @@ async fn big_conversations_are_split_into_batches() {
         assert_eq!((read["a"], read["b"]), (1, 3), "{c}");
         assert_eq!(latest_seq(&sink, c).await, Some(3));
     }
+    drop_keyspace(&sink).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_conversations_share_batches_without_server_warnings() {
+    let _services = shared_services().await;
+    let ks = unique_keyspace("shared");
+    // The default: up to 10 small conversations per batch.
+    let config = cql_config(&ks);
+    assert_eq!(config.partitions_per_batch, 10);
+    let sink = writer(&config).await;
+    let chats: Vec<String> = (0..300).map(|i| format!("chat-{i:03}")).collect();
+    let flush = |a: u64, b: u64| -> Vec<ConversationBatch> {
+        chats
+            .iter()
+            .map(|c| sink_batch(c, a.max(b), &[("a", a), ("b", b)]))
+            .collect()
+    };
+    assert_eq!(sink.write(&flush(4, 6)).await.unwrap(), 600);
+    // A stale flush of every chat, packed the same way, lowers nothing.
+    assert_eq!(sink.write(&flush(2, 3)).await.unwrap(), 600);
+    // And a newer one moves every cursor, whichever batch holds it.
+    assert_eq!(sink.write(&flush(9, 6)).await.unwrap(), 600);
+    for c in &chats {
+        let read = cursors(&sink, c).await;
+        assert_eq!((read["a"], read["b"]), (9, 6), "{c}");
+        assert_eq!(latest_seq(&sink, c).await, Some(9), "{c}");
+    }
+    // Private state of many users shares batches too, and the racing
+    // writes of one user in one call still max-merge.
+    let mut private = private_race();
+    private.extend((0..100).map(|i| private_batch(&format!("user-{i}"), "C", 5)));
+    sink.write_private(&private).await.unwrap();
+    assert_eq!(
+        sink.private_state("u", &["C", "D", "E"]).await.unwrap(),
+        expected_private_state()
+    );
+    for i in [0, 57, 99] {
+        let got = sink.private_state(&format!("user-{i}"), &["C"]).await.unwrap();
+        assert_eq!(got[0].private_cursor, Seq(5), "user-{i}");
+    }
+    // Neither the size nor the partition count of a shared batch draws a
+    // warning (Cassandra: batch_size_warn_threshold 5 KiB and
+    // unlogged_batch_across_partitions_warn_threshold 10).
+    assert_eq!(sink.server_warnings(), 0);
+    // Batches do span partitions: past Cassandra's threshold of 10, the
+    // server says so.
+    let wide = writer(&CqlConfig {
+        partitions_per_batch: 20,
+        ..cql_config(&ks)
+    })
+    .await;
+    wide.write(&flush(10, 10)).await.unwrap();
+    assert!(wide.server_warnings() > 0);
+    assert_eq!(cursors(&wide, "chat-123").await["a"], 10);
     drop_keyspace(&sink).await;
 }
 

@@ -15,8 +15,11 @@ pub struct CqlConfig {
     pub replication: String,
     /// Batches in flight at once.
     pub concurrency: usize,
-    /// Rows per batch (each batch holds one conversation).
+    /// Rows per batch.
     pub max_batch_rows: usize,
+    /// Small conversations (partitions) one batch may hold, when they have
+    /// the same replicas; 1: a batch holds one conversation.
+    pub partitions_per_batch: usize,
     /// Connection and per-request timeout.
     pub timeout_ms: u64,
     /// PasswordAuthenticator credentials; empty username: no login.
@@ -39,6 +42,7 @@ impl std::fmt::Debug for CqlConfig {
             .field("replication", &self.replication)
             .field("concurrency", &self.concurrency)
             .field("max_batch_rows", &self.max_batch_rows)
+            .field("partitions_per_batch", &self.partitions_per_batch)
             .field("timeout_ms", &self.timeout_ms)
             .field("username", &self.username)
             .field("password", &crate::redacted(&self.password))
@@ -73,6 +77,12 @@ impl CqlConfig {
         if self.concurrency == 0 || self.max_batch_rows == 0 || self.timeout_ms == 0 {
             return bad("cql.concurrency, cql.max_batch_rows and cql.timeout_ms must be positive".into());
         }
+        if !(1..=MAX_PARTITIONS_PER_BATCH).contains(&self.partitions_per_batch) {
+            return bad(format!(
+                "cql.partitions_per_batch must be 1 to {MAX_PARTITIONS_PER_BATCH} (got {})",
+                self.partitions_per_batch
+            ));
+        }
         if !self.tls_ca_file.is_empty() && !self.tls {
             return bad("cql.tls_ca_file is set but cql.tls is false".into());
         }
@@ -82,6 +92,10 @@ impl CqlConfig {
         Ok(())
     }
 }
+
+/// The most partitions one batch may span: beyond Cassandra's default
+/// warning threshold (10) tenfold, for servers set up with a higher one.
+const MAX_PARTITIONS_PER_BATCH: usize = 100;
 
 /// Unquoted CQL keyspace names: `[A-Za-z0-9_]{1,48}`. The name is spliced into
 /// statements, so nothing else is accepted.
@@ -121,5 +135,13 @@ pub(crate) mod tests {
             ..default_cql()
         };
         assert!(zero.check().is_err());
+        for partitions in [0, 101] {
+            let config = CqlConfig {
+                partitions_per_batch: partitions,
+                ..default_cql()
+            };
+            let err = config.check().unwrap_err();
+            assert!(err.contains("partitions_per_batch"), "{err}");
+        }
     }
 }

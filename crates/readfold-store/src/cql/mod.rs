@@ -13,10 +13,13 @@
 //! ordinary write or `DELETE` made by hand (server or client clock
 //! timestamps) beats every future write of this store to the same cells.
 //!
-//! Each conversation is written as UNLOGGED batches of one partition (the
-//! `cursors` rows and the `conversations` row share the partition key, so
-//! they form one mutation), split to stay under both `max_batch_rows` and
+//! Each conversation is written as UNLOGGED batches (the `cursors` rows and
+//! the `conversations` row share the partition key, so they form one
+//! mutation), split to stay under both `max_batch_rows` and
 //! [`write::MAX_BATCH_BYTES`], with at most `concurrency` batches in flight.
+//! Small conversations whose partitions have the same replicas share a
+//! batch, up to `partitions_per_batch` of them and
+//! [`write::SHARED_BATCH_BYTES`].
 
 mod config;
 mod read;
@@ -58,6 +61,9 @@ pub struct CqlStore {
     keyspace: String,
     concurrency: usize,
     max_batch_rows: usize,
+    partitions_per_batch: usize,
+    /// Warnings the server returned with writes.
+    server_warnings: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl CqlStore {
@@ -88,6 +94,8 @@ impl CqlStore {
             keyspace: config.keyspace.clone(),
             concurrency: config.concurrency,
             max_batch_rows: config.max_batch_rows,
+            partitions_per_batch: config.partitions_per_batch,
+            server_warnings: Arc::default(),
         })
     }
 
@@ -101,6 +109,12 @@ impl CqlStore {
             session.query_unpaged(statement, &[]).await?;
         }
         session.await_schema_agreement().await?;
+        // The ring's view of the tables places partitions for shared
+        // batches: read it now rather than at the driver's next refresh. A
+        // failure only keeps batches to one partition until then.
+        if let Err(e) = session.refresh_metadata().await {
+            tracing::warn!(error = %e, "CQL metadata not refreshed: one conversation per batch until the driver's next refresh");
+        }
         let ks = &config.keyspace;
         let prepare = |cql: String| async move {
             let mut statement = session.prepare(cql).await?;
@@ -145,6 +159,12 @@ impl CqlStore {
 
     pub fn keyspace(&self) -> &str {
         &self.keyspace
+    }
+
+    /// How many warnings the server has returned with this store's writes
+    /// (the driver logs each one).
+    pub fn server_warnings(&self) -> u64 {
+        self.server_warnings.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

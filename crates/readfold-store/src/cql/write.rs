@@ -1,6 +1,9 @@
 //! The write half: a flush's conversations (and users, for private state)
-//! as unlogged single-partition batches, with at most `concurrency` batches
-//! in flight.
+//! as unlogged batches, with at most `concurrency` batches in flight. A
+//! batch holds one partition, or a few small partitions that have the same
+//! replicas (and shards), so that it goes to a node that owns every row in
+//! it: the CQL server's cost is mostly per request, and a snapshot of many
+//! 1:1 chats was thousands of requests of two or three rows each.
 //!
 //! Every write carries its own timestamp, so that the store's
 //! last-write-wins becomes the fold's order (see topology.md):
@@ -14,12 +17,16 @@
 //!   `user_cursors.unread_mark` (the mark's seq, -1 when cleared): the
 //!   mark's time, with the larger value winning a tie as the fold orders it.
 
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use readfold_core::flush::{ConversationBatch, UserBatch};
 use readfold_core::{ConversationId, Seq, UserId};
 use scylla::client::session::Session;
+use scylla::cluster::ClusterState;
 use scylla::serialize::row::{RowSerializationContext, SerializeRow};
 use scylla::serialize::writers::RowWriter;
 use scylla::serialize::SerializationError;
@@ -37,6 +44,11 @@ use crate::error::{Error, Result};
 /// updates as two mutations (ScyllaDB: 128 KiB warning, 1 MiB failure), and
 /// ids of up to 256 bytes make 500 rows far bigger than that.
 pub const MAX_BATCH_BYTES: usize = 48 * 1024;
+
+/// Budget for the estimated size of a batch that spans partitions: under
+/// the 5 KiB `batch_size_warn_threshold` of Cassandra, which it applies only
+/// to such batches, with a warning to the client for every one above it.
+pub const SHARED_BATCH_BYTES: usize = 4 * 1024;
 
 /// Size of a `cursors` row beyond its user id, as Cassandra 5 counts it for
 /// the batch thresholds (measured: 105 bytes), rounded up.
@@ -84,31 +96,38 @@ impl CqlStore {
         for batch in batches {
             rows_by_partition.push(rows(batch, now)?);
         }
-        self.write_rows(rows_by_partition).await
+        self.write_rows("cursors", rows_by_partition).await
     }
 
     /// Max-merges a flush's private state, one partition per user. Returns
     /// the number of `user_cursors` rows written.
     pub async fn merge_private(&self, batches: &[UserBatch]) -> Result<u64> {
         let rows_by_partition = batches.iter().map(private_rows).collect::<Result<Vec<_>>>()?;
-        self.write_rows(rows_by_partition).await
+        self.write_rows("user_cursors", rows_by_partition).await
     }
 
-    /// Writes each partition's rows as batches, split by row count and size.
-    async fn write_rows(&self, rows_by_partition: Vec<Vec<Row>>) -> Result<u64> {
+    /// Writes each partition's rows (of `table`, or of tables that share
+    /// its partition key) as batches: see [`pack`].
+    async fn write_rows(&self, table: &str, rows_by_partition: Vec<Vec<Row>>) -> Result<u64> {
         let statements = self
             .statements
             .clone()
             .ok_or_else(|| Error::Config("this CQL connection was opened for reading only".into()))?;
-        let mut chunks = Vec::new();
-        for rows in rows_by_partition {
-            chunks.extend(split(
-                rows,
-                self.max_batch_rows,
-                MAX_BATCH_BYTES,
-                Row::estimated_bytes,
-            ));
-        }
+        let limits = BatchLimits {
+            max_rows: self.max_batch_rows,
+            max_bytes: MAX_BATCH_BYTES,
+            partitions: self.partitions_per_batch,
+            shared_bytes: SHARED_BATCH_BYTES,
+        };
+        let ring = (limits.partitions > 1).then(|| self.session.get_cluster_state());
+        let keyed = rows_by_partition.into_iter().map(|rows| {
+            let replicas = ring
+                .as_deref()
+                .zip(rows.first())
+                .and_then(|(ring, row)| replicas(ring, &self.keyspace, table, row.partition_key()));
+            (replicas, rows)
+        });
+        let chunks = pack(keyed, limits, Row::estimated_bytes);
         let mut in_flight = JoinSet::new();
         let mut written = 0;
         for chunk in chunks {
@@ -117,7 +136,8 @@ impl CqlStore {
             }
             let session = Arc::clone(&self.session);
             let statements = Arc::clone(&statements);
-            in_flight.spawn(async move { write_chunk(&session, &statements, chunk).await });
+            let warnings = Arc::clone(&self.server_warnings);
+            in_flight.spawn(async move { write_chunk(&session, &statements, &warnings, chunk).await });
         }
         // Returning early drops the set, which aborts the other batches: they
         // are idempotent and the flush is retried.
@@ -128,7 +148,24 @@ impl CqlStore {
     }
 }
 
-async fn write_chunk(session: &Session, statements: &Statements, chunk: Vec<Row>) -> Result<u64> {
+/// The replicas of a partition as the driver sees the ring: (host id,
+/// shard) of each. `None` if the driver cannot tell (no metadata for the
+/// table yet): that partition then gets batches of its own.
+fn replicas(ring: &ClusterState, keyspace: &str, table: &str, key: &str) -> Option<Vec<(u128, u32)>> {
+    let endpoints = ring.get_endpoints(keyspace, table, &(key,)).ok()?;
+    let replicas: Vec<_> = endpoints
+        .iter()
+        .map(|(node, shard)| (node.host_id.as_u128(), *shard))
+        .collect();
+    (!replicas.is_empty()).then_some(replicas)
+}
+
+async fn write_chunk(
+    session: &Session,
+    statements: &Statements,
+    warnings: &std::sync::atomic::AtomicU64,
+    chunk: Vec<Row>,
+) -> Result<u64> {
     let mut batch = Batch::new(BatchType::Unlogged);
     batch.set_is_idempotent(true);
     let mut counted = 0;
@@ -143,7 +180,13 @@ async fn write_chunk(session: &Session, statements: &Statements, chunk: Vec<Row>
         counted += u64::from(row.counted());
         batch.append_statement(statement.clone());
     }
-    session.batch(&batch, &chunk).await?;
+    let result = session.batch(&batch, &chunk).await?;
+    // The driver logs each warning; counted for the tests and the operator's
+    // eye (a server with lower batch thresholds than Cassandra's defaults).
+    let warned = result.warnings().count() as u64;
+    if warned > 0 {
+        warnings.fetch_add(warned, Ordering::Relaxed);
+    }
     Ok(counted)
 }
 
@@ -208,6 +251,17 @@ impl Row {
                 conversation_id.as_str().len() + CURSOR_ROW_OVERHEAD
             }
             Row::Conversation { .. } => CONVERSATION_ROW_BYTES,
+        }
+    }
+
+    /// The partition key's value: the conversation, or for private state the
+    /// user.
+    fn partition_key(&self) -> &str {
+        match self {
+            Row::Cursor { conversation_id, .. }
+            | Row::Departure { conversation_id, .. }
+            | Row::Conversation { conversation_id, .. } => conversation_id.as_str(),
+            Row::PrivateCursor { user_id, .. } | Row::Mark { user_id, .. } => user_id.as_str(),
         }
     }
 
@@ -331,6 +385,71 @@ fn private_rows(batch: &UserBatch) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// How big a batch may be.
+#[derive(Clone, Copy, Debug)]
+struct BatchLimits {
+    /// Rows in any batch (`cql.max_batch_rows`).
+    max_rows: usize,
+    /// Estimated bytes of a batch of one partition.
+    max_bytes: usize,
+    /// Partitions in a batch that spans several (`cql.partitions_per_batch`;
+    /// 1: none does).
+    partitions: usize,
+    /// Estimated bytes of a batch that spans several partitions.
+    shared_bytes: usize,
+}
+
+/// Packs partitions' rows into batches. A partition too big to share a
+/// batch (over `shared_bytes` or `max_rows`), or whose replicas are
+/// unknown (`None`), is split on its own as [`split`] does. The others go
+/// together with partitions of the same replicas, in order, up to
+/// `partitions` partitions, `max_rows` rows and `shared_bytes` per batch.
+fn pack<T, K: Eq + Hash>(
+    partitions: impl IntoIterator<Item = (Option<K>, Vec<T>)>,
+    limits: BatchLimits,
+    size: impl Fn(&T) -> usize,
+) -> Vec<Vec<T>> {
+    /// A batch being filled for one replica set.
+    struct Open<T> {
+        rows: Vec<T>,
+        partitions: usize,
+        bytes: usize,
+    }
+    let mut pieces = Vec::new();
+    let mut open: Vec<Open<T>> = Vec::new();
+    let mut open_for: HashMap<K, usize> = HashMap::new();
+    for (replicas, rows) in partitions {
+        let bytes: usize = rows.iter().map(&size).sum();
+        let shareable =
+            limits.partitions > 1 && bytes <= limits.shared_bytes && rows.len() <= limits.max_rows;
+        let Some(replicas) = replicas.filter(|_| shareable) else {
+            pieces.extend(split(rows, limits.max_rows, limits.max_bytes, &size));
+            continue;
+        };
+        let index = *open_for.entry(replicas).or_insert_with(|| {
+            open.push(Open {
+                rows: Vec::new(),
+                partitions: 0,
+                bytes: 0,
+            });
+            open.len() - 1
+        });
+        let batch = &mut open[index];
+        if batch.partitions == limits.partitions
+            || batch.bytes + bytes > limits.shared_bytes
+            || batch.rows.len() + rows.len() > limits.max_rows
+        {
+            pieces.push(std::mem::take(&mut batch.rows));
+            (batch.partitions, batch.bytes) = (0, 0);
+        }
+        batch.rows.extend(rows);
+        batch.partitions += 1;
+        batch.bytes += bytes;
+    }
+    pieces.extend(open.into_iter().map(|o| o.rows).filter(|rows| !rows.is_empty()));
+    pieces
+}
+
 /// Splits `items`, in order, into pieces of at most `max_rows` items and at
 /// most `max_bytes` estimated bytes (an item bigger than `max_bytes` gets a
 /// piece of its own). `max_rows` 0 is taken as 1.
@@ -421,6 +540,87 @@ mod tests {
             assert!(piece.iter().map(Row::estimated_bytes).sum::<usize>() <= MAX_BATCH_BYTES);
         }
         assert_eq!(pieces.iter().map(Vec::len).sum::<usize>(), 501);
+    }
+
+    const LIMITS: BatchLimits = BatchLimits {
+        max_rows: 500,
+        max_bytes: 1000,
+        partitions: 3,
+        shared_bytes: 100,
+    };
+
+    /// A partition of `rows` rows of 10 bytes, numbered from `first`.
+    fn partition(replicas: Option<u8>, first: u32, rows: u32) -> (Option<u8>, Vec<u32>) {
+        (replicas, (first..first + rows).collect())
+    }
+
+    #[test]
+    fn small_partitions_of_the_same_replicas_share_batches() {
+        let pieces = pack(
+            [
+                partition(Some(1), 0, 2),
+                partition(Some(2), 10, 2),
+                partition(Some(1), 20, 2),
+                partition(Some(1), 30, 2),
+                partition(Some(1), 40, 2),
+            ],
+            LIMITS,
+            |_| 10,
+        );
+        // Three partitions per batch at most; replicas 2 alone.
+        assert_eq!(pieces, [vec![0, 1, 20, 21, 30, 31], vec![40, 41], vec![10, 11]]);
+    }
+
+    #[test]
+    fn shared_batches_keep_to_their_byte_budget() {
+        // 40 bytes each: two fit in 100 bytes, not three.
+        let pieces = pack((0..3).map(|i| partition(Some(1), i * 10, 4)), LIMITS, |_| 10);
+        assert_eq!(pieces, [vec![0, 1, 2, 3, 10, 11, 12, 13], vec![20, 21, 22, 23]]);
+    }
+
+    #[test]
+    fn big_and_unplaced_partitions_get_batches_of_their_own() {
+        let pieces = pack(
+            [
+                partition(Some(1), 0, 1),
+                // 150 bytes: over the shared budget, split by the single one.
+                partition(Some(1), 100, 15),
+                // Replicas unknown.
+                partition(None, 200, 1),
+                partition(Some(1), 300, 1),
+            ],
+            LIMITS,
+            |_| 10,
+        );
+        assert_eq!(pieces, [(100..115).collect(), vec![200], vec![0, 300]]);
+    }
+
+    #[test]
+    fn one_partition_per_batch_is_the_old_split() {
+        let one = BatchLimits {
+            partitions: 1,
+            ..LIMITS
+        };
+        let pieces = pack(
+            [partition(Some(1), 0, 2), partition(Some(1), 10, 120)],
+            one,
+            |_| 10,
+        );
+        // 1,200 bytes in pieces of at most 1,000.
+        let lens: Vec<_> = pieces.iter().map(Vec::len).collect();
+        assert_eq!(lens, [2, 100, 20]);
+        assert!(pack(Vec::<(Option<u8>, Vec<u32>)>::new(), LIMITS, |_| 1).is_empty());
+    }
+
+    #[test]
+    fn a_shared_batch_keeps_to_the_row_limit() {
+        let rows = BatchLimits {
+            max_rows: 3,
+            shared_bytes: usize::MAX,
+            ..LIMITS
+        };
+        let pieces = pack((0..3).map(|i| partition(Some(1), i * 10, 2)), rows, |_| 1);
+        assert_eq!(pieces, [vec![0, 1], vec![10, 11], vec![20, 21]]);
     }
 
     #[test]
