@@ -41,7 +41,8 @@ async fn random_reports_end_equal_everywhere() {
     // 100k records: messages, late joins, and reports that are often stale
     // or duplicated, for conversations whose two inputs interleave freely.
     let (reports, events) = random_records(&mut reference, 0x2545_f491_4f6c_dd1d, 100_000, 40, 25);
-    let mut processor = env.spawn("a");
+    let addr = free_local_addr();
+    let mut processor = env.spawn_with("a", &[("READFOLD__METRICS__LISTEN", addr.as_str())]);
     env.producer().send_many(&reports, &events).await.unwrap();
     let log = env.wait_for_reference(&reference, Duration::from_secs(180)).await;
     assert_matches(&log, &reference);
@@ -55,6 +56,10 @@ async fn random_reports_end_equal_everywhere() {
     assert_eq!(cql.len(), reference.present().len());
     assert!(cql == reference.present(), "CQL rows differ from the reference");
     assert_redis_matches(&env, &reference).await;
+    // Snapshots went out in batches the server took without a warning.
+    assert!(scraped_sample(&addr, "readfold_snapshot_keys_total") > 0.0);
+    let metrics = scrape(&addr).unwrap_or_default();
+    assert!(metrics.contains("\nreadfold_cql_warnings_total 0\n"), "{metrics}");
     assert!(
         processor.terminate(Duration::from_secs(30)),
         "{}",

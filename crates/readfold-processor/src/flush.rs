@@ -146,6 +146,9 @@ impl Processor {
     pub(crate) fn settle(&mut self, flight: InFlight, outcome: Result<()>) -> Result<()> {
         let elapsed = flight.started.elapsed();
         let plan = &flight.plan;
+        if let (Some(_), Some(cql)) = (&plan.snapshot, &self.cql) {
+            telemetry::cql_warnings(cql.server_warnings());
+        }
         match outcome {
             Ok(()) if plan.snapshot.is_some() => {
                 let keys = plan.snapshot_changes().count();

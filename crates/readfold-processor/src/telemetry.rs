@@ -68,6 +68,10 @@ pub fn register() {
         "CQL snapshots, per result (written, failed)."
     );
     describe_counter!("readfold_snapshot_keys_total", "Keys written by CQL snapshots.");
+    describe_counter!(
+        "readfold_cql_warnings_total",
+        "Warnings the CQL server returned with snapshot writes (the driver logs each). Above 0: a server with lower batch warning thresholds than Cassandra's defaults; lower cql.partitions_per_batch."
+    );
     describe_histogram!(
         "readfold_snapshot_duration_seconds",
         Unit::Seconds,
@@ -147,6 +151,7 @@ pub fn register() {
         "readfold_dlq_published_total",
         "readfold_changelog_updates_total",
         "readfold_snapshot_keys_total",
+        "readfold_cql_warnings_total",
         "readfold_restores_total",
         "readfold_restored_records_total",
         "readfold_fold_holds_total",
@@ -183,6 +188,12 @@ pub fn snapshot_written(elapsed: Duration, keys: usize) {
     counter!("readfold_snapshots_total", "result" => "written").increment(1);
     counter!("readfold_snapshot_keys_total").increment(keys as u64);
     histogram!("readfold_snapshot_duration_seconds").record(elapsed.as_secs_f64());
+}
+
+/// The warnings the CQL server has returned with this process's writes, in
+/// all.
+pub fn cql_warnings(total: u64) {
+    counter!("readfold_cql_warnings_total").absolute(total);
 }
 
 /// A CQL snapshot failed and will be retried.
