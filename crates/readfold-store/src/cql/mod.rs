@@ -79,6 +79,10 @@ impl CqlStore {
             .into_handle();
         let mut builder = SessionBuilder::new()
             .known_nodes(config.contact_points())
+            // The ring's view of readfold's own tables is all it needs (to
+            // place partitions); a cluster's other keyspaces would only make
+            // every metadata fetch longer.
+            .keyspaces_to_fetch([config.keyspace.clone()])
             .connection_timeout(timeout)
             .default_execution_profile_handle(profile);
         if !config.username.is_empty() {
