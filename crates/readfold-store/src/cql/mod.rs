@@ -113,12 +113,6 @@ impl CqlStore {
             session.query_unpaged(statement, &[]).await?;
         }
         session.await_schema_agreement().await?;
-        // The ring's view of the tables places partitions for shared
-        // batches: read it now rather than at the driver's next refresh. A
-        // failure only keeps batches to one partition until then.
-        if let Err(e) = session.refresh_metadata().await {
-            tracing::warn!(error = %e, "CQL metadata not refreshed: one conversation per batch until the driver's next refresh");
-        }
         let ks = &config.keyspace;
         let prepare = |cql: String| async move {
             let mut statement = session.prepare(cql).await?;
