@@ -187,11 +187,7 @@ async fn conversations_sharing_a_call_merge_as_if_alone() {
                 }
             })
             .collect();
-        let expected: u64 = batches
-            .iter()
-            .zip(&mut models)
-            .map(|(b, model)| model.merge(b.latest_seq.get(), &b.members))
-            .sum();
+        let expected = MergeModel::merge_each(&mut models, &batches);
         let raised = shared_sink.write(&batches).await.unwrap();
         assert_eq!(raised, expected, "round {round}: cursors raised, shared calls");
         let raised = alone_sink.write(&batches).await.unwrap();
@@ -208,6 +204,64 @@ async fn conversations_sharing_a_call_merge_as_if_alone() {
             merged,
             stored(&alone, &conv).await,
             "{conv}: shared calls, against alone"
+        );
+    }
+}
+
+/// The script's short path: conversations whose members all joined at
+/// seq 1 with epoch 0, and no epoch hash anywhere in the call, touch only
+/// their cursors hash. It must leave what the merge rules leave, next to
+/// conversations it hands to the full merge in the same call (a repeated
+/// user, a departure, a join_seq above 1) and, once one conversation has an
+/// epoch hash, in calls that take the full merge throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_conversations_merge_as_the_model_says() {
+    let _services = shared_services().await;
+    let prefix = unique("plain");
+    let sink = redis_store(&redis_url(), &prefix).await;
+    let mut next = xorshift(0x5851_f42d_4c95_7f2d);
+    let conversations = 200u64;
+    let mut models: Vec<MergeModel> = (0..conversations).map(|_| MergeModel::default()).collect();
+    for round in 0..6u64 {
+        let batches: Vec<ConversationBatch> = (0..conversations)
+            .map(|c| {
+                let size = c % 7;
+                let members = (0..size)
+                    .map(|k| {
+                        // Conversation 5 in round 3: a member with epoch 1,
+                        // so its call has an epoch hash from then on, and
+                        // the later rounds' epoch 0 for them is stale (with
+                        // a cursor above any other, which must not land).
+                        let versioned = c == 5 && k == 0 && round == 3;
+                        let stale = c == 5 && k == 0 && round > 3;
+                        MemberWrite {
+                            user_id: format!("u{}", if c % 11 == 3 { k % 2 } else { k })
+                                .parse()
+                                .unwrap(),
+                            cursor: Seq(if stale { 1000 } else { next(30) }),
+                            join_seq: Seq(if c % 17 == 4 { 1 + next(3) } else { 1 }),
+                            left: c % 13 == 2 && k == 1 && next(3) == 0,
+                            epoch: u64::from(versioned),
+                        }
+                    })
+                    .collect();
+                ConversationBatch {
+                    conversation_id: format!("P{c}").parse().unwrap(),
+                    latest_seq: Seq(next(40)),
+                    members,
+                }
+            })
+            .collect();
+        let expected = MergeModel::merge_each(&mut models, &batches);
+        let raised = sink.write(&batches).await.unwrap();
+        assert_eq!(raised, expected, "round {round}: cursors raised");
+    }
+    for (c, model) in models.iter().enumerate() {
+        let conv = format!("P{c}");
+        assert_eq!(
+            stored(&prefix, &conv).await,
+            model.stored(),
+            "{conv}: against the model"
         );
     }
 }
@@ -308,6 +362,16 @@ impl MergeModel {
             }
         }
         raised
+    }
+
+    /// Merges each batch into its conversation's model; the fields raised
+    /// in all.
+    fn merge_each(models: &mut [MergeModel], batches: &[ConversationBatch]) -> u64 {
+        batches
+            .iter()
+            .zip(models)
+            .map(|(b, model)| model.merge(b.latest_seq.get(), &b.members))
+            .sum()
     }
 
     /// As `stored` reads it back.

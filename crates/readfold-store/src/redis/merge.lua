@@ -26,7 +26,15 @@
 -- flush, so it works by position: the HMGET answers are merged in place,
 -- a repeated user at its first position, with no table keyed by user but
 -- the one that finds that position.
-local tonumber, call, unpack, min, error = tonumber, redis.call, unpack, math.min, error
+--
+-- Most conversations are 1:1 chats whose members joined at seq 1 and never
+-- left: for those, the commands are most of the cost. So one MGET and one
+-- MSET serve every latest seq of a call, one EXISTS over all its epoch
+-- hashes spares each conversation its own when none exists (the usual
+-- case), and such a conversation (`merge_plain`) takes one HMGET and at
+-- most one HSET: about 8 us of Redis's time for a 1:1 chat, where a GET,
+-- a SET and an EXISTS of its own made it 13.
+local tonumber, call, unpack, min, error, byte = tonumber, redis.call, unpack, math.min, error, string.byte
 local argv, keys = ARGV, KEYS
 local CHUNK = 1000 -- fields per command, well under unpack's limit
 
@@ -49,6 +57,9 @@ end
 -- Writes the changed fields of key back: set ones with HSET, removed ones
 -- with HDEL.
 local function write(key, users, n, values, changed)
+  if next(changed) == nil then
+    return
+  end
   local sets, dels, s, d = {}, {}, 0, 0
   for at = 1, n do
     if changed[at] then
@@ -71,14 +82,63 @@ local function write(key, users, n, values, changed)
   end
 end
 
--- Merges one conversation: its keys follow keys[k], its latest seq is
--- argv[a + 1] and its n members follow. Returns the cursors raised.
-local function merge(k, a, n)
-  if tonumber(argv[a + 1]) > tonumber(call('GET', keys[k + 2]) or '0') then
-    call('SET', keys[k + 2], argv[a + 1])
+-- Merges a conversation whose members all joined at seq 1, with epoch 0,
+-- none leaving and none listed twice, and that has no epoch hash: its
+-- cursors hash is all it touches. Returns the cursors raised, or nil when
+-- the conversation is not such a one (nothing is written then).
+local function merge_plain(k, a, n)
+  local users = {}
+  for j = 1, n do
+    local i = a + 4 * j - 2
+    -- 45: '-', a member leaving.
+    if argv[i + 2] ~= '1' or argv[i + 3] ~= '0' or byte(argv[i + 1]) == 45 then
+      return nil
+    end
+    users[j] = argv[i]
   end
+  if n == 2 then
+    if users[1] == users[2] then
+      return nil
+    end
+  elseif n > 2 then
+    local seen = {}
+    for j = 1, n do
+      local user = users[j]
+      if seen[user] then
+        return nil
+      end
+      seen[user] = true
+    end
+  end
+  local key = keys[k + 1]
+  local stored = read(key, users, n)
+  local sets, s = {}, 0
+  for j = 1, n do
+    local cursor, current = argv[a + 4 * j - 1], stored[j]
+    if not current or tonumber(cursor) > tonumber(current) then
+      sets[s + 1] = users[j]
+      sets[s + 2] = cursor
+      s = s + 2
+    end
+  end
+  for from = 1, s, 2 * CHUNK do
+    call('HSET', key, unpack(sets, from, min(from + 2 * CHUNK - 1, s)))
+  end
+  return s / 2
+end
+
+-- Merges one conversation's members: its keys follow keys[k] and its n
+-- members follow argv[a + 1]; any_epochs: whether the call found any
+-- epoch hash. Returns the cursors raised.
+local function merge(k, a, n, any_epochs)
   if n == 0 then
     return 0
+  end
+  if not any_epochs then
+    local raised = merge_plain(k, a, n)
+    if raised then
+      return raised
+    end
   end
 
   -- The users in order, repeats included; a user's first position, where a
@@ -103,7 +163,7 @@ local function merge(k, a, n)
   -- those hashes do not exist, and reading nothing back costs nothing.
   local cursors = read(keys[k + 1], users, n)
   local joins = any_join and read(keys[k + 3], users, n) or {}
-  local epochs = call('EXISTS', keys[k + 4]) == 1 and read(keys[k + 4], users, n) or {}
+  local epochs = any_epochs and call('EXISTS', keys[k + 4]) == 1 and read(keys[k + 4], users, n) or {}
 
   -- Which fields a merge changed, by first position.
   local cursors_changed, joins_changed, epochs_changed = {}, {}, {}
@@ -180,11 +240,38 @@ if a ~= nargs + 1 then
   error('readfold merge: arguments do not match the keys')
 end
 
+-- Every conversation's latest seq: one MGET, and one MSET of those raised,
+-- before any member is merged.
+local count = nkeys / 4
+if count == 0 then
+  return 0
+end
+local latest_keys, epoch_keys = {}, {}
+for c = 1, count do
+  latest_keys[c] = keys[4 * c - 2]
+  epoch_keys[c] = keys[4 * c]
+end
+local stored_latest = call('MGET', unpack(latest_keys))
+local raised_latest, r = {}, 0
+a = 1
+for c = 1, count do
+  if tonumber(argv[a + 1]) > tonumber(stored_latest[c] or '0') then
+    raised_latest[r + 1] = latest_keys[c]
+    raised_latest[r + 2] = argv[a + 1]
+    r = r + 2
+  end
+  a = a + 2 + 4 * tonumber(argv[a])
+end
+if r > 0 then
+  call('MSET', unpack(raised_latest, 1, r))
+end
+
+local any_epochs = call('EXISTS', unpack(epoch_keys)) > 0
 local raised = 0
 a = 1
-for k = 0, nkeys - 4, 4 do
+for c = 1, count do
   local n = tonumber(argv[a])
-  raised = raised + merge(k, a, n)
+  raised = raised + merge(4 * (c - 1), a, n, any_epochs)
   a = a + 2 + 4 * n
 end
 return raised
