@@ -198,6 +198,11 @@ enum Command {
         /// of; 0: measure it first by a catch-up of 500,000 records.
         #[arg(long, default_value_t = 0.0)]
         latency_max_rate: f64,
+        /// Times the latency bench runs, each with a processor and topics
+        /// of its own, at the same rates; each row shows its median run by
+        /// the report-to-changelog p99, and the lines below every run's p99
+        #[arg(long, default_value_t = 1)]
+        latency_runs: usize,
     },
 }
 
@@ -282,6 +287,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             throughput_peers,
             latency_seconds,
             latency_max_rate,
+            latency_runs,
             restart_cursors,
         } => {
             let w = readfold::bench::Workload {
@@ -343,12 +349,13 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                 readfold::bench::print_restart(&rows);
             }
             if latency_seconds > 0 {
-                let figures = runtime.block_on(readfold::bench::latency(
+                let runs = runtime.block_on(readfold::bench::latency_runs(
                     &config,
                     latency_seconds,
                     latency_max_rate,
+                    latency_runs,
                 ))?;
-                readfold::bench::print_latency(&figures);
+                readfold::bench::print_latency_runs(&runs);
             }
             Ok(())
         }

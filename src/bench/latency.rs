@@ -201,6 +201,69 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     })
 }
 
+/// [`latency`] `runs` times, each with a processor and topics of its own, at
+/// the same rates: the maximum, when not given, is measured once, before
+/// the first. One run's tail on a shared box says little; several say how
+/// often a rate meets a bound.
+pub async fn latency_runs(
+    config: &Config,
+    seconds: u64,
+    max_rate: f64,
+    runs: usize,
+) -> Result<Vec<LatencyFigures>> {
+    let mut all: Vec<LatencyFigures> = Vec::new();
+    for _ in 0..runs.max(1) {
+        let given = all.first().map_or(max_rate, |first| first.max_rate);
+        let mut figures = latency(config, seconds, given).await?;
+        if let Some(first) = all.first() {
+            figures.measured_max = first.measured_max;
+        }
+        all.push(figures);
+    }
+    Ok(all)
+}
+
+/// The rows of several runs as one table: for each rate, the run whose
+/// report-to-changelog p99 is the median of that rate's.
+fn median_rows(runs: &[LatencyFigures]) -> Option<LatencyFigures> {
+    let first = runs.first()?;
+    let rows = (0..first.rows.len())
+        .filter_map(|i| {
+            let row_of_each: Vec<LatencyRow> =
+                runs.iter().filter_map(|run| run.rows.get(i).cloned()).collect();
+            super::median_run(&row_of_each, |row| percentile(&row.changelog_ms, 0.99))
+        })
+        .collect();
+    Some(LatencyFigures {
+        rows,
+        ..first.clone()
+    })
+}
+
+/// Prints one run's table, or for several, the median rows (see
+/// [`median_rows`]) and then every run's p99 of each rate.
+pub fn print_latency_runs(runs: &[LatencyFigures]) {
+    let Some(median) = median_rows(runs) else {
+        return;
+    };
+    print_latency(&median);
+    if runs.len() < 2 {
+        return;
+    }
+    println!(
+        "  (each row: the median of {} runs by its report->changelog p99; every run's report->changelog p99, ms, in the order they ran:)",
+        runs.len()
+    );
+    for (i, row) in median.rows.iter().enumerate() {
+        let each: Vec<String> = runs
+            .iter()
+            .filter_map(|run| run.rows.get(i))
+            .map(|r| format!("{:.0}", percentile(&r.changelog_ms, 0.99)))
+            .collect();
+        println!("  {:>4.0}%  {}", row.fraction * 100.0, each.join(", "));
+    }
+}
+
 /// The unrecorded warm-up before the rows: as long as a row, at most 5 s.
 fn warmup_seconds(seconds: u64) -> u64 {
     seconds.min(5)
@@ -474,5 +537,45 @@ mod tests {
             },
         };
         assert_eq!(cores_text(&cores), "0.52 / - / 0.04 / 1.20");
+    }
+
+    /// A run whose rows at 10% and 50% took `p99s` ms (every record alike).
+    fn run(p99s: [f64; 2]) -> LatencyFigures {
+        let rows = [0.1, 0.5]
+            .into_iter()
+            .zip(p99s)
+            .map(|(fraction, ms)| LatencyRow {
+                fraction,
+                offered: 100.0 * fraction,
+                achieved: 100.0 * fraction,
+                changelog_ms: vec![ms; 10],
+                redis_ms: vec![ms; 2],
+                cores: StepCores::default(),
+            })
+            .collect();
+        LatencyFigures {
+            max_rate: 100.0,
+            measured_max: false,
+            cql: true,
+            rows,
+            warmup_seconds: 5,
+            priorities: None,
+        }
+    }
+
+    #[test]
+    fn each_rate_shows_its_own_median_run() {
+        let runs = [run([30.0, 229.0]), run([50.0, 69.0]), run([40.0, 92.0])];
+        let median = median_rows(&runs).expect("rows");
+        let p99 = |row: &LatencyRow| percentile(&row.changelog_ms, 0.99);
+        assert_eq!(median.rows.iter().map(p99).collect::<Vec<_>>(), [40.0, 92.0]);
+        // Each rate picks on its own: 10% from the third run, 50% from the
+        // first.
+        let runs = [run([30.0, 229.0]), run([50.0, 69.0]), run([45.0, 300.0])];
+        let median = median_rows(&runs).expect("rows");
+        assert_eq!(median.rows.iter().map(p99).collect::<Vec<_>>(), [45.0, 229.0]);
+        let one = median_rows(&runs[..1]).expect("rows");
+        assert_eq!(one.rows.iter().map(p99).collect::<Vec<_>>(), [30.0, 229.0]);
+        assert!(median_rows(&[]).is_none());
     }
 }

@@ -26,7 +26,7 @@ use readfold_core::{ConversationId, Seq, UserId};
 pub(crate) use readfold_kafka::now_ms;
 
 pub use gateway::{gateway, print_gateway, GatewayFigures};
-pub use latency::{latency, print_latency, LatencyFigures, LatencyRow};
+pub use latency::{latency, latency_runs, print_latency, print_latency_runs, LatencyFigures, LatencyRow};
 pub use memory::{memory, memory_shape, print_memory, MemoryRow};
 pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
 pub use raw_consumer::{own_usage, raw_consume};
