@@ -94,6 +94,65 @@ async fn flushes_follow_the_load_without_waiting_for_the_interval() {
     );
 }
 
+/// Under a steady load, `flush.min_interval_ms` spaces the flushes (each
+/// one a transaction): 30 reports 50 ms apart would each start a flush of
+/// their own (none in flight as each arrives), then batches 5 ms apart
+/// would keep one in flight with more waiting as it commits. With an
+/// interval of 700 ms they go out in a handful of flushes, all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_trickle_flushes_no_more_often_than_the_min_interval() {
+    let env = TestEnv::new("min-interval", 2).await;
+    let addr = free_local_addr();
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__FLUSH__MIN_INTERVAL_MS", "700"),
+            ("READFOLD__METRICS__LISTEN", addr.as_str()),
+        ],
+    );
+    let mut reference = Reference::default();
+    env.feed(&mut reference).report(report("c0", "u0", 1)).await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    let committed = r#"readfold_flushes_total{result="committed"}"#;
+    let before = scraped_sample(&addr, committed);
+
+    let started = std::time::Instant::now();
+    let mut feed = env.feed(&mut reference);
+    for seq in 2..32i64 {
+        feed.report(report("c0", "u0", seq)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(feed);
+    let producer = std::sync::Arc::new(env.producer());
+    let mut sends = tokio::task::JoinSet::new();
+    for round in 1..=300i64 {
+        let reports: Vec<_> = (0..20).map(|u| report("c1", &format!("u{u}"), round)).collect();
+        reports.iter().for_each(|r| reference.report(r));
+        let producer = producer.clone();
+        sends.spawn(async move { producer.send_many(&reports, &[]).await });
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    while let Some(sent) = sends.join_next().await {
+        sent.unwrap().unwrap();
+    }
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert_matches(&log, &reference);
+    assert!(log.regressions().is_empty(), "{:?}", log.regressions());
+
+    // Flushes begin at least 700 ms apart: over the trickle and the wait
+    // for its last report, at most one per 700 ms, and one at its start.
+    let flushes = scraped_sample(&addr, committed) - before;
+    let bound = (started.elapsed().as_millis() / 700 + 1) as f64;
+    let text = processor.log_text();
+    assert!(flushes >= 1.0, "no flush counted:\n{text}");
+    assert!(
+        flushes <= bound,
+        "{flushes} flushes in {:?}, more than one per 700 ms\n{text}",
+        started.elapsed()
+    );
+    assert!(processor.terminate(Duration::from_secs(30)), "{text}");
+}
+
 /// A backlog on fresh topics named after `name`: `rounds` x 10,000 reports
 /// on 10,000 keys (100 conversations of 100 members), each round raising
 /// every key; and the reference fold of it.

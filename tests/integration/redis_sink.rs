@@ -129,6 +129,7 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
         );
         assert_eq!(merged, model.stored(), "round {round}: against the model");
     }
+    sink.delete_all().await.unwrap();
 }
 
 /// A small seeded generator: `next(n)` draws from 0..n.
@@ -206,6 +207,8 @@ async fn conversations_sharing_a_call_merge_as_if_alone() {
             "{conv}: shared calls, against alone"
         );
     }
+    shared_sink.delete_all().await.unwrap();
+    alone_sink.delete_all().await.unwrap();
 }
 
 /// The script's short path: conversations whose members all joined at
@@ -264,6 +267,7 @@ async fn plain_conversations_merge_as_the_model_says() {
             "{conv}: against the model"
         );
     }
+    sink.delete_all().await.unwrap();
 }
 
 /// A call whose arguments do not match its keys is a bug in the caller:
@@ -526,4 +530,6 @@ async fn a_flush_longer_than_the_timeout_lands_in_bounded_requests() {
         assert_eq!(h.len(), 500);
         assert!(h.values().all(|&v| v == 7 + c as i64), "C{c}: {h:?}");
     }
+    // 300k fields: left behind, they would slow every later AOF rewrite.
+    store.delete_all().await.unwrap();
 }

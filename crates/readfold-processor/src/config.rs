@@ -17,6 +17,7 @@ use serde::Deserialize;
 pub struct FlushConfig {
     pub interval_ms: u64,
     pub linger_ms: u64,
+    pub min_interval_ms: u64,
     pub catch_up_interval_ms: u64,
     pub catch_up_max_interval_ms: u64,
     pub max_dirty: usize,
@@ -67,6 +68,10 @@ impl FlushConfig {
 
     pub fn linger(&self) -> Duration {
         Duration::from_millis(self.linger_ms)
+    }
+
+    pub fn min_interval(&self) -> Duration {
+        Duration::from_millis(self.min_interval_ms)
     }
 
     pub fn catch_up_interval(&self) -> Duration {

@@ -79,7 +79,8 @@ pub struct Processor {
     cql_covered_at: Instant,
     snapshot_retry: Backoff,
     /// When the next flush starts, if none is in flight (`flush.linger_ms`
-    /// after the first change that waits for it, or a catch-up's wait).
+    /// after the first change that waits for it, or a catch-up's wait; in
+    /// either case at least `flush.min_interval_ms` after the last began).
     flush_at: Option<Instant>,
     /// `flush_at` is a catch-up's wait (see `flush_after_commit`), which
     /// ends early once the fold catches up.
@@ -834,14 +835,32 @@ impl Processor {
     /// Starts a flush unless one is in flight or a recent failure asks to
     /// wait.
     fn flush_when_due(&mut self) {
+        self.flush_when_ready(true);
+    }
+
+    /// [`Self::flush_when_due`], with `spaced` false for a dirty set over
+    /// its bound, which must not wait for the interval: the fold holds for
+    /// a flush in flight, and with none the consumer would pause.
+    ///
+    /// Spaced, a flush starts no sooner than `flush.min_interval_ms` after
+    /// the last one began; until then it waits as a linger does. Every
+    /// flush is a transaction: half a dozen requests to the broker, one
+    /// more per partition it writes, and a marker on each.
+    fn flush_when_ready(&mut self, spaced: bool) {
         self.flush_at = None;
         self.catching_up = false;
+        let now = Instant::now();
         if self.in_flight.is_none()
             && !self.partitions.suspended
-            && self.retry.ready(Instant::now())
+            && self.retry.ready(now)
             && self.cql_keeps_up()
         {
-            self.start_flush();
+            let earliest = self.flush_started + self.settings.flush.min_interval();
+            if spaced && earliest > now {
+                self.flush_at = Some(earliest);
+            } else {
+                self.start_flush();
+            }
         }
     }
 
@@ -1004,7 +1023,7 @@ impl Processor {
         // A flush that may start now (no failure to back off from, CQL not
         // too far behind) brings the set down without a pause.
         if self.in_flight.is_none() {
-            self.flush_when_due();
+            self.flush_when_ready(false);
         }
         if !self.flight_is_young() {
             tracing::warn!(
