@@ -153,6 +153,30 @@ async fn a_steady_trickle_flushes_no_more_often_than_the_min_interval() {
     assert!(processor.terminate(Duration::from_secs(30)), "{text}");
 }
 
+/// `flush.min_interval_ms` counts from the last flush that wrote anything:
+/// neither the process's start nor the idle ticks of `flush.interval_ms`
+/// (which find nothing to write) hold back the first report, even with an
+/// interval of ten minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_ticks_do_not_hold_back_a_first_flush() {
+    let env = TestEnv::new("min-interval-idle", 2).await;
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__FLUSH__MIN_INTERVAL_MS", "600000"),
+            ("READFOLD__FLUSH__INTERVAL_MS", "100"),
+        ],
+    );
+    // Idle ticks, 100 ms apart, before the first report.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut reference = Reference::default();
+    env.feed(&mut reference).report(report("c0", "u0", 3)).await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert_matches(&log, &reference);
+    let text = processor.log_text();
+    assert!(processor.terminate(Duration::from_secs(30)), "{text}");
+}
+
 /// A backlog on fresh topics named after `name`: `rounds` x 10,000 reports
 /// on 10,000 keys (100 conversations of 100 members), each round raising
 /// every key; and the reference fold of it.

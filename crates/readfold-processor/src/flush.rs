@@ -97,6 +97,7 @@ impl Processor {
         telemetry::cursors_held(self.partitions.cursor_count());
         let plan = flush::begin(&mut self.partitions.slots);
         if !plan.is_empty() {
+            self.last_flush_launched = Some(self.flush_started);
             self.in_flight = Some(self.launch(plan));
         }
     }

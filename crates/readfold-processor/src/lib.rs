@@ -93,6 +93,11 @@ pub struct Processor {
     taken_since_flush: u64,
     /// When the last flush began.
     flush_started: Instant,
+    /// When the last flush that had anything to write began (none yet:
+    /// `None`), for `flush.min_interval_ms`: the interval's tick starts an
+    /// empty one every `flush.interval_ms`, which must not hold back the
+    /// next real one.
+    last_flush_launched: Option<Instant>,
     /// How long a catch-up's next flush waits.
     pacing: CatchUpPacing,
     snapshot_interval: Duration,
@@ -262,6 +267,7 @@ impl Processor {
             caught_up: false,
             taken_since_flush: 0,
             flush_started: Instant::now(),
+            last_flush_launched: None,
             pacing: CatchUpPacing::new(
                 settings.flush.catch_up_interval(),
                 settings.flush.catch_up_max_interval(),
@@ -855,11 +861,12 @@ impl Processor {
             && self.retry.ready(now)
             && self.cql_keeps_up()
         {
-            let earliest = self.flush_started + self.settings.flush.min_interval();
-            if spaced && earliest > now {
-                self.flush_at = Some(earliest);
-            } else {
-                self.start_flush();
+            let earliest = self
+                .last_flush_launched
+                .map(|began| began + self.settings.flush.min_interval());
+            match earliest {
+                Some(at) if spaced && at > now => self.flush_at = Some(at),
+                _ => self.start_flush(),
             }
         }
     }
