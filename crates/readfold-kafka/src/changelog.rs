@@ -170,12 +170,12 @@ impl Restorer {
         let started = Instant::now();
         let mut stats = RestoreStats::default();
         let mut states = BTreeMap::new();
-        let (mut public_from, mut state_from, mut member_states) = (Vec::new(), Vec::new(), BTreeMap::new());
+        let (mut public_from, mut state_from, mut checkpointed) = (Vec::new(), Vec::new(), Vec::new());
         for &p in partitions {
             match checkpoints.remove(&p) {
                 Some(checkpoint) => {
                     stats.from_checkpoint += checkpoint.state.cursor_count();
-                    member_states.insert(p, member_states_of(&checkpoint.state));
+                    checkpointed.push(p);
                     states.insert(p, checkpoint.state);
                     public_from.push((p, Offset::Offset(checkpoint.public_offset)));
                     state_from.push((p, Offset::Offset(checkpoint.state_offset)));
@@ -198,9 +198,18 @@ impl Restorer {
             with_records(public_from, &public_ends),
             with_records(state_from, &state_ends),
         );
-        self.public.restore_into(&public_from, &mut states, &mut stats)?;
         // A restore applies member-state records after the public ones,
-        // checkpointed ones included.
+        // checkpointed ones included; but where the public changelog has no
+        // tail past the checkpoint (a clean stop and a restart), nothing
+        // changes the checkpoint's members before them, and applying them
+        // again would cost a pass over the whole state for nothing (three
+        // quarters of the restore of a 2M-cursor checkpoint).
+        let member_states: Vec<_> = checkpointed
+            .into_iter()
+            .filter(|p| public_from.iter().any(|(tail, _)| tail == p))
+            .map(|p| (p, member_states_of(&states[&p])))
+            .collect();
+        self.public.restore_into(&public_from, &mut states, &mut stats)?;
         for (p, updates) in member_states {
             let state = states.get_mut(&p).expect("restored partition");
             updates.iter().for_each(|u| state.restore_state(u));

@@ -86,13 +86,35 @@ impl Checkpoints {
         }
         let with_files: Vec<i32> = found.iter().map(|(p, ..)| *p).collect();
         let ends = ends_of(restorer, &with_files);
-        found
-            .into_iter()
-            .filter_map(|(partition, path, bytes)| match self.check(partition, &bytes, &ends) {
-                Ok(checkpoint) => Some((partition, checkpoint)),
+        // Decoding is most of a load (about 0.4 us per cursor): the
+        // partitions' files are decoded side by side, a share per core.
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let share = found.len().div_ceil(workers);
+        std::thread::scope(|scope| {
+            let decoding: Vec<_> = found
+                .chunks(share)
+                .map(|files| scope.spawn(|| self.check_all(files, &ends)))
+                .collect();
+            decoding
+                .into_iter()
+                .flat_map(|worker| worker.join().expect("decoding a checkpoint does not panic"))
+                .collect()
+        })
+    }
+
+    /// The trusted checkpoints among `files`; the others are set aside.
+    fn check_all(
+        &self,
+        files: &[(i32, PathBuf, Vec<u8>)],
+        ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
+    ) -> Vec<(i32, LocalCheckpoint)> {
+        files
+            .iter()
+            .filter_map(|(partition, path, bytes)| match self.check(*partition, bytes, ends) {
+                Ok(checkpoint) => Some((*partition, checkpoint)),
                 Err(why) => {
                     tracing::warn!(path = %path.display(), partition, reason = %why, "checkpoint not used; restoring the whole changelog");
-                    self.set_aside(&path);
+                    self.set_aside(path);
                     None
                 }
             })
