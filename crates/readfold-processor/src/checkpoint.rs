@@ -127,7 +127,8 @@ impl Checkpoints {
         bytes: &[u8],
         ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
     ) -> Result<LocalCheckpoint, String> {
-        let meta = checkpoint::decode_meta(bytes).map_err(|e| format!("corrupt: {e}"))?;
+        let opened = checkpoint::open(bytes).map_err(|e| format!("corrupt: {e}"))?;
+        let meta = &opened.meta;
         let expected = (
             self.group_id.as_str(),
             self.public_topic.as_str(),
@@ -168,11 +169,14 @@ impl Checkpoints {
                 ));
             }
         }
-        let (_, state) = checkpoint::decode(bytes, self.max_id_bytes).map_err(|e| format!("corrupt: {e}"))?;
+        let (public_offset, state_offset) = (meta.public_offset, meta.state_offset);
+        let state = opened
+            .state(self.max_id_bytes)
+            .map_err(|e| format!("corrupt: {e}"))?;
         Ok(LocalCheckpoint {
             state,
-            public_offset: meta.public_offset,
-            state_offset: meta.state_offset,
+            public_offset,
+            state_offset,
         })
     }
 

@@ -253,4 +253,21 @@ fn the_header_round_trips_and_damage_is_detected() {
 fn crc32_is_zlibs() {
     assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
     assert_eq!(crc32(b""), 0);
+    assert_eq!(crc32(b"The quick brown fox jumps over the lazy dog"), 0x414F_A339);
+    // Every length around the eight-byte steps, against a byte at a time.
+    let bytes: Vec<u8> = (0..100u32).map(|i| (i * 37 + 11) as u8).collect();
+    for len in 0..bytes.len() {
+        let bytewise = !bytes[..len].iter().fold(!0u32, |mut c, &b| {
+            c ^= u32::from(b);
+            for _ in 0..8 {
+                c = if c & 1 == 1 {
+                    0xEDB8_8320 ^ (c >> 1)
+                } else {
+                    c >> 1
+                };
+            }
+            c
+        });
+        assert_eq!(crc32(&bytes[..len]), bytewise, "{len} bytes");
+    }
 }
