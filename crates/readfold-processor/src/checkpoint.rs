@@ -86,8 +86,9 @@ impl Checkpoints {
         }
         let with_files: Vec<i32> = found.iter().map(|(p, ..)| *p).collect();
         let ends = ends_of(restorer, &with_files);
-        // Decoding is most of a load (about 0.4 us per cursor): the
-        // partitions' files are decoded side by side, a share per core.
+        // Decoding (ids checked and interned, members placed) is most of a
+        // load: the partitions' files are decoded side by side, a share per
+        // core.
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         let share = found.len().div_ceil(workers);
         std::thread::scope(|scope| {
