@@ -10,8 +10,10 @@
 //! which starts as soon as this one settles, or, while the fold is behind
 //! a backlog, a while after this one began: `flush.catch_up_interval_ms`,
 //! growing with the backlog's age up to `flush.catch_up_max_interval_ms`
-//! (see `Processor::flush_after_commit` and `readfold_core::pacing`). So
-//! flushes follow the load: under a light one a change is published within
+//! (see `Processor::flush_after_commit` and `readfold_core::pacing`), and
+//! in either case no sooner than `flush.min_interval_ms` (0 by default)
+//! after the last flush that wrote anything began. So flushes follow the
+//! load: under a light one a change is published within
 //! `flush.linger_ms` plus one flush; under a heavy one each flush carries
 //! what arrived during the last.
 //!

@@ -849,7 +849,8 @@ impl Processor {
     /// a flush in flight, and with none the consumer would pause.
     ///
     /// Spaced, a flush starts no sooner than `flush.min_interval_ms` after
-    /// the last one began; until then it waits as a linger does. Every
+    /// the last one that wrote anything began; until then it waits as a
+    /// linger does. Every
     /// flush is a transaction: half a dozen requests to the broker, one
     /// more per partition it writes, and a marker on each.
     fn flush_when_ready(&mut self, spaced: bool) {
