@@ -476,18 +476,18 @@ pub fn expected_rejection(ids: &[&str], seq: i64, min_seq: u64, limits: &Limits)
 // ---------------------------------------------------------------------------
 // Checkpoint files.
 
-/// `body` framed as a checkpoint file: the magic, format version 1, the
-/// body, and the CRC-32 (IEEE, as zlib) of all that.
+/// `body` framed as a checkpoint file: the magic, format version 2, the
+/// body, and the CRC-32C (Castagnoli) of all that.
 pub fn checkpoint_file(body: &[u8]) -> Vec<u8> {
     let mut file = Vec::with_capacity(body.len() + 12);
     file.extend_from_slice(b"RFCKPT");
-    file.extend_from_slice(&1u16.to_le_bytes());
+    file.extend_from_slice(&2u16.to_le_bytes());
     file.extend_from_slice(body);
     let crc = !file.iter().fold(!0u32, |mut c, &b| {
         c ^= u32::from(b);
         for _ in 0..8 {
             c = if c & 1 == 1 {
-                0xEDB8_8320 ^ (c >> 1)
+                0x82F6_3B78 ^ (c >> 1)
             } else {
                 c >> 1
             };

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use readfold_core::fold::PartitionState;
 use readfold_kafka::changelog::{ChangelogEnds, LocalCheckpoint, Restorer};
 use readfold_kafka::now_ms;
-use readfold_wire::checkpoint::{self, CheckpointMeta};
+use readfold_wire::checkpoint::{self, CheckpointError, CheckpointMeta};
 
 use crate::config::Settings;
 
@@ -128,7 +128,11 @@ impl Checkpoints {
         bytes: &[u8],
         ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
     ) -> Result<LocalCheckpoint, String> {
-        let opened = checkpoint::open(bytes).map_err(|e| format!("corrupt: {e}"))?;
+        let opened = checkpoint::open(bytes).map_err(|e| match e {
+            // An upgrade's first start: not damage.
+            CheckpointError::Version(_) => format!("{e}"),
+            _ => format!("corrupt: {e}"),
+        })?;
         let meta = &opened.meta;
         let expected = (
             self.group_id.as_str(),

@@ -83,6 +83,23 @@ impl<K: Hash + Eq + Clone, V> DenseMap<K, V> {
         self.entries.iter_mut().map(|(_, v)| v)
     }
 
+    /// Room for `additional` more entries without growing (a restore that
+    /// knows its counts: growing by doubling rehashes every entry, a cache
+    /// miss each, several times over).
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.entries.reserve_exact(additional);
+        let DenseMap {
+            entries,
+            index,
+            hasher,
+        } = self;
+        index.reserve(additional, |&j| hasher.hash_one(&entries[j as usize].0));
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     pub(crate) fn shrink_to_fit(&mut self) {
         self.entries.shrink_to_fit();
         let DenseMap {

@@ -47,6 +47,15 @@ impl UserTable {
         self.ids.find_or_insert_with(user, || ()).0
     }
 
+    /// Room for `additional` more users without growing.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.ids.reserve(additional);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
     pub(crate) fn id(&self, index: u32) -> &UserId {
         self.ids.key(index)
     }

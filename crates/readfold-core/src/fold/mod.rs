@@ -188,6 +188,18 @@ struct Conversation {
     members: Members,
 }
 
+/// A user id's number in one [`PartitionState`], which keeps each id once
+/// and numbers them from 0 in the order it met them. Meaningful only for
+/// the state that gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UserNumber(u32);
+
+impl UserNumber {
+    pub fn get(self) -> u32 {
+        self.0
+    }
+}
+
 /// One conversation of a [`PartitionState`], for reading.
 #[derive(Clone, Copy)]
 pub struct ConversationRef<'a> {
@@ -223,6 +235,16 @@ impl<'a> ConversationRef<'a> {
             .members
             .iter()
             .map(move |slot| (users.id(slot.user()), slot.load(extras)))
+    }
+
+    /// Members held, each with its user's [`UserNumber`] in this state
+    /// rather than the id (a checkpoint writes each id once).
+    pub fn numbered_members(&self) -> impl Iterator<Item = (UserNumber, Member)> + 'a {
+        let extras = self.extras;
+        self.conversation
+            .members
+            .iter()
+            .map(move |slot| (UserNumber(slot.user()), slot.load(extras)))
     }
 
     /// This conversation as other members see it: unread, read counts and
@@ -619,9 +641,50 @@ impl PartitionState {
         latest_seq: Seq,
         members: impl IntoIterator<Item = (UserId, Member)>,
     ) {
+        let members: Vec<_> = members
+            .into_iter()
+            .map(|(user, member)| (self.restore_user(&user), member))
+            .collect();
+        self.restore_numbered_conversation(id, latest_seq, members);
+    }
+
+    /// Room for this many more conversations and users, for a restore that
+    /// knows its counts (a checkpoint): the tables then never grow, which
+    /// rehashes every entry each time.
+    pub fn reserve(&mut self, conversations: usize, users: usize) {
+        self.conversations.reserve(conversations);
+        self.users.reserve(users);
+    }
+
+    /// The user's number in this state, added if new (restore).
+    pub fn restore_user(&mut self, user: &UserId) -> UserNumber {
+        UserNumber(self.users.intern(user))
+    }
+
+    /// Every user id this state keeps, in number order: the `n`th is the
+    /// user of [`UserNumber`] `n`.
+    pub fn user_ids(&self) -> impl ExactSizeIterator<Item = &UserId> {
+        (0..self.users.len() as u32).map(|n| self.users.id(n))
+    }
+
+    /// [`PartitionState::restore_conversation`] with members named by their
+    /// numbers, from [`PartitionState::restore_user`] on this state.
+    ///
+    /// # Panics
+    /// On a number this state did not give.
+    pub fn restore_numbered_conversation(
+        &mut self,
+        id: ConversationId,
+        latest_seq: Seq,
+        members: impl IntoIterator<Item = (UserNumber, Member)>,
+    ) {
+        let users = self.users.len();
         let slots = members
             .into_iter()
-            .map(|(user, member)| Slot::new(&mut self.extras, self.users.intern(&user), &member))
+            .map(|(user, member)| {
+                assert!((user.0 as usize) < users, "a user number of another state");
+                Slot::new(&mut self.extras, user.0, &member)
+            })
             .collect();
         let members = Members::from_slots(slots, &mut self.extras);
         let (number, new) = self.conversations.find_or_insert_with(&id, Conversation::default);

@@ -243,6 +243,14 @@ fn the_header_round_trips_and_damage_is_detected() {
         assert!(decode(&bytes[..len], 256).is_err(), "cut at {len}");
     }
     assert_eq!(decode(b"RFCKPTxx", 256).unwrap_err(), CheckpointError::Malformed);
+    // A file of the format before (zlib's CRC-32, an id per member), as an
+    // upgrade finds it: refused by its version, not read as this one.
+    let mut older = bytes[..bytes.len() - 4].to_vec();
+    older[6..8].copy_from_slice(&1u16.to_le_bytes());
+    let zlib = bitwise_crc(0xEDB8_8320, &older);
+    older.extend_from_slice(&zlib.to_le_bytes());
+    assert_eq!(decode(&older, 256).unwrap_err(), CheckpointError::Version(1));
+    assert_eq!(decode_meta(&older).unwrap_err(), CheckpointError::Version(1));
     assert_eq!(
         decode(b"PK\x03\x04 not ours", 256).unwrap_err(),
         CheckpointError::Magic
@@ -250,24 +258,31 @@ fn the_header_round_trips_and_damage_is_detected() {
 }
 
 #[test]
-fn crc32_is_zlibs() {
-    assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
-    assert_eq!(crc32(b""), 0);
-    assert_eq!(crc32(b"The quick brown fox jumps over the lazy dog"), 0x414F_A339);
-    // Every length around the eight-byte steps, against a byte at a time.
+fn crc32c_is_castagnolis() {
+    // RFC 3720's check value and test vectors (B.4), plus the usual ones.
+    assert_eq!(crc32c(b"123456789"), 0xE306_9283);
+    assert_eq!(crc32c(b""), 0);
+    assert_eq!(crc32c(&[0u8; 32]), 0x8A91_36AA);
+    assert_eq!(crc32c(&[0xffu8; 32]), 0x62A8_AB43);
+    let ascending: Vec<u8> = (0..32).collect();
+    assert_eq!(crc32c(&ascending), 0x46DD_794E);
+    // Every length around the eight-byte steps, the instruction's path and
+    // the table's, against a byte at a time.
     let bytes: Vec<u8> = (0..100u32).map(|i| (i * 37 + 11) as u8).collect();
     for len in 0..bytes.len() {
-        let bytewise = !bytes[..len].iter().fold(!0u32, |mut c, &b| {
-            c ^= u32::from(b);
-            for _ in 0..8 {
-                c = if c & 1 == 1 {
-                    0xEDB8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-            }
-            c
-        });
-        assert_eq!(crc32(&bytes[..len]), bytewise, "{len} bytes");
+        let bytewise = bitwise_crc(0x82F6_3B78, &bytes[..len]);
+        assert_eq!(crc32c(&bytes[..len]), bytewise, "{len} bytes");
+        assert_eq!(crc32c_sliced(&bytes[..len]), bytewise, "{len} bytes, by table");
     }
+}
+
+/// A CRC of `polynomial` (bits reversed) a bit at a time: the reference.
+fn bitwise_crc(polynomial: u32, bytes: &[u8]) -> u32 {
+    !bytes.iter().fold(!0u32, |mut c, &b| {
+        c ^= u32::from(b);
+        for _ in 0..8 {
+            c = if c & 1 == 1 { polynomial ^ (c >> 1) } else { c >> 1 };
+        }
+        c
+    })
 }
