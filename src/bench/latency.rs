@@ -63,6 +63,8 @@ pub struct LatencyRow {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StepCores {
     pub readfold: f64,
+    /// This process: the load, the changelog follower, the Redis poller.
+    pub bench: f64,
     pub servers: ServerCpu,
 }
 
@@ -295,7 +297,12 @@ impl Load<'_> {
     /// until every send and probe is done and the step's last flushes had
     /// time to arrive.
     async fn offer(&mut self, offered: f64, seconds: u64) -> Result<Step> {
-        let (servers_before, readfold_before) = (self.clocks.read().await, cpu_secs_of(&self.readfold_pid));
+        let bench_pid = std::process::id().to_string();
+        let (servers_before, readfold_before, bench_before) = (
+            self.clocks.read().await,
+            cpu_secs_of(&self.readfold_pid),
+            cpu_secs_of(&bench_pid),
+        );
         let started = Instant::now();
         let from = now_ms();
         let (mut sent, mut next_probe) = (0u64, 0u64);
@@ -343,6 +350,7 @@ impl Load<'_> {
         let secs = started.elapsed().as_secs_f64();
         let cores = StepCores {
             readfold: (cpu_secs_of(&self.readfold_pid) - readfold_before).max(0.0) / secs,
+            bench: (cpu_secs_of(&bench_pid) - bench_before).max(0.0) / secs,
             servers: self.clocks.read().await.since(servers_before).per_second(secs),
         };
         Ok(Step {
@@ -456,7 +464,7 @@ pub fn print_latency(f: &LatencyFigures) {
         f.warmup_seconds
     );
     println!(
-        "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6} | cores: readfold / broker / Redis / CQL server",
+        "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6} | cores: readfold / bench / broker / Redis / CQL server",
         "load",
         "offered",
         "achieved",
@@ -510,12 +518,14 @@ fn priority_note(p: Priorities) -> String {
     )
 }
 
-/// "0.52 / 0.31 / 0.04 / 0.90", "-" for a server whose CPU is unknown.
+/// "0.52 / 0.20 / 0.31 / 0.04 / 0.90", "-" for a server whose CPU is
+/// unknown.
 fn cores_text(c: &StepCores) -> String {
     let known = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
     format!(
-        "{:.2} / {} / {} / {}",
+        "{:.2} / {:.2} / {} / {} / {}",
         c.readfold,
+        c.bench,
         known(c.servers.broker),
         known(c.servers.redis),
         known(c.servers.cql)
@@ -530,13 +540,14 @@ mod tests {
     fn cores_show_unknown_servers_as_a_dash() {
         let cores = StepCores {
             readfold: 0.523,
+            bench: 0.2,
             servers: ServerCpu {
                 redis: Some(0.04),
                 broker: None,
                 cql: Some(1.2),
             },
         };
-        assert_eq!(cores_text(&cores), "0.52 / - / 0.04 / 1.20");
+        assert_eq!(cores_text(&cores), "0.52 / 0.20 / - / 0.04 / 1.20");
     }
 
     /// A run whose rows at 10% and 50% took `p99s` ms (every record alike).
