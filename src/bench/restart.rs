@@ -168,7 +168,9 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 pub fn print_restart(rows: &[RestartRow]) {
     println!();
-    println!("restart after a clean stop: start to /readyz, Redis and CQL off");
+    println!(
+        "restart after a clean stop: start to /readyz, Redis and CQL off (restore: the processor's own timing, loading the checkpoint files included)"
+    );
     println!(
         "{:>10} | {:>22} | {:>26} | {:>12}",
         "cursors", "whole changelog (restore)", "checkpoint + tail (restore)", "checkpoint"

@@ -67,56 +67,63 @@ impl Checkpoints {
     /// at the changelogs' ends for all of them. Blocking (file and broker
     /// I/O).
     pub fn load(&self, partitions: &[i32], restorer: &Restorer) -> Vec<(i32, LocalCheckpoint)> {
-        let found: Vec<(i32, PathBuf, Vec<u8>)> = partitions
+        let found: Vec<(i32, PathBuf)> = partitions
             .iter()
-            .filter_map(|&partition| {
-                let path = self.path(partition);
-                match std::fs::read(&path) {
-                    Ok(bytes) => Some((partition, path, bytes)),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                    Err(e) => {
-                        tracing::warn!(path = %path.display(), error = %e, "cannot read the checkpoint; restoring from the changelog");
-                        None
-                    }
+            .map(|&partition| (partition, self.path(partition)))
+            .filter(|(_, path)| match std::fs::metadata(path) {
+                Ok(_) => true,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot read the checkpoint; restoring from the changelog");
+                    false
                 }
             })
             .collect();
         if found.is_empty() {
             return Vec::new();
         }
-        let with_files: Vec<i32> = found.iter().map(|(p, ..)| *p).collect();
+        let with_files: Vec<i32> = found.iter().map(|(p, _)| *p).collect();
         let ends = ends_of(restorer, &with_files);
-        // Decoding (ids checked and interned, members placed) is most of a
-        // load: the partitions' files are decoded side by side, a share per
-        // core.
+        // Reading and decoding (ids checked and interned, members placed)
+        // are all of a load: the partitions' files are read and decoded
+        // side by side, a share per core, each file dropped once decoded.
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
         let share = found.len().div_ceil(workers);
         std::thread::scope(|scope| {
-            let decoding: Vec<_> = found
+            let loading: Vec<_> = found
                 .chunks(share)
-                .map(|files| scope.spawn(|| self.check_all(files, &ends)))
+                .map(|files| scope.spawn(|| self.load_all(files, &ends)))
                 .collect();
-            decoding
+            loading
                 .into_iter()
-                .flat_map(|worker| worker.join().expect("decoding a checkpoint does not panic"))
+                .flat_map(|worker| worker.join().expect("loading a checkpoint does not panic"))
                 .collect()
         })
     }
 
     /// The trusted checkpoints among `files`; the others are set aside.
-    fn check_all(
+    fn load_all(
         &self,
-        files: &[(i32, PathBuf, Vec<u8>)],
+        files: &[(i32, PathBuf)],
         ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
     ) -> Vec<(i32, LocalCheckpoint)> {
         files
             .iter()
-            .filter_map(|(partition, path, bytes)| match self.check(*partition, bytes, ends) {
-                Ok(checkpoint) => Some((*partition, checkpoint)),
-                Err(why) => {
-                    tracing::warn!(path = %path.display(), partition, reason = %why, "checkpoint not used; restoring the whole changelog");
-                    self.set_aside(path);
-                    None
+            .filter_map(|(partition, path)| {
+                let bytes = match std::fs::read(path) {
+                    Ok(bytes) => bytes,
+                    Err(e) => {
+                        tracing::warn!(path = %path.display(), error = %e, "cannot read the checkpoint; restoring from the changelog");
+                        return None;
+                    }
+                };
+                match self.check(*partition, &bytes, ends) {
+                    Ok(checkpoint) => Some((*partition, checkpoint)),
+                    Err(why) => {
+                        tracing::warn!(path = %path.display(), partition, reason = %why, "checkpoint not used; restoring the whole changelog");
+                        self.set_aside(path);
+                        None
+                    }
                 }
             })
             .collect()

@@ -109,7 +109,7 @@ pub fn register() {
     describe_histogram!(
         "readfold_restore_duration_seconds",
         Unit::Seconds,
-        "Duration of one restore."
+        "Duration of one restore, loading local checkpoints included."
     );
     describe_counter!(
         "readfold_rebalances_total",
