@@ -35,6 +35,7 @@ async fn racing_writers_never_lower_a_cursor() {
     // A lower value written later changes nothing.
     assert_eq!(a.write(&[sink_batch("C", 2, &[("u", 2)])]).await.unwrap(), 0);
     assert_eq!(hash(&prefix, "C").await["u"], 300);
+    a.delete_all().await.unwrap();
 }
 
 /// Every field of conversation `conv`'s four keys, raw.
@@ -404,6 +405,7 @@ async fn survives_a_flushed_script_cache() {
         .unwrap();
     assert_eq!(sink.write(&[sink_batch("C", 5, &[("u", 5)])]).await.unwrap(), 1);
     assert_eq!(hash(&prefix, "C").await["u"], 5);
+    sink.delete_all().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -485,6 +487,7 @@ async fn departures_and_rejoins_are_ordered_by_the_membership_epoch() {
         Some(&5),
         "a replayed departure changes nothing"
     );
+    sink.delete_all().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -497,6 +500,7 @@ async fn private_state_is_max_merged_per_user() {
     }
     let got = sink.private_state("u", &["C", "D", "E"]).await.unwrap();
     assert_eq!(got, expected_private_state());
+    sink.delete_all().await.unwrap();
 }
 
 /// A flush goes to Redis as several requests, each well within
