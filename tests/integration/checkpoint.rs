@@ -128,7 +128,7 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
         private: false,
     }));
     let now = now_ms();
-    let bad: [(&str, Vec<u8>, &str); 4] = [
+    let bad: [(&str, Vec<u8>, &str); 5] = [
         (
             "corrupt",
             {
@@ -173,6 +173,23 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
                 &wrong,
             ),
             "written for",
+        ),
+        (
+            // As an upgrade finds the file an older readfold wrote (its
+            // version is read before its checksum).
+            "of the format before",
+            {
+                let mut b = checkpoint::encode(
+                    &CheckpointMeta {
+                        written_at_ms: now,
+                        ..meta.clone()
+                    },
+                    &wrong,
+                );
+                b[6..8].copy_from_slice(&1u16.to_le_bytes());
+                b
+            },
+            "format version 1",
         ),
     ];
     for (round, (what, bytes, says)) in bad.into_iter().enumerate() {
