@@ -641,11 +641,12 @@ impl PartitionState {
         latest_seq: Seq,
         members: impl IntoIterator<Item = (UserId, Member)>,
     ) {
-        let members: Vec<_> = members
+        let (users, extras) = (&mut self.users, &mut self.extras);
+        let slots = members
             .into_iter()
-            .map(|(user, member)| (self.restore_user(&user), member))
+            .map(|(user, member)| Slot::new(extras, users.intern(&user), &member))
             .collect();
-        self.restore_numbered_conversation(id, latest_seq, members);
+        self.place_conversation(id, latest_seq, slots);
     }
 
     /// Room for this many more conversations and users, for a restore that
@@ -686,6 +687,12 @@ impl PartitionState {
                 Slot::new(&mut self.extras, user.0, &member)
             })
             .collect();
+        self.place_conversation(id, latest_seq, slots);
+    }
+
+    /// Puts a restored conversation's slots in place, replacing any state
+    /// of it.
+    fn place_conversation(&mut self, id: ConversationId, latest_seq: Seq, slots: Vec<Slot>) {
         let members = Members::from_slots(slots, &mut self.extras);
         let (number, new) = self.conversations.find_or_insert_with(&id, Conversation::default);
         let replaced = self.conversations.value_mut(number);

@@ -752,6 +752,47 @@ fn a_conversation_put_back_whole_takes_its_changes_with_it() {
 }
 
 #[test]
+fn users_restored_by_number_read_back_as_by_id() {
+    let mut by_id = PartitionState::new();
+    let mut by_number = PartitionState::new();
+    let mut member = Member::new(0);
+    member.cursor = Seq(3);
+    member.listed = true;
+    by_id.restore_conversation(
+        conv("C"),
+        Seq(5),
+        [(user("a"), member.clone()), (user("b"), member.clone())],
+    );
+    by_number.reserve(1, 2);
+    let numbers: Vec<UserNumber> = by_id.user_ids().map(|u| by_number.restore_user(u)).collect();
+    assert_eq!(numbers.iter().map(|n| n.get()).collect::<Vec<_>>(), [0, 1]);
+    let (_, c) = by_id.conversations().next().unwrap();
+    let members: Vec<_> = c
+        .numbered_members()
+        .map(|(n, m)| (numbers[n.get() as usize], m))
+        .collect();
+    by_number.restore_numbered_conversation(conv("C"), Seq(5), members);
+    let read = |s: &PartitionState| {
+        let c = s.conversation(&conv("C")).unwrap();
+        let mut m: Vec<(String, Member)> = c.members().map(|(u, m)| (u.to_string(), m)).collect();
+        m.sort_by(|x, y| x.0.cmp(&y.0));
+        (c.latest_seq(), m)
+    };
+    assert_eq!(read(&by_number), read(&by_id));
+}
+
+#[test]
+#[should_panic(expected = "a user number of another state")]
+fn a_user_number_of_another_state_is_refused() {
+    let mut other = PartitionState::new();
+    other.restore_user(&user("a"));
+    let number = other.restore_user(&user("b"));
+    let mut s = PartitionState::new();
+    s.restore_user(&user("a"));
+    s.restore_numbered_conversation(conv("C"), Seq(1), [(number, Member::new(0))]);
+}
+
+#[test]
 fn a_conversation_put_back_whole_gives_its_members_extras_back() {
     let mut s = PartitionState::new();
     let mut private = Member::new(0);
