@@ -222,6 +222,41 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// What the checksum cannot catch (a file written wrong, with a right
+    /// checksum): counts, lengths and user numbers out of range are refused
+    /// as malformed, never a panic or an allocation past the file; whatever
+    /// decodes is a state that works.
+    #[test]
+    fn a_damaged_body_under_a_right_checksum_never_panics(
+        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+    ) {
+        let mut state = PartitionState::new();
+        for i in 0..40u8 {
+            state.apply(&input(i, i, i / 3, i, i));
+        }
+        let good = encode(&meta(1, 1), &state);
+        // After the magic and the version, before the checksum.
+        let mut body = good[..good.len() - 4].to_vec();
+        for (at, byte) in edits {
+            let i = 8 + at.index(body.len() - 8);
+            body[i] = byte;
+        }
+        if let Some(cut) = cut {
+            body.truncate(8 + cut.index(body.len() - 8));
+        }
+        let crc = crc32c(&body);
+        body.extend_from_slice(&crc.to_le_bytes());
+        if let Ok((meta, state)) = decode(&body, 256) {
+            member_states(&state);
+            prop_assert_eq!(decode_meta(&encode(&meta, &state)), Ok(meta));
+        }
+    }
+}
+
 #[test]
 fn the_header_round_trips_and_damage_is_detected() {
     let mut state = PartitionState::new();
