@@ -28,6 +28,8 @@ pub struct RestartRow {
     pub checkpoint_secs: f64,
     pub checkpoint_restore_secs: f64,
     pub checkpoint_bytes: u64,
+    /// The clean stop that wrote the checkpoint: SIGTERM to exit.
+    pub stop_secs: f64,
 }
 
 pub async fn restart(config: &Config, cursors: u64) -> Result<Vec<RestartRow>> {
@@ -72,7 +74,7 @@ async fn one_size(config: &Config, cursors: u64) -> Result<RestartRow> {
     tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
         .await
         .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
-    stop(child)?;
+    let stop_secs = stop(child)?.as_secs_f64();
     let checkpoint_bytes = dir_bytes(&warm);
 
     let (full_secs, full_restore_secs) = time_to_ready(&config, &cold).await?;
@@ -87,6 +89,7 @@ async fn one_size(config: &Config, cursors: u64) -> Result<RestartRow> {
         checkpoint_secs,
         checkpoint_restore_secs,
         checkpoint_bytes,
+        stop_secs,
     })
 }
 
@@ -134,8 +137,10 @@ fn ready(addr: &str) -> bool {
     http_get(addr, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"))
 }
 
-/// SIGTERM, then waits for the clean stop (which writes the checkpoints).
-fn stop(mut child: ChildGuard) -> Result<()> {
+/// SIGTERM, then waits for the clean stop (which writes the checkpoints);
+/// returns how long it took.
+fn stop(mut child: ChildGuard) -> Result<Duration> {
+    let started = Instant::now();
     let status = std::process::Command::new("kill")
         .args(["-TERM", &child.pid().to_string()])
         .status()
@@ -147,7 +152,7 @@ fn stop(mut child: ChildGuard) -> Result<()> {
         .0
         .wait()
         .map_err(|e| Error::Run(format!("waiting for readfold run: {e}")))?;
-    Ok(())
+    Ok(started.elapsed())
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
@@ -172,18 +177,23 @@ pub fn print_restart(rows: &[RestartRow]) {
         "restart after a clean stop: start to /readyz, Redis and CQL off (restore: the processor's own timing, loading the checkpoint files included)"
     );
     println!(
-        "{:>10} | {:>22} | {:>26} | {:>12}",
-        "cursors", "whole changelog (restore)", "checkpoint + tail (restore)", "checkpoint"
+        "{:>10} | {:>22} | {:>26} | {:>12} | {:>28}",
+        "cursors",
+        "whole changelog (restore)",
+        "checkpoint + tail (restore)",
+        "checkpoint",
+        "clean stop writing it"
     );
     for r in rows {
         println!(
-            "{:>10} | {:>11.2} s ({:>5.2} s) | {:>15.2} s ({:>5.2} s) | {:>9.1} MB",
+            "{:>10} | {:>11.2} s ({:>5.2} s) | {:>15.2} s ({:>5.2} s) | {:>9.1} MB | {:>26.2} s",
             r.cursors,
             r.full_secs,
             r.full_restore_secs,
             r.checkpoint_secs,
             r.checkpoint_restore_secs,
-            r.checkpoint_bytes as f64 / 1e6
+            r.checkpoint_bytes as f64 / 1e6,
+            r.stop_secs
         );
     }
 }

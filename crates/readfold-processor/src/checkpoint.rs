@@ -208,18 +208,40 @@ impl Checkpoints {
     pub fn save<'a>(&self, states: impl IntoIterator<Item = (i32, &'a PartitionState)>, restorer: &Restorer) {
         let states: Vec<(i32, &PartitionState)> = states.into_iter().collect();
         let partitions: Vec<i32> = states.iter().map(|(p, _)| *p).collect();
+        if states.is_empty() {
+            return;
+        }
         let ends = ends_of(restorer, &partitions);
-        for (partition, state) in states {
-            let written = match ends.get(&partition) {
-                Some(Ok(((_, public_end), (_, state_end)))) => {
-                    self.save_one(partition, state, *public_end, *state_end)
-                }
-                Some(Err(e)) => Err(format!("cannot read the changelogs' ends: {e}")),
-                None => Err("cannot read the changelogs' ends: no answer for its partition".into()),
-            };
-            if let Err(e) = written {
-                tracing::warn!(partition, error = %e, "cannot write the checkpoint");
+        // A stop waits for this: the partitions are encoded and written
+        // (each synced) side by side, a share per core, as they are loaded.
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let share = states.len().div_ceil(workers);
+        std::thread::scope(|scope| {
+            for chunk in states.chunks(share) {
+                let ends = &ends;
+                scope.spawn(move || {
+                    for &(partition, state) in chunk {
+                        if let Err(e) = self.save_at_ends(partition, state, ends) {
+                            tracing::warn!(partition, error = %e, "cannot write the checkpoint");
+                        }
+                    }
+                });
             }
+        });
+    }
+
+    fn save_at_ends(
+        &self,
+        partition: i32,
+        state: &PartitionState,
+        ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
+    ) -> Result<(), String> {
+        match ends.get(&partition) {
+            Some(Ok(((_, public_end), (_, state_end)))) => {
+                self.save_one(partition, state, *public_end, *state_end)
+            }
+            Some(Err(e)) => Err(format!("cannot read the changelogs' ends: {e}")),
+            None => Err("cannot read the changelogs' ends: no answer for its partition".into()),
         }
     }
 
