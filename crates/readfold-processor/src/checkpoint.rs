@@ -85,20 +85,8 @@ impl Checkpoints {
         let with_files: Vec<i32> = found.iter().map(|(p, _)| *p).collect();
         let ends = ends_of(restorer, &with_files);
         // Reading and decoding (ids checked and interned, members placed)
-        // are all of a load: the partitions' files are read and decoded
-        // side by side, a share per core, each file dropped once decoded.
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let share = found.len().div_ceil(workers);
-        std::thread::scope(|scope| {
-            let loading: Vec<_> = found
-                .chunks(share)
-                .map(|files| scope.spawn(|| self.load_all(files, &ends)))
-                .collect();
-            loading
-                .into_iter()
-                .flat_map(|worker| worker.join().expect("loading a checkpoint does not panic"))
-                .collect()
-        })
+        // are all of a load: each file is dropped once decoded.
+        side_by_side(&found, |files| self.load_all(files, &ends))
     }
 
     /// The trusted checkpoints among `files`; the others are set aside.
@@ -213,20 +201,14 @@ impl Checkpoints {
         }
         let ends = ends_of(restorer, &partitions);
         // A stop waits for this: the partitions are encoded and written
-        // (each synced) side by side, a share per core, as they are loaded.
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let share = states.len().div_ceil(workers);
-        std::thread::scope(|scope| {
-            for chunk in states.chunks(share) {
-                let ends = &ends;
-                scope.spawn(move || {
-                    for &(partition, state) in chunk {
-                        if let Err(e) = self.save_at_ends(partition, state, ends) {
-                            tracing::warn!(partition, error = %e, "cannot write the checkpoint");
-                        }
-                    }
-                });
+        // (each synced) as they are loaded.
+        side_by_side(&states, |chunk| {
+            for &(partition, state) in chunk {
+                if let Err(e) = self.save_at_ends(partition, state, &ends) {
+                    tracing::warn!(partition, error = %e, "cannot write the checkpoint");
+                }
             }
+            Vec::<()>::new()
         });
     }
 
@@ -276,6 +258,29 @@ impl Checkpoints {
         );
         Ok(())
     }
+}
+
+/// `work` on `items` side by side, a share per core, the results in the
+/// items' order: loading and saving checkpoints is CPU (decoding, encoding)
+/// and I/O per partition, and a restart or a stop waits for all of it.
+fn side_by_side<T: Sync, R: Send>(items: &[T], work: impl Fn(&[T]) -> Vec<R> + Sync) -> Vec<R> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let share = items.len().div_ceil(workers).max(1);
+    let work = &work;
+    std::thread::scope(|scope| {
+        let shares: Vec<_> = items
+            .chunks(share)
+            .map(|chunk| scope.spawn(move || work(chunk)))
+            .collect();
+        shares
+            .into_iter()
+            .flat_map(|share| {
+                share
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+            .collect()
+    })
 }
 
 /// The changelogs' ends of `partitions`, all asked at once; if that fails,
