@@ -858,9 +858,8 @@ impl Processor {
     ///
     /// Spaced, a flush starts no sooner than `flush.min_interval_ms` after
     /// the last one that wrote anything began; until then it waits as a
-    /// linger does. Every
-    /// flush is a transaction: half a dozen requests to the broker, one
-    /// more per partition it writes, and a marker on each.
+    /// linger does. Every flush is a transaction: half a dozen requests to
+    /// the broker, one more per partition it writes, and a marker on each.
     fn flush_when_ready(&mut self, spaced: bool) {
         self.flush_at = None;
         self.catching_up = false;
