@@ -122,7 +122,8 @@ enum Command {
         #[arg(long, default_value_t = 5_000)]
         flush_every: u64,
         /// Resident memory per cursor of one partition's state holding this
-        /// many cursors, in several shapes (0: skip).
+        /// many cursors, in several shapes, and the local checkpoint's
+        /// encoding and decoding of such a state (0: skip).
         #[arg(long, default_value_t = 1_000_000)]
         memory_cursors: u64,
         /// Internal: measure only this shape and print its figure (the
@@ -307,6 +308,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             }
             if memory_cursors > 0 {
                 readfold::bench::print_memory(&readfold::bench::memory(memory_cursors)?);
+                readfold::bench::print_checkpoint_codec(&readfold::bench::checkpoint_codec(memory_cursors));
             }
             if restore_cursors > 0 {
                 let figures = runtime.block_on(readfold::bench::restore(&config, restore_cursors))?;

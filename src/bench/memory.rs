@@ -20,7 +20,7 @@ pub struct MemoryRow {
 
 /// How the state is built.
 #[derive(Clone, Copy)]
-enum Build {
+pub(crate) enum Build {
     /// From changelog records, then shrunk, as a restore leaves it.
     Restored,
     /// Joins then reads through the fold, as a live partition grows.
@@ -85,7 +85,7 @@ pub fn memory_shape(cursors: u64, index: usize) -> String {
 
 /// A state of `cursors` cursors, `members` per conversation; members are
 /// drawn so that each user is in about [`CONVERSATIONS_PER_USER`] of them.
-fn build_state(cursors: u64, members: u64, build: Build) -> PartitionState {
+pub(crate) fn build_state(cursors: u64, members: u64, build: Build) -> PartitionState {
     let conversations = (cursors / members).max(1);
     let users = (cursors / CONVERSATIONS_PER_USER).max(members);
     let stride = users / members;

@@ -3,6 +3,7 @@
 //! what each flush would send to Redis and CQL. [`restore`] and
 //! [`pipeline`] measure against the configured services.
 
+mod checkpoint;
 mod child;
 mod gateway;
 mod kstreams_peer;
@@ -25,6 +26,7 @@ use readfold_core::fold::{ConversationEvent, EventKind, Input, PartitionState, R
 use readfold_core::{ConversationId, Seq, UserId};
 pub(crate) use readfold_kafka::now_ms;
 
+pub use checkpoint::{checkpoint_codec, print_checkpoint_codec, CheckpointRow};
 pub use gateway::{gateway, print_gateway, GatewayFigures};
 pub use latency::{latency, latency_runs, print_latency, print_latency_runs, LatencyFigures, LatencyRow};
 pub use memory::{memory, memory_shape, print_memory, MemoryRow};
