@@ -377,6 +377,64 @@ pub struct MemberStateUpdate {
 
 /// The conversations of a partition, numbered (see `dense.rs`): a lookup
 /// of a held conversation clones no id, and the dirty set lists numbers.
+/// Builds a [`PartitionState`] in bulk from what a checkpoint holds: its
+/// users, numbered in order, then its conversations, each with its members
+/// named by those numbers. The conversations are indexed all at once when
+/// the load finishes, in the order of the table's buckets, rather than one
+/// cache miss at a time as they come.
+#[derive(Default)]
+pub struct StateLoader {
+    state: PartitionState,
+}
+
+impl StateLoader {
+    /// Room for this many more conversations and users: the tables then
+    /// never grow, which rehashes every entry each time.
+    pub fn reserve(&mut self, conversations: usize, users: usize) {
+        self.state.conversations.reserve(conversations);
+        self.state.users.reserve(users);
+    }
+
+    /// The user's number, added if new.
+    pub fn user(&mut self, user: &UserId) -> UserNumber {
+        UserNumber(self.state.users.intern(user))
+    }
+
+    /// A conversation of the state, its members named by numbers from
+    /// [`StateLoader::user`] (a user listed twice keeps the last).
+    ///
+    /// # Panics
+    /// On a number this loader did not give.
+    pub fn conversation(
+        &mut self,
+        id: ConversationId,
+        latest_seq: Seq,
+        members: impl IntoIterator<Item = (UserNumber, Member)>,
+    ) {
+        let users = self.state.users.len();
+        let extras = &mut self.state.extras;
+        let slots = members
+            .into_iter()
+            .map(|(user, member)| {
+                assert!((user.0 as usize) < users, "a user number of another state");
+                Slot::new(extras, user.0, &member)
+            })
+            .collect();
+        let members = Members::from_slots(slots, extras);
+        self.state
+            .conversations
+            .append_unindexed(id, Conversation { latest_seq, members });
+    }
+
+    /// The state, or the id of a conversation given twice.
+    pub fn finish(mut self) -> Result<PartitionState, ConversationId> {
+        match self.state.conversations.index_from(0) {
+            Ok(()) => Ok(self.state),
+            Err(repeated) => Err(self.state.conversations.key(repeated).clone()),
+        }
+    }
+}
+
 type Conversations = DenseMap<ConversationId, Conversation>;
 
 /// All read state of one input partition, plus the members changed since
@@ -649,45 +707,10 @@ impl PartitionState {
         self.place_conversation(id, latest_seq, slots);
     }
 
-    /// Room for this many more conversations and users, for a restore that
-    /// knows its counts (a checkpoint): the tables then never grow, which
-    /// rehashes every entry each time.
-    pub fn reserve(&mut self, conversations: usize, users: usize) {
-        self.conversations.reserve(conversations);
-        self.users.reserve(users);
-    }
-
-    /// The user's number in this state, added if new (restore).
-    pub fn restore_user(&mut self, user: &UserId) -> UserNumber {
-        UserNumber(self.users.intern(user))
-    }
-
     /// Every user id this state keeps, in number order: the `n`th is the
     /// user of [`UserNumber`] `n`.
     pub fn user_ids(&self) -> impl ExactSizeIterator<Item = &UserId> {
         (0..self.users.len() as u32).map(|n| self.users.id(n))
-    }
-
-    /// [`PartitionState::restore_conversation`] with members named by their
-    /// numbers, from [`PartitionState::restore_user`] on this state.
-    ///
-    /// # Panics
-    /// On a number this state did not give.
-    pub fn restore_numbered_conversation(
-        &mut self,
-        id: ConversationId,
-        latest_seq: Seq,
-        members: impl IntoIterator<Item = (UserNumber, Member)>,
-    ) {
-        let users = self.users.len();
-        let slots = members
-            .into_iter()
-            .map(|(user, member)| {
-                assert!((user.0 as usize) < users, "a user number of another state");
-                Slot::new(&mut self.extras, user.0, &member)
-            })
-            .collect();
-        self.place_conversation(id, latest_seq, slots);
     }
 
     /// Puts a restored conversation's slots in place, replacing any state

@@ -752,44 +752,66 @@ fn a_conversation_put_back_whole_takes_its_changes_with_it() {
 }
 
 #[test]
-fn users_restored_by_number_read_back_as_by_id() {
+fn a_state_loaded_by_number_reads_back_as_restored_by_id() {
     let mut by_id = PartitionState::new();
-    let mut by_number = PartitionState::new();
     let mut member = Member::new(0);
     member.cursor = Seq(3);
     member.listed = true;
-    by_id.restore_conversation(
-        conv("C"),
-        Seq(5),
-        [(user("a"), member.clone()), (user("b"), member.clone())],
-    );
-    by_number.reserve(1, 2);
-    let numbers: Vec<UserNumber> = by_id.user_ids().map(|u| by_number.restore_user(u)).collect();
-    assert_eq!(numbers.iter().map(|n| n.get()).collect::<Vec<_>>(), [0, 1]);
-    let (_, c) = by_id.conversations().next().unwrap();
-    let members: Vec<_> = c
-        .numbered_members()
-        .map(|(n, m)| (numbers[n.get() as usize], m))
-        .collect();
-    by_number.restore_numbered_conversation(conv("C"), Seq(5), members);
-    let read = |s: &PartitionState| {
-        let c = s.conversation(&conv("C")).unwrap();
+    // Enough conversations that the bulk index spans several bins.
+    let ids: Vec<ConversationId> = (0..5_000).map(|c| conv(&format!("C{c}"))).collect();
+    for (c, id) in ids.iter().enumerate() {
+        let mut second = member.clone();
+        second.cursor = Seq(c as u64 % 7);
+        by_id.restore_conversation(
+            id.clone(),
+            Seq(5 + c as u64),
+            [(user("a"), member.clone()), (user(&format!("u{c}")), second)],
+        );
+    }
+    let mut loader = StateLoader::default();
+    loader.reserve(ids.len(), by_id.user_ids().len());
+    let numbers: Vec<UserNumber> = by_id.user_ids().map(|u| loader.user(u)).collect();
+    assert_eq!(numbers.iter().map(|n| n.get()).collect::<Vec<_>>()[..2], [0, 1]);
+    for (id, c) in by_id.conversations() {
+        let members: Vec<_> = c
+            .numbered_members()
+            .map(|(n, m)| (numbers[n.get() as usize], m))
+            .collect();
+        loader.conversation(id.clone(), c.latest_seq(), members);
+    }
+    let by_number = loader.finish().expect("no conversation twice");
+    let read = |s: &PartitionState, id: &ConversationId| {
+        let c = s.conversation(id).unwrap();
         let mut m: Vec<(String, Member)> = c.members().map(|(u, m)| (u.to_string(), m)).collect();
         m.sort_by(|x, y| x.0.cmp(&y.0));
         (c.latest_seq(), m)
     };
-    assert_eq!(read(&by_number), read(&by_id));
+    for id in &ids {
+        assert_eq!(read(&by_number, id), read(&by_id, id), "{id:?}");
+    }
+    assert!(by_number.conversation(&conv("C5000")).is_none());
+    assert_eq!(by_number.cursor_count(), by_id.cursor_count());
+}
+
+#[test]
+fn a_conversation_loaded_twice_is_named() {
+    let mut loader = StateLoader::default();
+    let a = loader.user(&user("a"));
+    for c in ["C", "D", "C"] {
+        loader.conversation(conv(c), Seq(1), [(a, Member::new(0))]);
+    }
+    assert_eq!(loader.finish().err(), Some(conv("C")));
 }
 
 #[test]
 #[should_panic(expected = "a user number of another state")]
 fn a_user_number_of_another_state_is_refused() {
-    let mut other = PartitionState::new();
-    other.restore_user(&user("a"));
-    let number = other.restore_user(&user("b"));
-    let mut s = PartitionState::new();
-    s.restore_user(&user("a"));
-    s.restore_numbered_conversation(conv("C"), Seq(1), [(number, Member::new(0))]);
+    let mut other = StateLoader::default();
+    other.user(&user("a"));
+    let number = other.user(&user("b"));
+    let mut loader = StateLoader::default();
+    loader.user(&user("a"));
+    loader.conversation(conv("C"), Seq(1), [(number, Member::new(0))]);
 }
 
 #[test]

@@ -25,7 +25,7 @@
 //! partition restores from its changelog once.
 
 use readfold_core::fold::{
-    Member, MemberStateUpdate, MembershipVersion, PartitionState, UnreadMark, UserNumber,
+    Member, MemberStateUpdate, MembershipVersion, PartitionState, StateLoader, UnreadMark, UserNumber,
 };
 use readfold_core::{ConversationId, Seq, UserId};
 
@@ -137,19 +137,19 @@ impl Opened<'_> {
 }
 
 fn state(mut input: &[u8], max_id_bytes: usize) -> Result<PartitionState, CheckpointError> {
-    let mut state = PartitionState::new();
+    let mut loader = StateLoader::default();
     // Every count is checked against the bytes left before anything is
     // reserved for it: no allocation beyond what the file holds.
     let user_count = take_count(&mut input, 4)?;
-    state.reserve(0, user_count);
+    loader.reserve(0, user_count);
     let mut users: Vec<UserNumber> = Vec::with_capacity(user_count);
     for _ in 0..user_count {
         let user = UserId::parse(take_str(&mut input)?, max_id_bytes)
             .map_err(|e| CheckpointError::Id(e.to_string()))?;
-        users.push(state.restore_user(&user));
+        users.push(loader.user(&user));
     }
     let conversations = take_count(&mut input, CONVERSATION_MIN_BYTES)?;
-    state.reserve(conversations, 0);
+    loader.reserve(conversations, 0);
     for _ in 0..conversations {
         let id = ConversationId::parse(take_str(&mut input)?, max_id_bytes)
             .map_err(|e| CheckpointError::Id(e.to_string()))?;
@@ -164,12 +164,13 @@ fn state(mut input: &[u8], max_id_bytes: usize) -> Result<PartitionState, Checkp
             let user = *users.get(number).ok_or(CheckpointError::Malformed)?;
             members.push((user, take_member(&mut input)?));
         }
-        state.restore_numbered_conversation(id, latest_seq, members);
+        loader.conversation(id, latest_seq, members);
     }
     if !input.is_empty() {
         return Err(CheckpointError::Malformed);
     }
-    Ok(state)
+    // A checkpoint is written from a map: a conversation listed twice is damage.
+    loader.finish().map_err(|_| CheckpointError::Malformed)
 }
 
 /// Every member's member-state record, as the checkpoint's state holds
