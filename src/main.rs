@@ -189,6 +189,10 @@ enum Command {
         /// tail, at a quarter, half and all of this many cursors (0: skip).
         #[arg(long, default_value_t = 0)]
         restart_cursors: u64,
+        /// Members per conversation of the restart bench's state (2: 1:1
+        /// chats); each user is in about ten conversations.
+        #[arg(long, default_value_t = 100)]
+        restart_members: u64,
         /// Also measure report-to-changelog and report-to-Redis latency at
         /// 10% to 90% of the maximum rate, this many seconds per rate
         /// after an unrecorded warm-up at 50%, with `readfold run` as a
@@ -290,6 +294,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             latency_max_rate,
             latency_runs,
             restart_cursors,
+            restart_members,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -347,8 +352,12 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                 readfold::bench::print_throughput(&figures);
             }
             if restart_cursors > 0 {
-                let rows = runtime.block_on(readfold::bench::restart(&config, restart_cursors))?;
-                readfold::bench::print_restart(&rows);
+                let rows = runtime.block_on(readfold::bench::restart(
+                    &config,
+                    restart_cursors,
+                    restart_members.max(1),
+                ))?;
+                readfold::bench::print_restart(&rows, restart_members.max(1));
             }
             if latency_seconds > 0 {
                 let runs = runtime.block_on(readfold::bench::latency_runs(

@@ -32,24 +32,27 @@ pub struct RestartRow {
     pub stop_secs: f64,
 }
 
-pub async fn restart(config: &Config, cursors: u64) -> Result<Vec<RestartRow>> {
+pub async fn restart(config: &Config, cursors: u64, members: u64) -> Result<Vec<RestartRow>> {
     let mut rows = Vec::new();
     for n in [cursors / 4, cursors / 2, cursors] {
-        rows.push(one_size(config, n.max(1)).await?);
+        rows.push(one_size(config, n.max(1), members).await?);
     }
     Ok(rows)
 }
 
-async fn one_size(config: &Config, cursors: u64) -> Result<RestartRow> {
+async fn one_size(config: &Config, cursors: u64, members: u64) -> Result<RestartRow> {
     let config = super::on_fresh_topics(config, "restart");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
-    // Conversations of 100 members, each member one read.
+    // Conversations of `members` members, each member one read; each user
+    // in about ten conversations.
     let now = super::now_ms();
+    let users = (cursors / 10).max(members);
+    let stride = users / members;
     let reports: Vec<ReadReportRecord> = (0..cursors)
         .map(|i| ReadReportRecord {
-            conversation_id: format!("conv-{}", i / 100),
-            user_id: format!("user-{}", i % 100),
+            conversation_id: format!("conv-{}", i / members),
+            user_id: format!("user-{}", (i / members + i % members * stride) % users),
             seq: (i % 1000) as i64 + 1,
             device_id: None,
             reported_at: now,
@@ -171,10 +174,10 @@ fn dir_bytes(dir: &Path) -> u64 {
     total
 }
 
-pub fn print_restart(rows: &[RestartRow]) {
+pub fn print_restart(rows: &[RestartRow], members: u64) {
     println!();
     println!(
-        "restart after a clean stop: start to /readyz, Redis and CQL off (restore: the processor's own timing, loading the checkpoint files included)"
+        "restart after a clean stop, {members} members per conversation: start to /readyz, Redis and CQL off (restore: the processor's own timing, loading the checkpoint files included)"
     );
     println!(
         "{:>10} | {:>22} | {:>26} | {:>12} | {:>28}",
