@@ -94,7 +94,7 @@ impl ServerClocks {
 
     /// The local broker's and CQL server's priorities, when both run here:
     /// at the same one, a CQL server's snapshot bursts take the broker's
-    /// cores (see README, Measuring).
+    /// cores (see docs/performance.md).
     pub fn priorities(&self) -> Option<Priorities> {
         Some(Priorities {
             broker: nice_of(self.broker_pid?)?,
