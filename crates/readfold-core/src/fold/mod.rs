@@ -395,9 +395,11 @@ impl StateLoader {
         self.state.users.reserve(users);
     }
 
-    /// The user's number, added if new.
-    pub fn user(&mut self, user: &UserId) -> UserNumber {
-        UserNumber(self.state.users.intern(user))
+    /// The next user, numbered in the order given. Users are indexed with
+    /// the conversations when the load finishes: a user given twice fails
+    /// it.
+    pub fn user(&mut self, user: UserId) -> UserNumber {
+        UserNumber(self.state.users.append_unindexed(user))
     }
 
     /// A conversation of the state, its members named by numbers from
@@ -426,13 +428,29 @@ impl StateLoader {
             .append_unindexed(id, Conversation { latest_seq, members });
     }
 
-    /// The state, or the id of a conversation given twice.
-    pub fn finish(mut self) -> Result<PartitionState, ConversationId> {
-        match self.state.conversations.index_from(0) {
-            Ok(()) => Ok(self.state),
-            Err(repeated) => Err(self.state.conversations.key(repeated).clone()),
+    /// The state, once its users and conversations are indexed.
+    pub fn finish(mut self) -> Result<PartitionState, LoadError> {
+        let state = &mut self.state;
+        if let Err(repeated) = state.users.index_from(0) {
+            return Err(LoadError::RepeatedUser(state.users.id(repeated).clone()));
         }
+        if let Err(repeated) = state.conversations.index_from(0) {
+            return Err(LoadError::RepeatedConversation(
+                state.conversations.key(repeated).clone(),
+            ));
+        }
+        Ok(self.state)
     }
+}
+
+/// Why a [`StateLoader`] could not finish: what it was given cannot be one
+/// partition's state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LoadError {
+    #[error("user {0:?} given twice")]
+    RepeatedUser(UserId),
+    #[error("conversation {0:?} given twice")]
+    RepeatedConversation(ConversationId),
 }
 
 type Conversations = DenseMap<ConversationId, Conversation>;

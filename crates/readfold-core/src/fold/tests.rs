@@ -770,7 +770,7 @@ fn a_state_loaded_by_number_reads_back_as_restored_by_id() {
     }
     let mut loader = StateLoader::default();
     loader.reserve(ids.len(), by_id.user_ids().len());
-    let numbers: Vec<UserNumber> = by_id.user_ids().map(|u| loader.user(u)).collect();
+    let numbers: Vec<UserNumber> = by_id.user_ids().map(|u| loader.user(u.clone())).collect();
     assert_eq!(numbers.iter().map(|n| n.get()).collect::<Vec<_>>()[..2], [0, 1]);
     for (id, c) in by_id.conversations() {
         let members: Vec<_> = c
@@ -794,23 +794,33 @@ fn a_state_loaded_by_number_reads_back_as_restored_by_id() {
 }
 
 #[test]
-fn a_conversation_loaded_twice_is_named() {
+fn a_conversation_or_user_loaded_twice_is_named() {
     let mut loader = StateLoader::default();
-    let a = loader.user(&user("a"));
+    let a = loader.user(user("a"));
     for c in ["C", "D", "C"] {
         loader.conversation(conv(c), Seq(1), [(a, Member::new(0))]);
     }
-    assert_eq!(loader.finish().err(), Some(conv("C")));
+    assert_eq!(
+        loader.finish().err(),
+        Some(LoadError::RepeatedConversation(conv("C")))
+    );
+
+    let mut loader = StateLoader::default();
+    let a = loader.user(user("a"));
+    loader.user(user("b"));
+    loader.user(user("a"));
+    loader.conversation(conv("C"), Seq(1), [(a, Member::new(0))]);
+    assert_eq!(loader.finish().err(), Some(LoadError::RepeatedUser(user("a"))));
 }
 
 #[test]
 #[should_panic(expected = "a user number of another state")]
 fn a_user_number_of_another_state_is_refused() {
     let mut other = StateLoader::default();
-    other.user(&user("a"));
-    let number = other.user(&user("b"));
+    other.user(user("a"));
+    let number = other.user(user("b"));
     let mut loader = StateLoader::default();
-    loader.user(&user("a"));
+    loader.user(user("a"));
     loader.conversation(conv("C"), Seq(1), [(number, Member::new(0))]);
 }
 

@@ -25,7 +25,8 @@
 //! partition restores from its changelog once.
 
 use readfold_core::fold::{
-    Member, MemberStateUpdate, MembershipVersion, PartitionState, StateLoader, UnreadMark, UserNumber,
+    LoadError, Member, MemberStateUpdate, MembershipVersion, PartitionState, StateLoader, UnreadMark,
+    UserNumber,
 };
 use readfold_core::{ConversationId, Seq, UserId};
 
@@ -61,6 +62,8 @@ pub enum CheckpointError {
     Malformed,
     #[error("invalid id: {0}")]
     Id(String),
+    #[error("not one partition's state: {0}")]
+    State(#[from] LoadError),
 }
 
 /// The checkpoint of `state`, taken at `meta`'s offsets. Call only when
@@ -146,7 +149,7 @@ fn state(mut input: &[u8], max_id_bytes: usize) -> Result<PartitionState, Checkp
     for _ in 0..user_count {
         let user = UserId::parse(take_str(&mut input)?, max_id_bytes)
             .map_err(|e| CheckpointError::Id(e.to_string()))?;
-        users.push(loader.user(&user));
+        users.push(loader.user(user));
     }
     let conversations = take_count(&mut input, CONVERSATION_MIN_BYTES)?;
     loader.reserve(conversations, 0);
@@ -169,8 +172,9 @@ fn state(mut input: &[u8], max_id_bytes: usize) -> Result<PartitionState, Checkp
     if !input.is_empty() {
         return Err(CheckpointError::Malformed);
     }
-    // A checkpoint is written from a map: a conversation listed twice is damage.
-    loader.finish().map_err(|_| CheckpointError::Malformed)
+    // A checkpoint is written from maps: a user or conversation listed
+    // twice is damage.
+    Ok(loader.finish()?)
 }
 
 /// Every member's member-state record, as the checkpoint's state holds

@@ -292,6 +292,45 @@ fn the_header_round_trips_and_damage_is_detected() {
     );
 }
 
+/// A file written wrong under a right checksum, with a user or a
+/// conversation listed twice, is refused and says which.
+#[test]
+fn a_user_or_conversation_listed_twice_is_refused() {
+    let mut state = PartitionState::new();
+    for (c, u) in [("conv-a", "user-a"), ("conv-b", "user-b")] {
+        state.apply_event(&ConversationEvent {
+            conversation_id: ConversationId::parse(c, 64).unwrap(),
+            seq: Seq::ZERO,
+            at: 1,
+            kind: EventKind::MemberJoined {
+                user_id: UserId::parse(u, 64).unwrap(),
+            },
+        });
+    }
+    let good = encode(&meta(1, 1), &state);
+    let twice = |from: &[u8], to: &[u8]| {
+        let mut body = good[..good.len() - 4].to_vec();
+        let at = body
+            .windows(from.len())
+            .position(|w| w == from)
+            .expect("in the file");
+        body[at..at + to.len()].copy_from_slice(to);
+        let crc = crc32c(&body);
+        body.extend_from_slice(&crc.to_le_bytes());
+        decode(&body, 256).map(|_| ()).unwrap_err()
+    };
+    assert_eq!(
+        twice(b"user-b", b"user-a"),
+        CheckpointError::State(LoadError::RepeatedUser(UserId::parse("user-a", 64).unwrap()))
+    );
+    assert_eq!(
+        twice(b"conv-b", b"conv-a"),
+        CheckpointError::State(LoadError::RepeatedConversation(
+            ConversationId::parse("conv-a", 64).unwrap()
+        ))
+    );
+}
+
 #[test]
 fn crc32c_is_castagnolis() {
     // RFC 3720's check value and test vectors (B.4), plus the usual ones.
