@@ -111,8 +111,8 @@ impl<K: Hash + Eq + Clone, V> DenseMap<K, V> {
     /// Indexes the entries from number `first` on, appended unindexed.
     /// Inserted one by one as they came, each would cost a cache miss or
     /// two in a table of millions of buckets (its control byte and its
-    /// number sit in random places): a restart from a checkpoint of 1:1
-    /// chats spent most of its time there. So they go in roughly in the
+    /// number sit in random places): the largest share of loading a
+    /// checkpoint of 1:1 chats. So they go in roughly in the
     /// order of the buckets they land in, which writes the table front to
     /// back. Returns the number of an entry whose key came before it.
     pub(crate) fn index_from(&mut self, first: u32) -> Result<(), u32> {

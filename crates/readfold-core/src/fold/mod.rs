@@ -375,13 +375,11 @@ pub struct MemberStateUpdate {
     pub updated_at: i64,
 }
 
-/// The conversations of a partition, numbered (see `dense.rs`): a lookup
-/// of a held conversation clones no id, and the dirty set lists numbers.
 /// Builds a [`PartitionState`] in bulk from what a checkpoint holds: its
 /// users, numbered in order, then its conversations, each with its members
-/// named by those numbers. The conversations are indexed all at once when
-/// the load finishes, in the order of the table's buckets, rather than one
-/// cache miss at a time as they come.
+/// named by those numbers. Users and conversations are indexed all at once
+/// when the load finishes, in the order of the tables' buckets, rather than
+/// a cache miss or two at a time as they come.
 #[derive(Default)]
 pub struct StateLoader {
     state: PartitionState,
@@ -453,6 +451,8 @@ pub enum LoadError {
     RepeatedConversation(ConversationId),
 }
 
+/// The conversations of a partition, numbered (see `dense.rs`): a lookup
+/// of a held conversation clones no id, and the dirty set lists numbers.
 type Conversations = DenseMap<ConversationId, Conversation>;
 
 /// All read state of one input partition, plus the members changed since
