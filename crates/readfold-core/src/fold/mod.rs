@@ -400,8 +400,15 @@ impl StateLoader {
         UserNumber(self.state.users.append_unindexed(user))
     }
 
+    /// The number of the `n`th user given (counting from 0), if there
+    /// was one: what a checkpoint's members name.
+    pub fn user_number(&self, n: u32) -> Option<UserNumber> {
+        ((n as usize) < self.state.users.len()).then_some(UserNumber(n))
+    }
+
     /// A conversation of the state, its members named by numbers from
-    /// [`StateLoader::user`] (a user listed twice keeps the last).
+    /// [`StateLoader::user`] or [`StateLoader::user_number`] (a user listed
+    /// twice keeps the last).
     ///
     /// # Panics
     /// On a number this loader did not give.

@@ -772,6 +772,8 @@ fn a_state_loaded_by_number_reads_back_as_restored_by_id() {
     loader.reserve(ids.len(), by_id.user_ids().len());
     let numbers: Vec<UserNumber> = by_id.user_ids().map(|u| loader.user(u.clone())).collect();
     assert_eq!(numbers.iter().map(|n| n.get()).collect::<Vec<_>>()[..2], [0, 1]);
+    assert_eq!(loader.user_number(1), Some(numbers[1]));
+    assert_eq!(loader.user_number(numbers.len() as u32), None);
     for (id, c) in by_id.conversations() {
         let members: Vec<_> = c
             .numbered_members()

@@ -26,7 +26,6 @@
 
 use readfold_core::fold::{
     LoadError, Member, MemberStateUpdate, MembershipVersion, PartitionState, StateLoader, UnreadMark,
-    UserNumber,
 };
 use readfold_core::{ConversationId, Seq, UserId};
 
@@ -145,11 +144,10 @@ fn state(mut input: &[u8], max_id_bytes: usize) -> Result<PartitionState, Checkp
     // reserved for it: no allocation beyond what the file holds.
     let user_count = take_count(&mut input, 4)?;
     loader.reserve(0, user_count);
-    let mut users: Vec<UserNumber> = Vec::with_capacity(user_count);
     for _ in 0..user_count {
         let user = UserId::parse(take_str(&mut input)?, max_id_bytes)
             .map_err(|e| CheckpointError::Id(e.to_string()))?;
-        users.push(loader.user(user));
+        loader.user(user);
     }
     let conversations = take_count(&mut input, CONVERSATION_MIN_BYTES)?;
     loader.reserve(conversations, 0);
@@ -163,8 +161,8 @@ fn state(mut input: &[u8], max_id_bytes: usize) -> Result<PartitionState, Checkp
         }
         let mut members = Vec::with_capacity(count);
         for _ in 0..count {
-            let number = u32::from_le_bytes(take_array(&mut input)?) as usize;
-            let user = *users.get(number).ok_or(CheckpointError::Malformed)?;
+            let number = u32::from_le_bytes(take_array(&mut input)?);
+            let user = loader.user_number(number).ok_or(CheckpointError::Malformed)?;
             members.push((user, take_member(&mut input)?));
         }
         loader.conversation(id, latest_seq, members);
