@@ -193,6 +193,11 @@ enum Command {
         /// chats); each user is in about ten conversations.
         #[arg(long, default_value_t = 100)]
         restart_members: u64,
+        /// Whether the restart bench runs `readfold run` with CQL on, and
+        /// also times each restart until CQL holds the restored state again
+        /// (its snapshot backlog back to 0), with the keys that took.
+        #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+        restart_cql: bool,
         /// Also measure report-to-changelog and report-to-Redis latency at
         /// 10% to 90% of the maximum rate, this many seconds per rate
         /// after an unrecorded warm-up at 50%, with `readfold run` as a
@@ -295,6 +300,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             latency_runs,
             restart_cursors,
             restart_members,
+            restart_cql,
         } => {
             let w = readfold::bench::Workload {
                 reports,
@@ -356,8 +362,9 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                     &config,
                     restart_cursors,
                     restart_members.max(1),
+                    restart_cql,
                 ))?;
-                readfold::bench::print_restart(&rows, restart_members.max(1));
+                readfold::bench::print_restart(&rows, restart_members.max(1), restart_cql);
             }
             if latency_seconds > 0 {
                 let runs = runtime.block_on(readfold::bench::latency_runs(

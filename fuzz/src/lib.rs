@@ -476,12 +476,12 @@ pub fn expected_rejection(ids: &[&str], seq: i64, min_seq: u64, limits: &Limits)
 // ---------------------------------------------------------------------------
 // Checkpoint files.
 
-/// `body` framed as a checkpoint file: the magic, format version 2, the
+/// `body` framed as a checkpoint file: the magic, format version 3, the
 /// body, and the CRC-32C (Castagnoli) of all that.
 pub fn checkpoint_file(body: &[u8]) -> Vec<u8> {
     let mut file = Vec::with_capacity(body.len() + 12);
     file.extend_from_slice(b"RFCKPT");
-    file.extend_from_slice(&2u16.to_le_bytes());
+    file.extend_from_slice(&3u16.to_le_bytes());
     file.extend_from_slice(body);
     let crc = !file.iter().fold(!0u32, |mut c, &b| {
         c ^= u32::from(b);

@@ -30,6 +30,7 @@ pub fn checkpoint_codec(cursors: u64) -> Vec<CheckpointRow> {
         public_offset: 0,
         state_offset: 0,
         written_at_ms: 0,
+        snapshotted_to: None,
     };
     SHAPES
         .iter()

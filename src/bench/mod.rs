@@ -33,7 +33,7 @@ pub use memory::{memory, memory_shape, print_memory, MemoryRow};
 pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
 pub use raw_consumer::{own_usage, raw_consume};
 pub use replay::{print_replay, replay, ReplayRow};
-pub use restart::{print_restart, restart, RestartRow};
+pub use restart::{print_restart, restart, CqlCatchUp, RestartRow};
 pub use restore::{print_restore, restore, RestoreFigures};
 pub use serve::{print_serve, serve, ServeRow};
 pub use throughput::{print_throughput, throughput, ThroughputFigures, ThroughputRow};

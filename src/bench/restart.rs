@@ -1,8 +1,12 @@
 //! `readfold bench --restart-cursors N`: how long `readfold run` takes from
 //! its start until `/readyz` says ready, after a clean stop, at N/4, N/2 and
 //! N cursors: with its state restored from the whole changelog, and from a
-//! local checkpoint (`state.dir`) plus the changelog written since. Redis and
-//! CQL are off, so that the time is the restore's and the group join's.
+//! local checkpoint (`state.dir`) plus the changelog written since. Redis is
+//! off, and CQL too unless asked for, so that the time is the restore's and
+//! the group join's. With CQL on (`--restart-cql true`), each restart is also
+//! timed until CQL holds the restored state again: until the processor's
+//! snapshot backlog (`readfold_snapshot_backlog_keys`) is back to 0, with the
+//! keys its snapshots wrote by then.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -30,17 +34,29 @@ pub struct RestartRow {
     pub checkpoint_bytes: u64,
     /// The clean stop that wrote the checkpoint: SIGTERM to exit.
     pub stop_secs: f64,
+    /// With CQL on: after the whole changelog, and after the checkpoint.
+    pub full_cql: Option<CqlCatchUp>,
+    pub checkpoint_cql: Option<CqlCatchUp>,
 }
 
-pub async fn restart(config: &Config, cursors: u64, members: u64) -> Result<Vec<RestartRow>> {
+/// How long a restart took until CQL held its state again, and the keys
+/// its snapshots wrote until then.
+#[derive(Clone, Copy, Debug)]
+pub struct CqlCatchUp {
+    /// From the start of the process.
+    pub secs: f64,
+    pub keys: f64,
+}
+
+pub async fn restart(config: &Config, cursors: u64, members: u64, cql: bool) -> Result<Vec<RestartRow>> {
     let mut rows = Vec::new();
     for n in [cursors / 4, cursors / 2, cursors] {
-        rows.push(one_size(config, n.max(1), members).await?);
+        rows.push(one_size(config, n.max(1), members, cql).await?);
     }
     Ok(rows)
 }
 
-async fn one_size(config: &Config, cursors: u64, members: u64) -> Result<RestartRow> {
+async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Result<RestartRow> {
     let config = super::on_fresh_topics(config, "restart");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
@@ -72,7 +88,7 @@ async fn one_size(config: &Config, cursors: u64, members: u64) -> Result<Restart
     let ends = tokio::task::spawn_blocking(move || end_offsets(&watch))
         .await
         .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
-    let (child, _) = start(&config, &warm)?;
+    let (child, _) = start(&config, &warm, cql)?;
     let (watch, started, pid) = (config.clone(), Instant::now(), child.pid());
     tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
         .await
@@ -80,8 +96,9 @@ async fn one_size(config: &Config, cursors: u64, members: u64) -> Result<Restart
     let stop_secs = stop(child)?.as_secs_f64();
     let checkpoint_bytes = dir_bytes(&warm);
 
-    let (full_secs, full_restore_secs) = time_to_ready(&config, &cold).await?;
-    let (checkpoint_secs, checkpoint_restore_secs) = time_to_ready(&config, &warm).await?;
+    let (full_secs, full_restore_secs, full_cql) = time_to_ready(&config, &cold, cql).await?;
+    let (checkpoint_secs, checkpoint_restore_secs, checkpoint_cql) =
+        time_to_ready(&config, &warm, cql).await?;
     let _ = std::fs::remove_dir_all(&base);
     super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
     super::delete_bench_keys(&config.redis).await;
@@ -93,17 +110,19 @@ async fn one_size(config: &Config, cursors: u64, members: u64) -> Result<Restart
         checkpoint_restore_secs,
         checkpoint_bytes,
         stop_secs,
+        full_cql,
+        checkpoint_cql,
     })
 }
 
 /// `readfold run` with checkpoints in `state_dir`; returns it and its ops
 /// address.
-fn start(config: &Config, state_dir: &Path) -> Result<(ChildGuard, String)> {
+fn start(config: &Config, state_dir: &Path, cql: bool) -> Result<(ChildGuard, String)> {
     let ops = free_addr()?;
     let mut vars = config_vars(config);
     for (k, v) in [
         ("READFOLD__REDIS__ENABLED", "false".to_owned()),
-        ("READFOLD__CQL__ENABLED", "false".to_owned()),
+        ("READFOLD__CQL__ENABLED", cql.to_string()),
         ("READFOLD__METRICS__LISTEN", ops.clone()),
         ("READFOLD__STATE__DIR", state_dir.display().to_string()),
     ] {
@@ -112,11 +131,16 @@ fn start(config: &Config, state_dir: &Path) -> Result<(ChildGuard, String)> {
     Ok((spawn("run", &vars)?, ops))
 }
 
-/// Starts `readfold run`, waits until `/readyz` answers 200, and stops it
-/// cleanly; returns the seconds to ready and the restore's own seconds.
-async fn time_to_ready(config: &Config, state_dir: &Path) -> Result<(f64, f64)> {
+/// Starts `readfold run`, waits until `/readyz` answers 200 (and with `cql`
+/// until its snapshot backlog is 0), and stops it cleanly; returns the
+/// seconds to ready and the restore's own seconds.
+async fn time_to_ready(
+    config: &Config,
+    state_dir: &Path,
+    cql: bool,
+) -> Result<(f64, f64, Option<CqlCatchUp>)> {
     let started = Instant::now();
-    let (child, ops) = start(config, state_dir)?;
+    let (child, ops) = start(config, state_dir, cql)?;
     loop {
         if started.elapsed() > Duration::from_secs(600) {
             return Err(Error::Run("readfold run was not ready within 600 s".into()));
@@ -131,8 +155,34 @@ async fn time_to_ready(config: &Config, state_dir: &Path) -> Result<(f64, f64)> 
         &scrape(&ops).unwrap_or_default(),
         "readfold_restore_duration_seconds_sum",
     );
+    let caught_up = if cql {
+        Some(cql_caught_up(&ops, started).await?)
+    } else {
+        None
+    };
     stop(child)?;
-    Ok((secs, restore))
+    Ok((secs, restore, caught_up))
+}
+
+/// Waits until the child's snapshot backlog is 0 (set before it is ready).
+async fn cql_caught_up(ops: &str, started: Instant) -> Result<CqlCatchUp> {
+    loop {
+        let scraped = scrape(ops).unwrap_or_default();
+        if scraped.contains("readfold_snapshot_backlog_keys")
+            && metric(&scraped, "readfold_snapshot_backlog_keys") == 0.0
+        {
+            return Ok(CqlCatchUp {
+                secs: started.elapsed().as_secs_f64(),
+                keys: metric(&scraped, "readfold_snapshot_keys_total"),
+            });
+        }
+        if started.elapsed() > Duration::from_secs(1800) {
+            return Err(Error::Run(
+                "CQL did not catch up with the restored state within 1800 s".into(),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Whether the child's `/readyz` answers 200.
@@ -174,10 +224,15 @@ fn dir_bytes(dir: &Path) -> u64 {
     total
 }
 
-pub fn print_restart(rows: &[RestartRow], members: u64) {
+pub fn print_restart(rows: &[RestartRow], members: u64, cql: bool) {
     println!();
+    let sinks = if cql {
+        "Redis off, CQL on"
+    } else {
+        "Redis and CQL off"
+    };
     println!(
-        "restart after a clean stop, {members} members per conversation: start to /readyz, Redis and CQL off (restore: the processor's own timing, loading the checkpoint files included)"
+        "restart after a clean stop, {members} members per conversation: start to /readyz, {sinks} (restore: the processor's own timing, loading the checkpoint files included)"
     );
     println!(
         "{:>10} | {:>22} | {:>26} | {:>12} | {:>28}",
@@ -198,5 +253,23 @@ pub fn print_restart(rows: &[RestartRow], members: u64) {
             r.checkpoint_bytes as f64 / 1e6,
             r.stop_secs
         );
+    }
+    if cql {
+        println!("until CQL holds the restored state again (snapshot backlog 0): seconds from the start, and keys written by the snapshots");
+        println!(
+            "{:>10} | {:>26} | {:>26}",
+            "cursors", "whole changelog", "checkpoint + tail"
+        );
+        let cell = |c: Option<CqlCatchUp>| {
+            c.map_or("-".to_owned(), |c| format!("{:.2} s, {:.0} keys", c.secs, c.keys))
+        };
+        for r in rows {
+            println!(
+                "{:>10} | {:>26} | {:>26}",
+                r.cursors,
+                cell(r.full_cql),
+                cell(r.checkpoint_cql)
+            );
+        }
     }
 }

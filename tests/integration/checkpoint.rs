@@ -101,6 +101,121 @@ async fn a_restart_loads_the_checkpoint_and_reads_only_the_tail() {
     assert!(processor.terminate(Duration::from_secs(30)));
 }
 
+/// With CQL on, a checkpoint names the CQL store that held its whole state,
+/// and a restart writing to that store snapshots only what the changelogs'
+/// tails changed since: not the whole state again. A checkpoint written
+/// with CQL off names none, and its restart snapshots everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_snapshots_only_what_changed_since_the_checkpoint() {
+    let env = TestEnv::new("checkpoint-cql", 2).await;
+    let keyspace = env.config.cql.keyspace.clone();
+    let (dir, dir_text) = state_dir();
+    let (other_dir, other_dir_text) = state_dir();
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    feed.seed_chats("dm", "group").await;
+    for u in 0..30 {
+        feed.report(report("big", &format!("u{u}"), 5)).await;
+    }
+    let mut processor = env.spawn_with("a", &[("READFOLD__STATE__DIR", dir_text.as_str())]);
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    let cql = wait_for_cql(&keyspace, &reference.present(), Duration::from_secs(60)).await;
+    assert_eq!(cql, reference.present(), "CQL before the stop");
+    assert!(processor.terminate(Duration::from_secs(30)));
+    for file in with_extension(&checkpoint_files(&dir), "checkpoint") {
+        let meta = checkpoint::decode_meta(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(
+            meta.snapshotted_to,
+            Some(env.config.cql.store_name()),
+            "{}",
+            file.display()
+        );
+    }
+
+    // Meanwhile another instance, with CQL off, publishes a tail that CQL
+    // never sees.
+    let mut feed = env.feed(&mut reference);
+    feed.report(report("big", "u1", 9)).await;
+    feed.report(report("group", "B", 3)).await;
+    feed.report(report("big", "u2", 7)).await;
+    let mut other = env.spawn_with(
+        "b",
+        &[
+            ("READFOLD__STATE__DIR", other_dir_text.as_str()),
+            ("READFOLD__CQL__ENABLED", "false"),
+        ],
+    );
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert!(other.terminate(Duration::from_secs(30)));
+    assert_ne!(
+        cql_cursors(&keyspace).await,
+        reference.present(),
+        "CQL lacks the tail"
+    );
+    let all_keys = reference.present().len() as f64;
+
+    // Back from its checkpoint: the tail's keys are snapshotted, the rest
+    // is not written again.
+    let addr = free_local_addr();
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__STATE__DIR", dir_text.as_str()),
+            ("READFOLD__METRICS__LISTEN", addr.as_str()),
+        ],
+    );
+    let cql = wait_for_cql(&keyspace, &reference.present(), Duration::from_secs(60)).await;
+    assert_eq!(cql, reference.present(), "CQL after the restart");
+    let text = processor.log_text();
+    assert!(
+        restored_lines(&text)
+            .iter()
+            .all(|l| !l.contains("from_checkpoint=0")),
+        "{text}"
+    );
+    let written = scraped_sample(&addr, "readfold_snapshot_keys_total");
+    assert!(
+        (3.0..all_keys).contains(&written),
+        "the three keys of the tail, not all {all_keys}: {written}"
+    );
+    assert_eq!(scraped_sample(&addr, "readfold_snapshot_backlog_keys"), 0.0);
+    assert!(processor.terminate(Duration::from_secs(30)));
+
+    // The other instance's checkpoint names no CQL store: with CQL on,
+    // its restart snapshots every key.
+    for file in with_extension(&checkpoint_files(&other_dir), "checkpoint") {
+        let meta = checkpoint::decode_meta(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(meta.snapshotted_to, None, "{}", file.display());
+    }
+    let addr = free_local_addr();
+    let mut other = env.spawn_with(
+        "b",
+        &[
+            ("READFOLD__STATE__DIR", other_dir_text.as_str()),
+            ("READFOLD__METRICS__LISTEN", addr.as_str()),
+        ],
+    );
+    let started = std::time::Instant::now();
+    while scraped_sample(&addr, "readfold_snapshot_keys_total") < all_keys
+        && started.elapsed() < Duration::from_secs(60)
+    {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        scraped_sample(&addr, "readfold_snapshot_keys_total") >= all_keys,
+        "every key snapshotted again\n{}",
+        other.log_text()
+    );
+    assert!(
+        restored_lines(&other.log_text())
+            .iter()
+            .all(|l| !l.contains("from_checkpoint=0")),
+        "{}",
+        other.log_text()
+    );
+    assert!(other.terminate(Duration::from_secs(30)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
     let env = TestEnv::new("checkpoint-bad", 1).await;

@@ -26,15 +26,27 @@ pub struct PartitionSlot<D> {
     pub unsnapshotted: HashSet<CursorKey>,
 }
 
+/// What CQL snapshots owe of a partition just restored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapshotDue {
+    /// Nothing: CQL is off, and nothing is tracked.
+    Nothing,
+    /// Every key: the previous owner may have stopped between snapshots,
+    /// and nothing says which keys it left out.
+    Everything,
+    /// These keys only: the state came from a local checkpoint that CQL
+    /// held whole, and these are the keys the changelogs changed since.
+    Keys(HashSet<CursorKey>),
+}
+
 impl<D> PartitionSlot<D> {
-    /// A slot for a partition just restored from the changelog. With
-    /// snapshots on, every restored key counts as not yet snapshotted: the
-    /// previous owner may have died between snapshots.
-    pub fn restored(state: PartitionState, snapshots: bool) -> Self {
-        let unsnapshotted = if snapshots {
-            state.keys().collect()
-        } else {
-            HashSet::new()
+    /// A slot for a partition just restored, with what the next snapshots
+    /// owe of it.
+    pub fn restored(state: PartitionState, due: SnapshotDue) -> Self {
+        let unsnapshotted = match due {
+            SnapshotDue::Nothing => HashSet::new(),
+            SnapshotDue::Everything => state.keys().collect(),
+            SnapshotDue::Keys(keys) => keys,
         };
         PartitionSlot {
             state,
@@ -370,7 +382,7 @@ mod tests {
         for (p, r) in reports {
             let slot = slots
                 .entry(*p)
-                .or_insert_with(|| PartitionSlot::restored(PartitionState::new(), true));
+                .or_insert_with(|| PartitionSlot::restored(PartitionState::new(), SnapshotDue::Everything));
             slot.state.apply_report(r);
             slot.processed(InputKind::ReadReports, 10);
         }
@@ -426,6 +438,37 @@ mod tests {
         assert_eq!(batches[0].conversations.len(), 2);
     }
 
+    /// A restored partition owes the next snapshot every key, only the
+    /// keys given (a checkpoint CQL held whole, plus its tails), or nothing
+    /// with CQL off.
+    #[test]
+    fn a_restored_partition_owes_the_snapshot_what_cql_may_lack() {
+        let mut state = PartitionState::new();
+        for (c, u) in [("C", "u"), ("C", "v"), ("D", "u")] {
+            state.apply_report(&report(c, u, 2));
+        }
+        state.mark_flushed();
+        let key = |c: &str, u: &str| CursorKey {
+            conversation_id: c.parse().unwrap(),
+            user_id: u.parse().unwrap(),
+        };
+        let tail: HashSet<CursorKey> = [key("C", "v")].into();
+        for (due, owed) in [
+            (SnapshotDue::Everything, 3),
+            (SnapshotDue::Keys(tail), 1),
+            (SnapshotDue::Nothing, 0),
+        ] {
+            let mut slots = Slots::new();
+            slots.insert(0, PartitionSlot::restored(state.clone(), due.clone()));
+            let plan = begin_snapshot(&mut slots);
+            let written: Vec<_> = plan.snapshot_changes().map(|c| c.key()).collect();
+            assert_eq!(written.len(), owed, "{due:?}");
+            if owed == 1 {
+                assert_eq!(written, [key("C", "v")]);
+            }
+        }
+    }
+
     #[test]
     fn a_plan_covers_every_dirty_key_offset_and_dead_letter_once() {
         let mut slots = slots_with(&[
@@ -434,7 +477,10 @@ mod tests {
             (1, report("D", "u", 1)),
         ]);
         slots.get_mut(&1).unwrap().dead_letters.push("bad");
-        slots.insert(2, PartitionSlot::restored(PartitionState::new(), true));
+        slots.insert(
+            2,
+            PartitionSlot::restored(PartitionState::new(), SnapshotDue::Everything),
+        );
         let plan = begin(&mut slots);
         assert_eq!(plan.partitions, [0, 1], "partition 2 has nothing to do");
         assert_eq!(plan.changes.len(), 3);

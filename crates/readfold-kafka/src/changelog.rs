@@ -5,13 +5,14 @@
 //! Every record goes through the one decoder, `readfold_wire::changelog`.
 //! Blocking; call from a blocking thread.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::Offset;
 use readfold_core::fold::PartitionState;
+use readfold_core::CursorKey;
 use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind};
 use readfold_wire::checkpoint::member_states as member_states_of;
 
@@ -156,7 +157,8 @@ impl Restorer {
     /// rebalance that hands over several partitions pays each topic's round
     /// trips once, not per partition.
     pub fn restore_many(&self, partitions: &[i32]) -> Result<(BTreeMap<i32, PartitionState>, RestoreStats)> {
-        self.restore_many_from(partitions, BTreeMap::new())
+        let (restored, stats) = self.restore_many_from(partitions, BTreeMap::new())?;
+        Ok((restored.into_iter().map(|(p, r)| (p, r.state)).collect(), stats))
     }
 
     /// Like [`Restorer::restore_many`], but a partition with a local
@@ -166,16 +168,21 @@ impl Restorer {
         &self,
         partitions: &[i32],
         mut checkpoints: BTreeMap<i32, LocalCheckpoint>,
-    ) -> Result<(BTreeMap<i32, PartitionState>, RestoreStats)> {
+    ) -> Result<(BTreeMap<i32, Restored>, RestoreStats)> {
         let started = Instant::now();
         let mut stats = RestoreStats::default();
         let mut states = BTreeMap::new();
+        // The keys the tails change, of each checkpoint CQL held whole.
+        let mut tails: BTreeMap<i32, HashSet<CursorKey>> = BTreeMap::new();
         let (mut public_from, mut state_from, mut checkpointed) = (Vec::new(), Vec::new(), Vec::new());
         for &p in partitions {
             match checkpoints.remove(&p) {
                 Some(checkpoint) => {
                     stats.from_checkpoint += checkpoint.state.cursor_count();
                     checkpointed.push(p);
+                    if checkpoint.in_cql {
+                        tails.insert(p, HashSet::new());
+                    }
                     states.insert(p, checkpoint.state);
                     public_from.push((p, Offset::Offset(checkpoint.public_offset)));
                     state_from.push((p, Offset::Offset(checkpoint.state_offset)));
@@ -188,7 +195,7 @@ impl Restorer {
             }
         }
         if partitions.is_empty() {
-            return Ok((states, stats));
+            return Ok((BTreeMap::new(), stats));
         }
         let [public_ends, state_ends] = self.wait_for_settled(partitions)?;
         // An empty changelog partition (a first start) or one with no tail
@@ -209,18 +216,26 @@ impl Restorer {
             .filter(|p| public_from.iter().any(|(tail, _)| tail == p))
             .map(|p| (p, member_states_of(&states[&p])))
             .collect();
-        self.public.restore_into(&public_from, &mut states, &mut stats)?;
+        self.public
+            .restore_tracking(&public_from, &mut states, &mut stats, &mut tails)?;
         for (p, updates) in member_states {
             let state = states.get_mut(&p).expect("restored partition");
             updates.iter().for_each(|u| state.restore_state(u));
         }
         self.member_state
-            .restore_into(&state_from, &mut states, &mut stats)?;
+            .restore_tracking(&state_from, &mut states, &mut stats, &mut tails)?;
         stats.cursors = states.values().map(PartitionState::cursor_count).sum();
         // Restored members arrive one by one; give back what growth left unused.
         states.values_mut().for_each(PartitionState::shrink_to_fit);
         stats.elapsed = started.elapsed();
-        Ok((states, stats))
+        let restored = states
+            .into_iter()
+            .map(|(p, state)| {
+                let cql_may_lack = tails.remove(&p);
+                (p, Restored { state, cql_may_lack })
+            })
+            .collect();
+        Ok((restored, stats))
     }
 
     /// The (log start, end) offsets of `partitions` of the public
@@ -271,6 +286,18 @@ pub struct LocalCheckpoint {
     pub state: PartitionState,
     pub public_offset: i64,
     pub state_offset: i64,
+    /// Whether the CQL store this processor writes held every key of the
+    /// state when the checkpoint was written.
+    pub in_cql: bool,
+}
+
+/// A partition's state, restored.
+pub struct Restored {
+    pub state: PartitionState,
+    /// From a checkpoint that CQL held whole: the keys that the changelogs'
+    /// tails changed since, which CQL may lack (their writer may have
+    /// stopped between two snapshots). `None`: CQL may lack any key.
+    pub cql_may_lack: Option<HashSet<CursorKey>>,
 }
 
 /// Reads one changelog topic.
@@ -313,12 +340,29 @@ impl ChangelogReader {
         states: &mut BTreeMap<i32, PartitionState>,
         stats: &mut RestoreStats,
     ) -> Result<()> {
+        self.restore_tracking(starts, states, stats, &mut BTreeMap::new())
+    }
+
+    /// [`ChangelogReader::restore_into`], adding the key of each entry of a
+    /// partition in `touched` to its set.
+    fn restore_tracking(
+        &self,
+        starts: &[(i32, Offset)],
+        states: &mut BTreeMap<i32, PartitionState>,
+        stats: &mut RestoreStats,
+        touched: &mut BTreeMap<i32, HashSet<CursorKey>>,
+    ) -> Result<()> {
         if starts.is_empty() {
             return Ok(());
         }
         stats.records += self.read_from(starts, |partition, entry| {
             match (entry, states.get_mut(&partition)) {
-                (Some(entry), Some(state)) => entry.restore_into(state),
+                (Some(entry), Some(state)) => {
+                    entry.restore_into(state);
+                    if let Some(keys) = touched.get_mut(&partition) {
+                        keys.insert(entry.key());
+                    }
+                }
                 _ => stats.skipped += 1,
             }
             ControlFlow::Continue(())

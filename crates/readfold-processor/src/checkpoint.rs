@@ -31,6 +31,9 @@ pub struct Checkpoints {
     state_topic: String,
     partition_count: i32,
     max_id_bytes: usize,
+    /// The CQL store written to, named (`None` with CQL off): a checkpoint
+    /// that names it spares the restart a snapshot of the whole state.
+    cql_store: Option<String>,
 }
 
 impl Checkpoints {
@@ -52,6 +55,7 @@ impl Checkpoints {
             state_topic: settings.topics.member_state.clone(),
             partition_count,
             max_id_bytes: settings.input.max_id_bytes,
+            cql_store: settings.cql.enabled.then(|| settings.cql.store_name()),
         })
     }
 
@@ -170,6 +174,7 @@ impl Checkpoints {
             }
         }
         let (public_offset, state_offset) = (meta.public_offset, meta.state_offset);
+        let in_cql = self.cql_store.is_some() && meta.snapshotted_to == self.cql_store;
         let state = opened
             .state(self.max_id_bytes)
             .map_err(|e| format!("corrupt: {e}"))?;
@@ -177,6 +182,7 @@ impl Checkpoints {
             state,
             public_offset,
             state_offset,
+            in_cql,
         })
     }
 
@@ -193,9 +199,9 @@ impl Checkpoints {
     /// flushed, up to the changelogs' current ends (one look for all of
     /// them). A failure is logged: it only costs the next start a full
     /// restore of that partition. Blocking.
-    pub fn save<'a>(&self, states: impl IntoIterator<Item = (i32, &'a PartitionState)>, restorer: &Restorer) {
-        let states: Vec<(i32, &PartitionState)> = states.into_iter().collect();
-        let partitions: Vec<i32> = states.iter().map(|(p, _)| *p).collect();
+    pub fn save<'a>(&self, states: impl IntoIterator<Item = Saved<'a>>, restorer: &Restorer) {
+        let states: Vec<Saved<'_>> = states.into_iter().collect();
+        let partitions: Vec<i32> = states.iter().map(|s| s.partition).collect();
         if states.is_empty() {
             return;
         }
@@ -203,9 +209,9 @@ impl Checkpoints {
         // A stop waits for this: the partitions are encoded and written
         // (each synced) as they are loaded.
         side_by_side(&states, |chunk| {
-            for &(partition, state) in chunk {
-                if let Err(e) = self.save_at_ends(partition, state, &ends) {
-                    tracing::warn!(partition, error = %e, "cannot write the checkpoint");
+            for saved in chunk {
+                if let Err(e) = self.save_at_ends(saved, &ends) {
+                    tracing::warn!(partition = saved.partition, error = %e, "cannot write the checkpoint");
                 }
             }
             Vec::<()>::new()
@@ -214,26 +220,22 @@ impl Checkpoints {
 
     fn save_at_ends(
         &self,
-        partition: i32,
-        state: &PartitionState,
+        saved: &Saved<'_>,
         ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
     ) -> Result<(), String> {
-        match ends.get(&partition) {
-            Some(Ok(((_, public_end), (_, state_end)))) => {
-                self.save_one(partition, state, *public_end, *state_end)
-            }
+        match ends.get(&saved.partition) {
+            Some(Ok(((_, public_end), (_, state_end)))) => self.save_one(saved, *public_end, *state_end),
             Some(Err(e)) => Err(format!("cannot read the changelogs' ends: {e}")),
             None => Err("cannot read the changelogs' ends: no answer for its partition".into()),
         }
     }
 
-    fn save_one(
-        &self,
-        partition: i32,
-        state: &PartitionState,
-        public_end: i64,
-        state_end: i64,
-    ) -> Result<(), String> {
+    fn save_one(&self, saved: &Saved<'_>, public_end: i64, state_end: i64) -> Result<(), String> {
+        let Saved {
+            partition,
+            state,
+            in_cql,
+        } = *saved;
         let started = Instant::now();
         let meta = CheckpointMeta {
             group_id: self.group_id.clone(),
@@ -244,6 +246,7 @@ impl Checkpoints {
             public_offset: public_end,
             state_offset: state_end,
             written_at_ms: now_ms(),
+            snapshotted_to: self.cql_store.clone().filter(|_| in_cql),
         };
         let bytes = checkpoint::encode(&meta, state);
         let path = self.path(partition);
@@ -258,6 +261,15 @@ impl Checkpoints {
         );
         Ok(())
     }
+}
+
+/// One partition's state to checkpoint.
+#[derive(Clone, Copy)]
+pub struct Saved<'a> {
+    pub partition: i32,
+    pub state: &'a PartitionState,
+    /// Whether CQL holds every key of it (no snapshot owes any).
+    pub in_cql: bool,
 }
 
 /// `work` on `items` side by side, a share per core, the results in the

@@ -152,7 +152,7 @@ impl Processor {
         if let (Some(_), Some(cql)) = (&plan.snapshot, &self.cql) {
             telemetry::cql_warnings(cql.server_warnings());
         }
-        match outcome {
+        let settled = match outcome {
             Ok(()) if plan.snapshot.is_some() => {
                 let keys = plan.snapshot_changes().count();
                 telemetry::snapshot_written(elapsed, keys);
@@ -184,7 +184,27 @@ impl Processor {
                 flush::failed(&mut self.partitions.slots, plan, same_assignment);
                 Err(e)
             }
+        };
+        self.report_snapshot_backlog();
+        settled
+    }
+
+    /// Publishes how many keys the next snapshots write (those of the one
+    /// in flight included).
+    pub(crate) fn report_snapshot_backlog(&self) {
+        if self.cql.is_none() {
+            return;
         }
+        let waiting: usize = self
+            .partitions
+            .slots
+            .values()
+            .map(|s| s.unsnapshotted.len())
+            .sum();
+        let writing: usize = self.snapshot_in_flight.as_ref().map_or(0, |flight| {
+            flight.plan.unsnapshotted.iter().map(|(_, keys)| keys.len()).sum()
+        });
+        telemetry::snapshot_backlog(waiting + writing);
     }
 
     /// Waits for the flush in flight, if any, and settles it.

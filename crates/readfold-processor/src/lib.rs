@@ -31,7 +31,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
 use rdkafka::TopicPartitionList;
 use readfold_core::backoff::{self, Backoff};
-use readfold_core::flush::over_bound;
+use readfold_core::flush::{over_bound, SnapshotDue};
 use readfold_core::fold::InputKind;
 use readfold_core::pacing::CatchUpPacing;
 use readfold_kafka::admin::Layout;
@@ -468,7 +468,15 @@ impl Processor {
             tracing::warn!("not everything is flushed: no checkpoint written");
             return;
         }
-        let states = self.partitions.slots.iter().map(|(&p, slot)| (p, &slot.state));
+        let states = self
+            .partitions
+            .slots
+            .iter()
+            .map(|(&partition, slot)| checkpoint::Saved {
+                partition,
+                state: &slot.state,
+                in_cql: self.cql.is_some() && slot.unsnapshotted.is_empty(),
+            });
         checkpoints.save(states, &self.restorer);
     }
 
@@ -529,6 +537,8 @@ impl Processor {
         for (partition, slot) in self.restore(&partitions).await? {
             self.partitions.slots.insert(partition, slot);
         }
+        // Before readiness: whoever sees ready sees the restored backlog.
+        self.report_snapshot_backlog();
         self.report_partitions();
         Ok(())
     }
@@ -842,7 +852,14 @@ impl Processor {
         let snapshots = self.cql.is_some();
         Ok(states
             .into_iter()
-            .map(|(p, state)| (p, Slot::restored(state, snapshots)))
+            .map(|(p, restored)| {
+                let due = match (snapshots, restored.cql_may_lack) {
+                    (false, _) => SnapshotDue::Nothing,
+                    (true, Some(keys)) => SnapshotDue::Keys(keys),
+                    (true, None) => SnapshotDue::Everything,
+                };
+                (p, Slot::restored(restored.state, due))
+            })
             .collect())
     }
 

@@ -143,6 +143,7 @@ impl Partitions {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use readfold_core::flush::SnapshotDue;
     use readfold_core::fold::{InputKind, PartitionState, ReadReport};
     use readfold_core::Seq;
 
@@ -156,7 +157,7 @@ mod tests {
     }
 
     fn with_slot(partitions: &mut Partitions, p: i32) {
-        let mut slot = Slot::restored(PartitionState::new(), false);
+        let mut slot = Slot::restored(PartitionState::new(), SnapshotDue::Nothing);
         slot.state.apply_report(&ReadReport {
             conversation_id: "C".parse().unwrap(),
             user_id: "u".parse().unwrap(),

@@ -83,6 +83,10 @@ pub fn register() {
     );
     describe_gauge!("readfold_cursors", "Cursors held in memory.");
     describe_gauge!(
+        "readfold_snapshot_backlog_keys",
+        "Keys that CQL may not hold yet (published to the changelog, or restored at a rebalance or restart) and that the next snapshots write, including those of a snapshot in flight. 0 with CQL off."
+    );
+    describe_gauge!(
         "readfold_consumer_paused",
         "1 while backpressure pauses the consumer."
     );
@@ -205,6 +209,11 @@ pub fn snapshot_failed(elapsed: Duration) {
 /// Keys waiting for the next flush, over all partitions.
 pub fn dirty_keys(n: usize) {
     gauge!("readfold_dirty_keys").set(n as f64);
+}
+
+/// Keys the next CQL snapshots write, over all partitions.
+pub fn snapshot_backlog(n: usize) {
+    gauge!("readfold_snapshot_backlog_keys").set(n as f64);
 }
 
 /// Cursors held in memory, over all partitions.

@@ -2,7 +2,7 @@
 //! checkpoint a restart loads from disk, on arbitrary bytes.
 //!
 //! Input: `[selector][body]`. With selector bit 0 clear the body is framed
-//! as a checkpoint file is (magic, format version 2, body, CRC-32C of all
+//! as a checkpoint file is (magic, format version 3, body, CRC-32C of all
 //! that), so that the fuzzer reaches past the checksum; with it set the
 //! body is the whole file. `max_id_bytes` is 1 + (selector >> 1).
 //!

@@ -204,6 +204,7 @@ fn main() {
         public_offset: 10,
         state_offset: 4,
         written_at_ms: 1_700_000_000_000,
+        snapshotted_to: None,
     };
     let file = checkpoint::encode(&meta, &state);
     let mut seed = vec![0x40];

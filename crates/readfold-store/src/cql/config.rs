@@ -63,6 +63,17 @@ impl CqlConfig {
             .collect()
     }
 
+    /// The store this configuration writes to, named for local checkpoints
+    /// ("the CQL store that held this state"): the contact points, sorted,
+    /// and the keyspace. Listing the same cluster's nodes otherwise gives
+    /// another name, which only costs a restart one full snapshot; the same
+    /// name for another cluster would skip one it needed.
+    pub fn store_name(&self) -> String {
+        let mut points = self.contact_points();
+        points.sort();
+        format!("{}/{}", points.join(","), self.keyspace)
+    }
+
     pub fn check(&self) -> Result<(), String> {
         let bad = |msg: String| Err(msg);
         if self.contact_points().is_empty() {
@@ -123,6 +134,12 @@ pub(crate) mod tests {
             ..default_cql()
         };
         assert_eq!(multi.contact_points(), ["a:9042", "b:9042"]);
+        let reordered = CqlConfig {
+            contact_points: "b:9042,a:9042".into(),
+            ..multi.clone()
+        };
+        assert_eq!(reordered.store_name(), "a:9042,b:9042/readfold");
+        assert_eq!(reordered.store_name(), multi.store_name());
         for keyspace in ["", "a-b", "x; DROP KEYSPACE y", &"k".repeat(49)] {
             let config = CqlConfig {
                 keyspace: keyspace.into(),

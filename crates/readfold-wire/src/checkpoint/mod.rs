@@ -23,6 +23,11 @@
 //! third of decoding), and its checksum is CRC-32C, which CPUs compute
 //! (version 1's was zlib's CRC-32). A version 1 file is refused, and that
 //! partition restores from its changelog once.
+//!
+//! Version 3 adds one header field, the CQL store that held the whole state
+//! when it was written (`snapshotted_to`), so that a restart snapshots only
+//! what changed since rather than the whole state again. A version 2 file
+//! is read as one that names no CQL store.
 
 use readfold_core::fold::{
     LoadError, Member, MemberStateUpdate, MembershipVersion, PartitionState, StateLoader, UnreadMark,
@@ -30,7 +35,9 @@ use readfold_core::fold::{
 use readfold_core::{ConversationId, Seq, UserId};
 
 const MAGIC: &[u8; 6] = b"RFCKPT";
-const VERSION: u16 = 2;
+const VERSION: u16 = 3;
+/// The oldest version this readfold reads.
+const OLDEST_READ: u16 = 2;
 
 /// What a checkpoint was taken of, and up to where.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +53,11 @@ pub struct CheckpointMeta {
     /// When it was written (ms since the epoch): a checkpoint older than
     /// the changelogs' `delete.retention.ms` may miss deleted tombstones.
     pub written_at_ms: i64,
+    /// The CQL store (as the processor names it) that held every key of
+    /// the state when it was written, snapshots included; `None` when CQL
+    /// was off or behind. A restart writing to that same store snapshots
+    /// only the keys the changelogs' tails changed.
+    pub snapshotted_to: Option<String>,
 }
 
 /// Why a checkpoint cannot be used.
@@ -53,7 +65,7 @@ pub struct CheckpointMeta {
 pub enum CheckpointError {
     #[error("not a readfold checkpoint (bad magic)")]
     Magic,
-    #[error("checkpoint format version {0}, this readfold reads {VERSION}")]
+    #[error("checkpoint format version {0}, this readfold reads {OLDEST_READ} to {VERSION}")]
     Version(u16),
     #[error("checksum mismatch: the file is corrupt")]
     Checksum,
@@ -79,6 +91,7 @@ pub fn encode(meta: &CheckpointMeta, state: &PartitionState) -> Vec<u8> {
     out.extend_from_slice(&meta.public_offset.to_le_bytes());
     out.extend_from_slice(&meta.state_offset.to_le_bytes());
     out.extend_from_slice(&meta.written_at_ms.to_le_bytes());
+    put_str(&mut out, meta.snapshotted_to.as_deref().unwrap_or(""));
     let users = state.user_ids();
     out.extend_from_slice(&(users.len() as u64).to_le_bytes());
     for user in users {
@@ -109,8 +122,8 @@ pub struct Opened<'a> {
 
 /// Checks the frame and reads the header.
 pub fn open(bytes: &[u8]) -> Result<Opened<'_>, CheckpointError> {
-    let mut body = check_frame(bytes)?;
-    let meta = meta(&mut body)?;
+    let (version, mut body) = check_frame(bytes)?;
+    let meta = meta(&mut body, version)?;
     Ok(Opened { meta, body })
 }
 
@@ -276,8 +289,9 @@ fn take_member(input: &mut &[u8]) -> Result<Member, CheckpointError> {
     })
 }
 
-/// The body between the magic and the checksum, once both are right.
-fn check_frame(bytes: &[u8]) -> Result<&[u8], CheckpointError> {
+/// The format version, and the body between it and the checksum, once
+/// both are right.
+fn check_frame(bytes: &[u8]) -> Result<(u16, &[u8]), CheckpointError> {
     if bytes.len() < MAGIC.len() || &bytes[..MAGIC.len()] != MAGIC {
         return Err(CheckpointError::Magic);
     }
@@ -287,17 +301,17 @@ fn check_frame(bytes: &[u8]) -> Result<&[u8], CheckpointError> {
     // The version first: an older format has an older checksum too, and
     // "version 1" says more than "corrupt".
     let version = u16::from_le_bytes([bytes[6], bytes[7]]);
-    if version != VERSION {
+    if !(OLDEST_READ..=VERSION).contains(&version) {
         return Err(CheckpointError::Version(version));
     }
     let (body, crc) = bytes.split_at(bytes.len() - 4);
     if crc32c(body).to_le_bytes() != crc {
         return Err(CheckpointError::Checksum);
     }
-    Ok(&body[MAGIC.len() + 2..])
+    Ok((version, &body[MAGIC.len() + 2..]))
 }
 
-fn meta(input: &mut &[u8]) -> Result<CheckpointMeta, CheckpointError> {
+fn meta(input: &mut &[u8], version: u16) -> Result<CheckpointMeta, CheckpointError> {
     Ok(CheckpointMeta {
         group_id: take_str(input)?.to_owned(),
         public_topic: take_str(input)?.to_owned(),
@@ -307,6 +321,10 @@ fn meta(input: &mut &[u8]) -> Result<CheckpointMeta, CheckpointError> {
         public_offset: take_i64(input)?,
         state_offset: take_i64(input)?,
         written_at_ms: take_i64(input)?,
+        snapshotted_to: match version {
+            2 => None,
+            _ => Some(take_str(input)?.to_owned()).filter(|store| !store.is_empty()),
+        },
     })
 }
 
