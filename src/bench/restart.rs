@@ -15,7 +15,7 @@ use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use super::child::{config_vars, free_addr, http_get, scrape, spawn, ChildGuard};
+use super::child::{config_vars, free_addr, http_get, peak_rss_of, scrape, spawn, ChildGuard};
 use super::throughput::{end_offsets, metric, wait_for_commits};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -46,6 +46,8 @@ pub struct CqlCatchUp {
     /// From the start of the process.
     pub secs: f64,
     pub keys: f64,
+    /// The process's peak resident memory by then.
+    pub peak_rss: u64,
 }
 
 pub async fn restart(config: &Config, cursors: u64, members: u64, cql: bool) -> Result<Vec<RestartRow>> {
@@ -156,7 +158,7 @@ async fn time_to_ready(
         "readfold_restore_duration_seconds_sum",
     );
     let caught_up = if cql {
-        Some(cql_caught_up(&ops, started).await?)
+        Some(cql_caught_up(&ops, started, child.pid()).await?)
     } else {
         None
     };
@@ -165,7 +167,7 @@ async fn time_to_ready(
 }
 
 /// Waits until the child's snapshot backlog is 0 (set before it is ready).
-async fn cql_caught_up(ops: &str, started: Instant) -> Result<CqlCatchUp> {
+async fn cql_caught_up(ops: &str, started: Instant, pid: u32) -> Result<CqlCatchUp> {
     loop {
         let scraped = scrape(ops).unwrap_or_default();
         if scraped.contains("readfold_snapshot_backlog_keys")
@@ -174,6 +176,7 @@ async fn cql_caught_up(ops: &str, started: Instant) -> Result<CqlCatchUp> {
             return Ok(CqlCatchUp {
                 secs: started.elapsed().as_secs_f64(),
                 keys: metric(&scraped, "readfold_snapshot_keys_total"),
+                peak_rss: peak_rss_of(pid),
             });
         }
         if started.elapsed() > Duration::from_secs(1800) {

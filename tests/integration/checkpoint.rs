@@ -182,17 +182,19 @@ async fn a_restart_snapshots_only_what_changed_since_the_checkpoint() {
     assert!(processor.terminate(Duration::from_secs(30)));
 
     // The other instance's checkpoint names no CQL store: with CQL on,
-    // its restart snapshots every key.
+    // its restart snapshots every key, here into an empty keyspace.
     for file in with_extension(&checkpoint_files(&other_dir), "checkpoint") {
         let meta = checkpoint::decode_meta(&std::fs::read(&file).unwrap()).unwrap();
         assert_eq!(meta.snapshotted_to, None, "{}", file.display());
     }
+    let empty = keyspace_name(&unique("it_checkpoint_cql_empty"));
     let addr = free_local_addr();
     let mut other = env.spawn_with(
         "b",
         &[
             ("READFOLD__STATE__DIR", other_dir_text.as_str()),
             ("READFOLD__METRICS__LISTEN", addr.as_str()),
+            ("READFOLD__CQL__KEYSPACE", empty.as_str()),
         ],
     );
     let started = std::time::Instant::now();
@@ -206,6 +208,8 @@ async fn a_restart_snapshots_only_what_changed_since_the_checkpoint() {
         "every key snapshotted again\n{}",
         other.log_text()
     );
+    let cql = wait_for_cql(&empty, &reference.present(), Duration::from_secs(60)).await;
+    assert_eq!(cql, reference.present(), "CQL filled from the restored state");
     assert!(
         restored_lines(&other.log_text())
             .iter()

@@ -24,6 +24,22 @@ pub struct PartitionSlot<D> {
     pub dead_letters: Vec<D>,
     /// Keys published to the changelog but not yet snapshotted to CQL.
     pub unsnapshotted: HashSet<CursorKey>,
+    /// Restored conversations a snapshot has yet to write whole.
+    pub resnapshot: Option<Resnapshot>,
+}
+
+/// The conversations of a partition restored from the changelog that CQL
+/// may lack, by number ([`PartitionState::conversation_count`]): `next..end`.
+/// A range, not a set of keys: such a partition owes CQL every key it
+/// holds, and a set of them all would take more memory than the state.
+/// Snapshots write it a share at a time ([`begin_snapshot`]'s
+/// `restored_keys`), so that no snapshot grows with the state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resnapshot {
+    pub next: u32,
+    pub end: u32,
+    /// Members of `next..end` when taken (a gauge's figure: they grow).
+    pub keys_left: usize,
 }
 
 /// What CQL snapshots owe of a partition just restored.
@@ -43,17 +59,37 @@ impl<D> PartitionSlot<D> {
     /// A slot for a partition just restored, with what the next snapshots
     /// owe of it.
     pub fn restored(state: PartitionState, due: SnapshotDue) -> Self {
-        let unsnapshotted = match due {
-            SnapshotDue::Nothing => HashSet::new(),
-            SnapshotDue::Everything => state.keys().collect(),
-            SnapshotDue::Keys(keys) => keys,
+        let (unsnapshotted, resnapshot) = match due {
+            SnapshotDue::Nothing => (HashSet::new(), None),
+            SnapshotDue::Everything => {
+                let end = state.conversation_count();
+                let resnapshot = (end > 0).then(|| Resnapshot {
+                    next: 0,
+                    end,
+                    keys_left: state.cursor_count(),
+                });
+                (HashSet::new(), resnapshot)
+            }
+            SnapshotDue::Keys(keys) => (keys, None),
         };
         PartitionSlot {
             state,
             offsets: BTreeMap::new(),
             dead_letters: Vec::new(),
             unsnapshotted,
+            resnapshot,
         }
+    }
+
+    /// Whether CQL holds every key of this partition, as far as snapshots
+    /// know (none owed).
+    pub fn in_cql(&self) -> bool {
+        self.unsnapshotted.is_empty() && self.resnapshot.is_none()
+    }
+
+    /// Keys the next snapshots owe (restored ones counted as restored).
+    pub fn snapshot_backlog(&self) -> usize {
+        self.unsnapshotted.len() + self.resnapshot.map_or(0, |r| r.keys_left)
     }
 
     /// Whether the next flush has anything of this partition to commit.
@@ -97,6 +133,9 @@ pub struct FlushPlan<D> {
     /// The keys a snapshot took from each partition's `unsnapshotted`,
     /// given back if the flush fails.
     pub unsnapshotted: Vec<(i32, HashSet<CursorKey>)>,
+    /// Each partition's `resnapshot` before the snapshot took its share,
+    /// put back if the snapshot fails.
+    pub resnapshot: Vec<(i32, Resnapshot)>,
 }
 
 impl<D> FlushPlan<D> {
@@ -108,6 +147,7 @@ impl<D> FlushPlan<D> {
             dead_letters: Vec::new(),
             offsets: Vec::new(),
             unsnapshotted: Vec::new(),
+            resnapshot: Vec::new(),
         }
     }
 
@@ -156,19 +196,38 @@ pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
 
 /// Begins a snapshot on its own (CQL only, no changes, offsets or dead
 /// letters): the whole current state of every key published since the
-/// last snapshot, taken out of `unsnapshotted`. Settle it with
-/// [`committed`] or [`failed`] like any plan.
-pub fn begin_snapshot<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
+/// last snapshot, taken out of `unsnapshotted`, and of restored
+/// conversations still owed (`resnapshot`) up to about `restored_keys`
+/// members in all. Settle it with [`committed`] or [`failed`] like any plan.
+pub fn begin_snapshot<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, restored_keys: usize) -> FlushPlan<D> {
     let mut snapshot = Vec::new();
     let mut plan = FlushPlan::empty();
+    let mut budget = restored_keys;
     for (&partition, slot) in slots.iter_mut() {
-        if slot.unsnapshotted.is_empty() {
+        let owed = slot.resnapshot.filter(|_| budget > 0);
+        if slot.unsnapshotted.is_empty() && owed.is_none() {
             continue;
         }
         plan.partitions.push(partition);
-        let keys = std::mem::take(&mut slot.unsnapshotted);
-        snapshot.extend(keys.iter().filter_map(|k| slot.state.current(k)));
-        plan.unsnapshotted.push((partition, keys));
+        if !slot.unsnapshotted.is_empty() {
+            let keys = std::mem::take(&mut slot.unsnapshotted);
+            snapshot.extend(keys.iter().filter_map(|k| slot.state.current(k)));
+            plan.unsnapshotted.push((partition, keys));
+        }
+        if let Some(owed) = owed {
+            let before = snapshot.len();
+            let next = slot
+                .state
+                .conversation_changes(owed.next, owed.end, budget, &mut snapshot);
+            let taken = snapshot.len() - before;
+            budget = budget.saturating_sub(taken);
+            plan.resnapshot.push((partition, owed));
+            slot.resnapshot = (next < owed.end).then(|| Resnapshot {
+                next,
+                end: owed.end,
+                keys_left: owed.keys_left.saturating_sub(taken),
+            });
+        }
     }
     plan.snapshot = Some(snapshot);
     plan
@@ -206,6 +265,16 @@ pub fn failed<D: Clone>(
     for (partition, keys) in &plan.unsnapshotted {
         if let Some(slot) = slots.get_mut(partition) {
             slot.unsnapshotted.extend(keys.iter().cloned());
+        }
+    }
+    // Whichever owes more: a partition restored again since owes from its
+    // start.
+    for &(partition, owed) in &plan.resnapshot {
+        if let Some(slot) = slots.get_mut(&partition) {
+            slot.resnapshot = match slot.resnapshot {
+                Some(now) if now.next <= owed.next => Some(now),
+                _ => Some(owed),
+            };
         }
     }
     if !same_assignment {
@@ -460,13 +529,77 @@ mod tests {
         ] {
             let mut slots = Slots::new();
             slots.insert(0, PartitionSlot::restored(state.clone(), due.clone()));
-            let plan = begin_snapshot(&mut slots);
+            let plan = begin_snapshot(&mut slots, usize::MAX);
             let written: Vec<_> = plan.snapshot_changes().map(|c| c.key()).collect();
             assert_eq!(written.len(), owed, "{due:?}");
             if owed == 1 {
                 assert_eq!(written, [key("C", "v")]);
             }
         }
+    }
+
+    /// A partition restored from the changelog owes every key, and
+    /// snapshots write it a share at a time: each about `restored_keys`
+    /// (whole conversations), published keys always in full, every restored
+    /// key once over the shares, and a failed share owed again.
+    #[test]
+    fn a_restored_partition_is_snapshotted_a_share_at_a_time() {
+        let mut slots = Slots::new();
+        for p in 0..2 {
+            let mut state = PartitionState::new();
+            for c in 0..25 {
+                for u in 0..3 {
+                    state.apply_report(&report(&format!("c{p}-{c}"), &format!("u{u}"), 2));
+                }
+            }
+            state.mark_flushed();
+            slots.insert(p, PartitionSlot::restored(state, SnapshotDue::Everything));
+        }
+        assert!(slots.values().all(|s| !s.in_cql() && s.snapshot_backlog() == 75));
+
+        // A key published meanwhile is written whatever the share.
+        slots
+            .get_mut(&1)
+            .unwrap()
+            .state
+            .apply_report(&report("new", "u", 1));
+        let plan = begin(&mut slots);
+        committed(&mut slots, &plan, true);
+
+        let mut written: Vec<CursorKey> = Vec::new();
+        let mut rounds = 0;
+        let mut failed_once = false;
+        while slots.values().any(|s| !s.in_cql()) {
+            rounds += 1;
+            let snap = begin_snapshot(&mut slots, 20);
+            let keys: Vec<CursorKey> = snap.snapshot_changes().map(|c| c.key()).collect();
+            let restored = keys
+                .iter()
+                .filter(|k| k.conversation_id.as_str() != "new")
+                .count();
+            assert!(
+                (20..23).contains(&restored) || slots.values().all(|s| s.resnapshot.is_none()),
+                "{restored}"
+            );
+            if rounds == 2 && !failed_once {
+                failed_once = true;
+                failed(&mut slots, &snap, true);
+                continue;
+            }
+            committed(&mut slots, &snap, true);
+            written.extend(keys);
+        }
+        let new_key = written
+            .iter()
+            .filter(|k| k.conversation_id.as_str() == "new")
+            .count();
+        assert_eq!(new_key, 1, "the published key, in the first snapshot");
+        written.retain(|k| k.conversation_id.as_str() != "new");
+        let distinct: HashSet<_> = written.iter().cloned().collect();
+        assert_eq!(written.len(), 150, "every restored key once");
+        assert_eq!(distinct.len(), 150);
+        assert_eq!(rounds, 9, "8 shares of 21 (7 conversations), one failed");
+        assert!(slots.values().all(|s| s.snapshot_backlog() == 0));
     }
 
     #[test]
@@ -563,7 +696,7 @@ mod tests {
         assert_eq!(slot.unsnapshotted.len(), 1, "published, not yet in CQL");
 
         // The snapshot tick writes the backlog although nothing is dirty.
-        let snap = begin_snapshot(&mut slots);
+        let snap = begin_snapshot(&mut slots, usize::MAX);
         assert_eq!(snap.partitions, [0]);
         assert!(snap.changes.is_empty());
         assert_eq!(snap.snapshot.as_ref().unwrap().len(), 1);
@@ -574,7 +707,7 @@ mod tests {
         assert_eq!(snap.snapshot_changes().count(), 1);
         committed(&mut slots, &snap, true);
         assert!(slots[&0].unsnapshotted.is_empty());
-        assert!(begin_snapshot(&mut slots).is_empty());
+        assert!(begin_snapshot(&mut slots, usize::MAX).is_empty());
     }
 
     #[test]
@@ -583,11 +716,14 @@ mod tests {
         slots.get_mut(&0).unwrap().unsnapshotted.clear();
         let p = begin(&mut slots);
         committed(&mut slots, &p, true);
-        let snap = begin_snapshot(&mut slots);
+        let snap = begin_snapshot(&mut slots, usize::MAX);
         assert!(slots[&0].unsnapshotted.is_empty(), "taken by the snapshot");
         failed(&mut slots, &snap, true);
         assert_eq!(slots[&0].unsnapshotted.len(), 1);
-        assert_eq!(begin_snapshot(&mut slots).snapshot_changes().count(), 1);
+        assert_eq!(
+            begin_snapshot(&mut slots, usize::MAX).snapshot_changes().count(),
+            1
+        );
     }
 
     #[test]
@@ -603,7 +739,7 @@ mod tests {
             .unwrap()
             .state
             .apply_report(&report("C", "v", 2));
-        let snap = begin_snapshot(&mut slots);
+        let snap = begin_snapshot(&mut slots, usize::MAX);
         assert_eq!(snap.partitions, [0, 1]);
         assert!(snap.changes.is_empty() && !snap.needs_transaction());
         let keys: Vec<&str> = snap.snapshot_changes().map(|c| c.key.user_id.as_str()).collect();
@@ -611,10 +747,10 @@ mod tests {
         assert!(slots[&0].has_work(), "the changelog's work stays");
         failed(&mut slots, &snap, true);
         assert_eq!(slots[&0].unsnapshotted.len(), 1, "given back");
-        let snap = begin_snapshot(&mut slots);
+        let snap = begin_snapshot(&mut slots, usize::MAX);
         committed(&mut slots, &snap, true);
         assert!(slots.values().all(|s| s.unsnapshotted.is_empty()));
-        assert!(begin_snapshot(&mut slots).is_empty());
+        assert!(begin_snapshot(&mut slots, usize::MAX).is_empty());
     }
 
     #[test]
@@ -643,7 +779,7 @@ mod tests {
             "the dirty change itself is public only"
         );
         committed(&mut slots, &p, true);
-        let snap = begin_snapshot(&mut slots);
+        let snap = begin_snapshot(&mut slots, usize::MAX);
         let cql: Vec<&Change> = snap.snapshot_changes().collect();
         assert_eq!(cql.len(), 1);
         assert!(

@@ -75,6 +75,14 @@ struct Writer {
     framing: Option<Arc<Framing>>,
 }
 
+/// Restored keys (of partitions restored from the changelog, which CQL may
+/// lack) that one snapshot writes, at most, besides every key published
+/// since the last: a few seconds of a CQL server's writes. A restore of
+/// millions of keys then goes out as a run of snapshots, back to back, each
+/// short enough that flushes never wait for CQL behind it
+/// (`snapshot.interval_ms`), and each holding a bounded plan in memory.
+const RESTORED_KEYS_PER_SNAPSHOT: usize = 100_000;
+
 impl Processor {
     /// Whether any partition has something for the next flush.
     pub(crate) fn has_pending(&self) -> bool {
@@ -104,11 +112,12 @@ impl Processor {
         }
     }
 
-    /// Starts a snapshot of every key published since the last one. Call
-    /// only with CQL on and no snapshot in flight.
+    /// Starts a snapshot of every key published since the last one, and of
+    /// a share of the restored keys still owed. Call only with CQL on and
+    /// no snapshot in flight.
     pub(crate) fn start_snapshot(&mut self) {
         debug_assert!(self.snapshot_in_flight.is_none(), "one snapshot at a time");
-        let plan = flush::begin_snapshot(&mut self.partitions.slots);
+        let plan = flush::begin_snapshot(&mut self.partitions.slots, RESTORED_KEYS_PER_SNAPSHOT);
         if plan.is_empty() {
             self.snapshot_done(Instant::now());
         } else {
@@ -118,10 +127,15 @@ impl Processor {
 
     /// Everything published before `began` is in CQL. The next snapshot
     /// starts one interval after this one started, so that CQL's lag stays
-    /// under the interval plus one snapshot's duration.
+    /// under the interval plus one snapshot's duration; at once while
+    /// restored keys are owed, so that they go out as fast as CQL takes
+    /// them, a share per snapshot.
     fn snapshot_done(&mut self, began: Instant) {
         self.cql_covered_at = began;
         self.next_snapshot = began + self.snapshot_interval;
+        if self.partitions.slots.values().any(|s| s.resnapshot.is_some()) {
+            self.next_snapshot = Instant::now();
+        }
     }
 
     fn launch(&self, plan: FlushPlan<OutRecord>) -> InFlight {
@@ -195,15 +209,11 @@ impl Processor {
         if self.cql.is_none() {
             return;
         }
-        let waiting: usize = self
-            .partitions
-            .slots
-            .values()
-            .map(|s| s.unsnapshotted.len())
-            .sum();
-        let writing: usize = self.snapshot_in_flight.as_ref().map_or(0, |flight| {
-            flight.plan.unsnapshotted.iter().map(|(_, keys)| keys.len()).sum()
-        });
+        let waiting: usize = self.partitions.slots.values().map(|s| s.snapshot_backlog()).sum();
+        let writing = self
+            .snapshot_in_flight
+            .as_ref()
+            .map_or(0, |flight| flight.plan.snapshot_changes().count());
         telemetry::snapshot_backlog(waiting + writing);
     }
 

@@ -406,6 +406,8 @@ impl Processor {
                         self.flush_when_due();
                     }
                     self.apply_backpressure()?;
+                    // Restored keys still owed go out at once.
+                    self.snapshot_when_due();
                 }
                 Step::Linger => self.flush_when_due(),
                 // A lingering flush starts on its own; the tick retries a
@@ -475,7 +477,7 @@ impl Processor {
             .map(|(&partition, slot)| checkpoint::Saved {
                 partition,
                 state: &slot.state,
-                in_cql: self.cql.is_some() && slot.unsnapshotted.is_empty(),
+                in_cql: self.cql.is_some() && slot.in_cql(),
             });
         checkpoints.save(states, &self.restorer);
     }

@@ -874,22 +874,57 @@ impl PartitionState {
     /// state when they have any private state.
     pub fn current(&self, key: &CursorKey) -> Option<Change> {
         let (member, latest_seq) = self.member(key)?;
-        let outputs = Outputs {
-            public: member.listed,
-            state: member.has_private_state(),
-        };
-        Some(Change {
-            key: key.clone(),
-            member,
-            latest_seq,
-            outputs,
-        })
+        Some(whole(key.clone(), member, latest_seq))
+    }
+
+    /// Conversations held. Each has a number, `0..conversation_count()`,
+    /// in the order it was first held; numbers never change.
+    pub fn conversation_count(&self) -> u32 {
+        self.conversations.len() as u32
+    }
+
+    /// The whole current state ([`PartitionState::current`]) of every
+    /// member of the conversations numbered `from..end`, in order, appended
+    /// to `into` until at least `max_keys` are: a snapshot of a restored
+    /// partition taken a share at a time, with no set of its keys. Returns
+    /// the number of the first conversation not taken (`end` when all were).
+    pub fn conversation_changes(&self, from: u32, end: u32, max_keys: usize, into: &mut Vec<Change>) -> u32 {
+        let end = end.min(self.conversation_count());
+        let (mut next, mut taken) = (from, 0);
+        while next < end && taken < max_keys {
+            let (id, conversation) = (self.conversations.key(next), self.conversations.value(next));
+            for slot in conversation.members.iter() {
+                let key = CursorKey {
+                    conversation_id: id.clone(),
+                    user_id: self.users.id(slot.user()).clone(),
+                };
+                into.push(whole(key, slot.load(&self.extras), conversation.latest_seq));
+            }
+            taken += conversation.members.len();
+            next += 1;
+        }
+        next
     }
 
     /// A member held, and their conversation's latest seq.
     fn member(&self, key: &CursorKey) -> Option<(Member, Seq)> {
         let conv = self.conversation(&key.conversation_id)?;
         Some((conv.member(&key.user_id)?, conv.latest_seq()))
+    }
+}
+
+/// A member's whole state as a change: public, and state when they have
+/// any private state.
+fn whole(key: CursorKey, member: Member, latest_seq: Seq) -> Change {
+    let outputs = Outputs {
+        public: member.listed,
+        state: member.has_private_state(),
+    };
+    Change {
+        key,
+        member,
+        latest_seq,
+        outputs,
     }
 }
 
