@@ -258,17 +258,24 @@ pub fn print_restart(rows: &[RestartRow], members: u64, cql: bool) {
         );
     }
     if cql {
-        println!("until CQL holds the restored state again (snapshot backlog 0): seconds from the start, and keys written by the snapshots");
+        println!("until CQL holds the restored state again (snapshot backlog 0): seconds from the start, keys written by the snapshots, peak RSS by then");
         println!(
-            "{:>10} | {:>26} | {:>26}",
+            "{:>10} | {:>36} | {:>36}",
             "cursors", "whole changelog", "checkpoint + tail"
         );
         let cell = |c: Option<CqlCatchUp>| {
-            c.map_or("-".to_owned(), |c| format!("{:.2} s, {:.0} keys", c.secs, c.keys))
+            c.map_or("-".to_owned(), |c| {
+                format!(
+                    "{:.2} s, {:.0} keys, {:.0} MB",
+                    c.secs,
+                    c.keys,
+                    c.peak_rss as f64 / 1e6
+                )
+            })
         };
         for r in rows {
             println!(
-                "{:>10} | {:>26} | {:>26}",
+                "{:>10} | {:>36} | {:>36}",
                 r.cursors,
                 cell(r.full_cql),
                 cell(r.checkpoint_cql)
