@@ -61,6 +61,33 @@ async fn drop_keyspace(store: &CqlStore) {
         .unwrap();
 }
 
+/// A writer names its store by the configuration and its tables' ids: the
+/// same tables give the same name, tables dropped and created again
+/// another, so that a local checkpoint that names the old store is not
+/// trusted to be in the new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_name_changes_when_the_tables_are_created_again() {
+    let _services = shared_services().await;
+    let ks = unique_keyspace("name");
+    let config = cql_config(&ks);
+    let first = writer(&config).await;
+    let name = first.store_name().unwrap().to_owned();
+    assert!(name.starts_with(&format!("{}#", config.store_name())), "{name}");
+    for table in ["conversations", "cursors", "user_cursors"] {
+        assert!(name.contains(&format!("{table}=")), "{name}");
+    }
+    assert_eq!(writer(&config).await.store_name(), Some(name.as_str()));
+    drop_keyspace(&first).await;
+    let again = writer(&config).await;
+    assert_ne!(again.store_name(), Some(name.as_str()));
+    assert_eq!(
+        CqlStore::connect(&config).await.unwrap().store_name(),
+        None,
+        "a reader names none"
+    );
+    drop_keyspace(&again).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schema_is_created_idempotently() {
     let _services = shared_services().await;

@@ -9,9 +9,10 @@
 //! Kafka transaction, which commits only once the stores took the plan.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
-use crate::fold::{Change, InputKind, PartitionState, UnreadMark};
+use crate::fold::{Change, InputKind, MemberAt, PartitionState, UnreadMark};
 
 /// One input partition's state and what its next flush must publish. `D` is
 /// the producer's dead-letter record, opaque here.
@@ -22,11 +23,21 @@ pub struct PartitionSlot<D> {
     pub offsets: BTreeMap<InputKind, i64>,
     /// Rejected records waiting for the next transaction.
     pub dead_letters: Vec<D>,
-    /// Keys published to the changelog but not yet snapshotted to CQL.
-    pub unsnapshotted: HashSet<CursorKey>,
+    /// Members published to the changelog since the current snapshot pass
+    /// began: the next pass's (see [`begin_snapshot`]).
+    pub unsnapshotted: HashSet<MemberAt>,
+    /// The current snapshot pass's members not yet written.
+    pub snapshotting: Vec<MemberAt>,
     /// Restored conversations a snapshot has yet to write whole.
     pub resnapshot: Option<Resnapshot>,
+    /// Which restore made this slot, unique in the process: members'
+    /// numbers ([`MemberAt`], [`Resnapshot`]) given back by a failed
+    /// snapshot are this state's only if the slot is the same.
+    pub restore: u64,
 }
+
+/// Restores so far, for [`PartitionSlot::restore`].
+static RESTORES: AtomicU64 = AtomicU64::new(0);
 
 /// The conversations of a partition restored from the changelog that CQL
 /// may lack, by number ([`PartitionState::conversation_count`]): `next..end`.
@@ -70,26 +81,34 @@ impl<D> PartitionSlot<D> {
                 });
                 (HashSet::new(), resnapshot)
             }
-            SnapshotDue::Keys(keys) => (keys, None),
+            SnapshotDue::Keys(keys) => (keys.iter().filter_map(|k| state.member_at(k)).collect(), None),
         };
         PartitionSlot {
             state,
             offsets: BTreeMap::new(),
             dead_letters: Vec::new(),
             unsnapshotted,
+            snapshotting: Vec::new(),
             resnapshot,
+            restore: RESTORES.fetch_add(1, Ordering::Relaxed),
         }
     }
 
     /// Whether CQL holds every key of this partition, as far as snapshots
     /// know (none owed).
     pub fn in_cql(&self) -> bool {
-        self.unsnapshotted.is_empty() && self.resnapshot.is_none()
+        self.owes_published() == 0 && self.resnapshot.is_none()
+    }
+
+    /// Published members the snapshots owe: the current pass's left, and
+    /// the next pass's.
+    pub fn owes_published(&self) -> usize {
+        self.unsnapshotted.len() + self.snapshotting.len()
     }
 
     /// Keys the next snapshots owe (restored ones counted as restored).
     pub fn snapshot_backlog(&self) -> usize {
-        self.unsnapshotted.len() + self.resnapshot.map_or(0, |r| r.keys_left)
+        self.owes_published() + self.resnapshot.map_or(0, |r| r.keys_left)
     }
 
     /// Whether the next flush has anything of this partition to commit.
@@ -130,12 +149,14 @@ pub struct FlushPlan<D> {
     pub dead_letters: Vec<(i32, D)>,
     /// (input, partition, next offset) to commit with the transaction.
     pub offsets: Vec<(InputKind, i32, i64)>,
-    /// The keys a snapshot took from each partition's `unsnapshotted`,
-    /// given back if the flush fails.
-    pub unsnapshotted: Vec<(i32, HashSet<CursorKey>)>,
-    /// Each partition's `resnapshot` before the snapshot took its share,
-    /// put back if the snapshot fails.
-    pub resnapshot: Vec<(i32, Resnapshot)>,
+    /// The members a snapshot took from each partition's `snapshotting`
+    /// (with the slot's `restore`), given back if it fails.
+    pub snapshotted: Vec<(i32, u64, Vec<MemberAt>)>,
+    /// Whether this snapshot began a pass (see [`begin_snapshot`]).
+    pub opens_pass: bool,
+    /// Each partition's `resnapshot` before the snapshot took its share
+    /// (with the slot's `restore`), put back if the snapshot fails.
+    pub resnapshot: Vec<(i32, u64, Resnapshot)>,
 }
 
 impl<D> FlushPlan<D> {
@@ -146,7 +167,8 @@ impl<D> FlushPlan<D> {
             snapshot: None,
             dead_letters: Vec::new(),
             offsets: Vec::new(),
-            unsnapshotted: Vec::new(),
+            snapshotted: Vec::new(),
+            opens_pass: false,
             resnapshot: Vec::new(),
         }
     }
@@ -195,33 +217,52 @@ pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
 }
 
 /// Begins a snapshot on its own (CQL only, no changes, offsets or dead
-/// letters): the whole current state of every key published since the
-/// last snapshot, taken out of `unsnapshotted`, and of restored
-/// conversations still owed (`resnapshot`) up to about `restored_keys`
-/// members in all. Settle it with [`committed`] or [`failed`] like any plan.
-pub fn begin_snapshot<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, restored_keys: usize) -> FlushPlan<D> {
+/// letters), a share of a pass. A pass writes the whole current state of
+/// every member published before it began: when no pass is under way (no
+/// slot has `snapshotting` left), one begins (`opens_pass`), taking every
+/// slot's `unsnapshotted`; what is published from then on waits for the
+/// next pass. CQL holds everything published before a pass began once its
+/// last share is written ([`pass_done`]). A snapshot takes up to
+/// `published_keys` members of the pass, and whole restored conversations
+/// still owed (`resnapshot`) up to about `restored_keys` members, so that
+/// neither a catch-up nor a restore makes one snapshot, or its plan in
+/// memory, grow without bound. Settle it with [`committed`] or [`failed`]
+/// like any plan.
+pub fn begin_snapshot<D>(
+    slots: &mut BTreeMap<i32, PartitionSlot<D>>,
+    published_keys: usize,
+    restored_keys: usize,
+) -> FlushPlan<D> {
     let mut snapshot = Vec::new();
     let mut plan = FlushPlan::empty();
-    let mut budget = restored_keys;
+    if pass_done(slots) {
+        plan.opens_pass = true;
+        for slot in slots.values_mut() {
+            slot.snapshotting.extend(slot.unsnapshotted.drain());
+        }
+    }
+    let (mut published, mut restored) = (published_keys, restored_keys);
     for (&partition, slot) in slots.iter_mut() {
-        let owed = slot.resnapshot.filter(|_| budget > 0);
-        if slot.unsnapshotted.is_empty() && owed.is_none() {
+        let share = slot.snapshotting.len().min(published);
+        let owed = slot.resnapshot.filter(|_| restored > 0);
+        if share == 0 && owed.is_none() {
             continue;
         }
         plan.partitions.push(partition);
-        if !slot.unsnapshotted.is_empty() {
-            let keys = std::mem::take(&mut slot.unsnapshotted);
-            snapshot.extend(keys.iter().filter_map(|k| slot.state.current(k)));
-            plan.unsnapshotted.push((partition, keys));
+        if share > 0 {
+            let taken = slot.snapshotting.split_off(slot.snapshotting.len() - share);
+            snapshot.extend(taken.iter().filter_map(|&at| slot.state.current_at(at)));
+            plan.snapshotted.push((partition, slot.restore, taken));
+            published -= share;
         }
         if let Some(owed) = owed {
             let before = snapshot.len();
             let next = slot
                 .state
-                .conversation_changes(owed.next, owed.end, budget, &mut snapshot);
+                .conversation_changes(owed.next, owed.end, restored, &mut snapshot);
             let taken = snapshot.len() - before;
-            budget = budget.saturating_sub(taken);
-            plan.resnapshot.push((partition, owed));
+            restored = restored.saturating_sub(taken);
+            plan.resnapshot.push((partition, slot.restore, owed));
             slot.resnapshot = (next < owed.end).then(|| Resnapshot {
                 next,
                 end: owed.end,
@@ -233,6 +274,12 @@ pub fn begin_snapshot<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, restored_k
     plan
 }
 
+/// Whether no snapshot pass is under way: every share of the last one was
+/// written.
+pub fn pass_done<D>(slots: &BTreeMap<i32, PartitionSlot<D>>) -> bool {
+    slots.values().all(|s| s.snapshotting.is_empty())
+}
+
 /// After every store and the transaction acknowledged the plan. With
 /// `track_snapshots` (CQL on) and no snapshot in this flush, the published
 /// keys are remembered for the next snapshot.
@@ -242,7 +289,7 @@ pub fn committed<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, plan: &FlushPla
     }
     for (partition, change) in &plan.changes {
         if let Some(slot) = slots.get_mut(partition) {
-            slot.unsnapshotted.insert(change.key.clone());
+            slot.unsnapshotted.insert(change.at);
         }
     }
 }
@@ -262,21 +309,20 @@ pub fn failed<D: Clone>(
             slot.state.redirty(&change.key, change.outputs);
         }
     }
-    for (partition, keys) in &plan.unsnapshotted {
-        if let Some(slot) = slots.get_mut(partition) {
-            slot.unsnapshotted.extend(keys.iter().cloned());
+    // Back into the pass, which goes on, and owed again: unless the
+    // partition was restored again since, which numbers its members anew
+    // and owes what its own restore says.
+    for (partition, restore, taken) in &plan.snapshotted {
+        if let Some(slot) = slots.get_mut(partition).filter(|s| s.restore == *restore) {
+            slot.snapshotting.extend_from_slice(taken);
         }
     }
-    // Whichever owes more: a partition restored again since owes from its
-    // start.
-    for &(partition, owed) in &plan.resnapshot {
-        if let Some(slot) = slots.get_mut(&partition) {
-            slot.resnapshot = match slot.resnapshot {
-                Some(now) if now.next <= owed.next => Some(now),
-                _ => Some(owed),
-            };
+    for &(partition, restore, owed) in &plan.resnapshot {
+        if let Some(slot) = slots.get_mut(&partition).filter(|s| s.restore == restore) {
+            slot.resnapshot = Some(owed);
         }
     }
+
     if !same_assignment {
         return;
     }
@@ -411,6 +457,10 @@ mod tests {
                 conversation_id: c.parse().unwrap(),
                 user_id: u.parse().unwrap(),
             },
+            at: MemberAt {
+                conversation: 0,
+                user: 0,
+            },
             member,
             latest_seq: Seq(latest),
             outputs,
@@ -529,7 +579,7 @@ mod tests {
         ] {
             let mut slots = Slots::new();
             slots.insert(0, PartitionSlot::restored(state.clone(), due.clone()));
-            let plan = begin_snapshot(&mut slots, usize::MAX);
+            let plan = begin_snapshot(&mut slots, usize::MAX, usize::MAX);
             let written: Vec<_> = plan.snapshot_changes().map(|c| c.key()).collect();
             assert_eq!(written.len(), owed, "{due:?}");
             if owed == 1 {
@@ -571,7 +621,7 @@ mod tests {
         let mut failed_once = false;
         while slots.values().any(|s| !s.in_cql()) {
             rounds += 1;
-            let snap = begin_snapshot(&mut slots, 20);
+            let snap = begin_snapshot(&mut slots, usize::MAX, 20);
             let keys: Vec<CursorKey> = snap.snapshot_changes().map(|c| c.key()).collect();
             let restored = keys
                 .iter()
@@ -600,6 +650,86 @@ mod tests {
         assert_eq!(distinct.len(), 150);
         assert_eq!(rounds, 9, "8 shares of 21 (7 conversations), one failed");
         assert!(slots.values().all(|s| s.snapshot_backlog() == 0));
+    }
+
+    /// Published keys go to CQL in passes: a pass takes what was published
+    /// before it began, a share per snapshot, and what is published
+    /// meanwhile waits for the next pass.
+    #[test]
+    fn published_keys_go_in_passes_of_shares() {
+        let reports: Vec<(i32, ReadReport)> =
+            (0..10).map(|u| (0, report("C", &format!("u{u}"), 3))).collect();
+        let mut slots = slots_with(&reports);
+        let p = begin(&mut slots);
+        committed(&mut slots, &p, true);
+        assert_eq!(slots[&0].unsnapshotted.len(), 10);
+
+        let first = begin_snapshot(&mut slots, 4, 0);
+        assert!(first.opens_pass);
+        assert_eq!(first.snapshot_changes().count(), 4);
+        committed(&mut slots, &first, true);
+        assert!(!pass_done(&slots));
+        // Published during the pass: the next pass's.
+        slots
+            .get_mut(&0)
+            .unwrap()
+            .state
+            .apply_report(&report("C", "late", 1));
+        let p = begin(&mut slots);
+        committed(&mut slots, &p, true);
+        let mut written: HashSet<CursorKey> = first.snapshot_changes().map(|c| c.key()).collect();
+        for share in [4, 2] {
+            let snap = begin_snapshot(&mut slots, 4, 0);
+            assert!(!snap.opens_pass);
+            assert_eq!(snap.snapshot_changes().count(), share);
+            written.extend(snap.snapshot_changes().map(|c| c.key()));
+            committed(&mut slots, &snap, true);
+        }
+        assert!(pass_done(&slots));
+        assert_eq!(written.len(), 10);
+        assert!(written.iter().all(|k| k.user_id.as_str() != "late"));
+        let next = begin_snapshot(&mut slots, 4, 0);
+        assert!(next.opens_pass);
+        let keys: Vec<CursorKey> = next.snapshot_changes().map(|c| c.key()).collect();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys[0].user_id.as_str(), "late");
+    }
+
+    /// A failed snapshot's share goes back only to the slot it was taken
+    /// from: a partition restored again meanwhile numbers its members
+    /// anew, and owes what its own restore says.
+    #[test]
+    fn a_failed_share_is_not_given_back_to_a_partition_restored_again() {
+        let mut state = PartitionState::new();
+        for c in 0..10 {
+            state.apply_report(&report(&format!("c{c}"), "u", 2));
+        }
+        state.mark_flushed();
+        let mut slots = Slots::new();
+        slots.insert(0, PartitionSlot::restored(state.clone(), SnapshotDue::Everything));
+        let p = {
+            let slot = slots.get_mut(&0).unwrap();
+            slot.state.apply_report(&report("c0", "v", 1));
+            begin(&mut slots)
+        };
+        committed(&mut slots, &p, true);
+        let snap = begin_snapshot(&mut slots, usize::MAX, 3);
+        assert_eq!(snap.snapshot_changes().count(), 4);
+        slots.insert(
+            0,
+            PartitionSlot::restored(state, SnapshotDue::Keys(HashSet::new())),
+        );
+        failed(&mut slots, &snap, false);
+        assert!(slots[&0].in_cql(), "{:?}", slots[&0].resnapshot);
+        // The same slot takes them back.
+        let mut slots = Slots::new();
+        let mut state = PartitionState::new();
+        state.apply_report(&report("c", "u", 2));
+        slots.insert(0, PartitionSlot::restored(state, SnapshotDue::Everything));
+        let snap = begin_snapshot(&mut slots, usize::MAX, 3);
+        assert!(slots[&0].in_cql());
+        failed(&mut slots, &snap, true);
+        assert_eq!(slots[&0].snapshot_backlog(), 1);
     }
 
     #[test]
@@ -653,6 +783,10 @@ mod tests {
         let second = begin(&mut slots);
         let mut changes = second.changes.clone();
         changes.sort_by(|a, b| a.1.key.user_id.cmp(&b.1.key.user_id));
+        // Where the state holds them is not the point here.
+        for (_, change) in &mut changes {
+            change.at = up("C", "u", 7, 0).at;
+        }
         assert_eq!(changes, [(0, up("C", "u", 7, 0)), (0, up("C", "v", 1, 0))]);
     }
 
@@ -696,7 +830,7 @@ mod tests {
         assert_eq!(slot.unsnapshotted.len(), 1, "published, not yet in CQL");
 
         // The snapshot tick writes the backlog although nothing is dirty.
-        let snap = begin_snapshot(&mut slots, usize::MAX);
+        let snap = begin_snapshot(&mut slots, usize::MAX, usize::MAX);
         assert_eq!(snap.partitions, [0]);
         assert!(snap.changes.is_empty());
         assert_eq!(snap.snapshot.as_ref().unwrap().len(), 1);
@@ -707,7 +841,7 @@ mod tests {
         assert_eq!(snap.snapshot_changes().count(), 1);
         committed(&mut slots, &snap, true);
         assert!(slots[&0].unsnapshotted.is_empty());
-        assert!(begin_snapshot(&mut slots, usize::MAX).is_empty());
+        assert!(begin_snapshot(&mut slots, usize::MAX, usize::MAX).is_empty());
     }
 
     #[test]
@@ -716,12 +850,16 @@ mod tests {
         slots.get_mut(&0).unwrap().unsnapshotted.clear();
         let p = begin(&mut slots);
         committed(&mut slots, &p, true);
-        let snap = begin_snapshot(&mut slots, usize::MAX);
-        assert!(slots[&0].unsnapshotted.is_empty(), "taken by the snapshot");
+        let snap = begin_snapshot(&mut slots, usize::MAX, usize::MAX);
+        assert!(snap.opens_pass);
+        assert_eq!(slots[&0].owes_published(), 0, "taken by the snapshot");
         failed(&mut slots, &snap, true);
-        assert_eq!(slots[&0].unsnapshotted.len(), 1);
+        assert_eq!(slots[&0].snapshotting.len(), 1, "back in the pass");
+        assert!(!pass_done(&slots));
         assert_eq!(
-            begin_snapshot(&mut slots, usize::MAX).snapshot_changes().count(),
+            begin_snapshot(&mut slots, usize::MAX, usize::MAX)
+                .snapshot_changes()
+                .count(),
             1
         );
     }
@@ -739,18 +877,20 @@ mod tests {
             .unwrap()
             .state
             .apply_report(&report("C", "v", 2));
-        let snap = begin_snapshot(&mut slots, usize::MAX);
+        let snap = begin_snapshot(&mut slots, usize::MAX, usize::MAX);
         assert_eq!(snap.partitions, [0, 1]);
         assert!(snap.changes.is_empty() && !snap.needs_transaction());
         let keys: Vec<&str> = snap.snapshot_changes().map(|c| c.key.user_id.as_str()).collect();
         assert_eq!(keys, ["u", "u"], "v is not published yet: its flush adds it");
         assert!(slots[&0].has_work(), "the changelog's work stays");
         failed(&mut slots, &snap, true);
-        assert_eq!(slots[&0].unsnapshotted.len(), 1, "given back");
-        let snap = begin_snapshot(&mut slots, usize::MAX);
+        assert_eq!(slots[&0].owes_published(), 1, "given back");
+        let snap = begin_snapshot(&mut slots, usize::MAX, usize::MAX);
+        assert!(!snap.opens_pass, "the pass goes on");
         committed(&mut slots, &snap, true);
-        assert!(slots.values().all(|s| s.unsnapshotted.is_empty()));
-        assert!(begin_snapshot(&mut slots, usize::MAX).is_empty());
+        assert!(slots.values().all(|s| s.owes_published() == 0));
+        assert!(pass_done(&slots));
+        assert!(begin_snapshot(&mut slots, usize::MAX, usize::MAX).is_empty());
     }
 
     #[test]
@@ -779,7 +919,7 @@ mod tests {
             "the dirty change itself is public only"
         );
         committed(&mut slots, &p, true);
-        let snap = begin_snapshot(&mut slots, usize::MAX);
+        let snap = begin_snapshot(&mut slots, usize::MAX, usize::MAX);
         let cql: Vec<&Change> = snap.snapshot_changes().collect();
         assert_eq!(cql.len(), 1);
         assert!(

@@ -37,8 +37,9 @@ pub struct Checkpoints {
 }
 
 impl Checkpoints {
-    /// `None` when `state.dir` is empty (no checkpoints).
-    pub fn new(settings: &Settings, partition_count: i32) -> Option<Checkpoints> {
+    /// `None` when `state.dir` is empty (no checkpoints). `cql_store`: the
+    /// CQL store written to, named (`CqlStore::store_name`), if any.
+    pub fn new(settings: &Settings, partition_count: i32, cql_store: Option<String>) -> Option<Checkpoints> {
         if settings.state.dir.is_empty() {
             return None;
         }
@@ -55,7 +56,7 @@ impl Checkpoints {
             state_topic: settings.topics.member_state.clone(),
             partition_count,
             max_id_bytes: settings.input.max_id_bytes,
-            cql_store: settings.cql.enabled.then(|| settings.cql.store_name()),
+            cql_store,
         })
     }
 

@@ -75,13 +75,14 @@ struct Writer {
     framing: Option<Arc<Framing>>,
 }
 
-/// Restored keys (of partitions restored from the changelog, which CQL may
-/// lack) that one snapshot writes, at most, besides every key published
-/// since the last: a few seconds of a CQL server's writes. A restore of
-/// millions of keys then goes out as a run of snapshots, back to back, each
-/// short enough that flushes never wait for CQL behind it
-/// (`snapshot.interval_ms`), and each holding a bounded plan in memory.
-const RESTORED_KEYS_PER_SNAPSHOT: usize = 100_000;
+/// Keys one snapshot writes, at most, of the current pass over published
+/// keys, and as many again of restored ones (of partitions restored from
+/// the changelog, which CQL may lack): a few seconds of a CQL server's
+/// writes. A catch-up that published millions of keys, or a restore of
+/// millions, then goes out as a run of snapshots back to back, each with a
+/// bounded plan in memory; and a restore's never holds flushes back
+/// (`snapshot.interval_ms`).
+const KEYS_PER_SNAPSHOT: usize = 100_000;
 
 impl Processor {
     /// Whether any partition has something for the next flush.
@@ -112,12 +113,16 @@ impl Processor {
         }
     }
 
-    /// Starts a snapshot of every key published since the last one, and of
-    /// a share of the restored keys still owed. Call only with CQL on and
-    /// no snapshot in flight.
+    /// Starts a snapshot: the next share of the current pass over the keys
+    /// published (a new pass over those published since the last when none
+    /// is under way), and a share of the restored keys still owed. Call
+    /// only with CQL on and no snapshot in flight.
     pub(crate) fn start_snapshot(&mut self) {
         debug_assert!(self.snapshot_in_flight.is_none(), "one snapshot at a time");
-        let plan = flush::begin_snapshot(&mut self.partitions.slots, RESTORED_KEYS_PER_SNAPSHOT);
+        let plan = flush::begin_snapshot(&mut self.partitions.slots, KEYS_PER_SNAPSHOT, KEYS_PER_SNAPSHOT);
+        if plan.opens_pass {
+            self.pass_began = Instant::now();
+        }
         if plan.is_empty() {
             self.snapshot_done(Instant::now());
         } else {
@@ -125,16 +130,21 @@ impl Processor {
         }
     }
 
-    /// Everything published before `began` is in CQL. The next snapshot
-    /// starts one interval after this one started, so that CQL's lag stays
-    /// under the interval plus one snapshot's duration; at once while
-    /// restored keys are owed, so that they go out as fast as CQL takes
-    /// them, a share per snapshot.
-    fn snapshot_done(&mut self, began: Instant) {
-        self.cql_covered_at = began;
-        self.next_snapshot = began + self.snapshot_interval;
-        if self.partitions.slots.values().any(|s| s.resnapshot.is_some()) {
-            self.next_snapshot = Instant::now();
+    /// A snapshot was written. When it ended its pass, everything
+    /// published before the pass began is in CQL, and the next pass starts
+    /// one interval after this one began, so that CQL's lag stays under the
+    /// interval plus one pass's duration. The next share starts at once
+    /// while the pass goes on or restored keys are owed: they go out as
+    /// fast as CQL takes them, a share per snapshot.
+    fn snapshot_done(&mut self, now: Instant) {
+        if flush::pass_done(&self.partitions.slots) {
+            self.cql_covered_at = self.pass_began;
+            self.next_snapshot = self.pass_began + self.snapshot_interval;
+        }
+        if !flush::pass_done(&self.partitions.slots)
+            || self.partitions.slots.values().any(|s| s.resnapshot.is_some())
+        {
+            self.next_snapshot = now;
         }
     }
 
@@ -171,7 +181,7 @@ impl Processor {
                 let keys = plan.snapshot_changes().count();
                 telemetry::snapshot_written(elapsed, keys);
                 tracing::debug!(keys, elapsed_ms = elapsed.as_millis() as u64, "snapshot written");
-                self.snapshot_done(flight.started);
+                self.snapshot_done(Instant::now());
                 Ok(())
             }
             Ok(()) => {
@@ -243,8 +253,16 @@ impl Processor {
         self.finish_flush().await?;
         if self.cql.is_some() {
             self.finish_snapshot().await?;
-            self.start_snapshot();
-            self.finish_snapshot().await?;
+            // Share after share, until every published key is in CQL (a
+            // share of restored keys rides along with each; what is left of
+            // those stays owed, and the checkpoint says so).
+            loop {
+                self.start_snapshot();
+                self.finish_snapshot().await?;
+                if self.partitions.slots.values().all(|s| s.owes_published() == 0) {
+                    break;
+                }
+            }
         }
         Ok(())
     }

@@ -74,9 +74,13 @@ pub struct Processor {
     cql: Option<Arc<CqlStore>>,
     in_flight: Option<InFlight>,
     snapshot_in_flight: Option<InFlight>,
-    /// The start of the last snapshot that succeeded: everything the
-    /// changelog held then is in CQL.
+    /// The start of the last snapshot pass that was written whole:
+    /// everything this process published before then is in CQL (restored
+    /// keys still owed aside, which are not the changelog running ahead).
     cql_covered_at: Instant,
+    /// The start of the current snapshot pass (see
+    /// `readfold_core::flush::begin_snapshot`).
+    pass_began: Instant,
     snapshot_retry: Backoff,
     /// When the next flush starts, if none is in flight (`flush.linger_ms`
     /// after the first change that waits for it, or a catch-up's wait; in
@@ -236,7 +240,8 @@ impl Processor {
         } else {
             (None, None)
         };
-        let checkpoints = Checkpoints::new(&settings, layout.partitions).map(Arc::new);
+        let cql_store = cql.as_ref().and_then(|c| c.store_name()).map(str::to_owned);
+        let checkpoints = Checkpoints::new(&settings, layout.partitions, cql_store).map(Arc::new);
         if let Some(c) = &checkpoints {
             tracing::info!(dir = %c.dir().display(), "local state checkpoints on");
         }
@@ -261,6 +266,7 @@ impl Processor {
             in_flight: None,
             snapshot_in_flight: None,
             cql_covered_at: Instant::now(),
+            pass_began: Instant::now(),
             snapshot_retry: Backoff::new(),
             flush_at: None,
             catching_up: false,
@@ -440,7 +446,8 @@ impl Processor {
             tracing::warn!(error = %e, "the snapshot in flight failed; its keys go into the final one");
         }
         self.apply_group_events();
-        // flush_now leaves CQL as current as the changelog.
+        // flush_now leaves CQL holding every key this process published
+        // (restored ones still owed stay owed: the checkpoint says so).
         if !self.partitions.suspended {
             for attempt in 0..3 {
                 match self.flush_now().await {

@@ -305,10 +305,24 @@ impl Outputs {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Change {
     pub key: CursorKey,
+    /// Where the state that took the change holds the member.
+    pub at: MemberAt,
     pub member: Member,
     /// The conversation's latest seq when the change was taken.
     pub latest_seq: Seq,
     pub outputs: Outputs,
+}
+
+/// Where a [`PartitionState`] holds a member: their conversation's number
+/// ([`PartitionState::conversation_count`]) and their user's. Eight bytes
+/// where a [`CursorKey`] takes fifty and more, for sets of keys that may
+/// grow to millions (those published but not yet in CQL). Numbers belong
+/// to one state: a state restored again numbers anew, and a number it
+/// does not hold answers nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct MemberAt {
+    pub conversation: u32,
+    pub user: u32,
 }
 
 impl Change {
@@ -812,6 +826,10 @@ impl PartitionState {
                     conversation_id: id.clone(),
                     user_id: self.users.id(slot.user()).clone(),
                 },
+                at: MemberAt {
+                    conversation: number,
+                    user: slot.user(),
+                },
                 member: slot.load(&self.extras),
                 latest_seq: conv.latest_seq,
                 outputs: slot.dirty(),
@@ -873,8 +891,29 @@ impl PartitionState {
     /// A member's whole current state, as a snapshot writes it: public, and
     /// state when they have any private state.
     pub fn current(&self, key: &CursorKey) -> Option<Change> {
-        let (member, latest_seq) = self.member(key)?;
-        Some(whole(key.clone(), member, latest_seq))
+        self.current_at(self.member_at(key)?)
+    }
+
+    /// Where this state holds the member `key`, if it does.
+    pub fn member_at(&self, key: &CursorKey) -> Option<MemberAt> {
+        let conversation = self.conversations.find(&key.conversation_id)?;
+        let user = self.users.find(&key.user_id)?;
+        self.conversations.value(conversation).members.get(user)?;
+        Some(MemberAt { conversation, user })
+    }
+
+    /// [`PartitionState::current`] of the member held at `at`.
+    pub fn current_at(&self, at: MemberAt) -> Option<Change> {
+        if at.conversation >= self.conversation_count() {
+            return None;
+        }
+        let conversation = self.conversations.value(at.conversation);
+        let slot = conversation.members.get(at.user)?;
+        let key = CursorKey {
+            conversation_id: self.conversations.key(at.conversation).clone(),
+            user_id: self.users.id(at.user).clone(),
+        };
+        Some(whole(key, at, slot.load(&self.extras), conversation.latest_seq))
     }
 
     /// Conversations held. Each has a number, `0..conversation_count()`,
@@ -898,30 +937,29 @@ impl PartitionState {
                     conversation_id: id.clone(),
                     user_id: self.users.id(slot.user()).clone(),
                 };
-                into.push(whole(key, slot.load(&self.extras), conversation.latest_seq));
+                let at = MemberAt {
+                    conversation: next,
+                    user: slot.user(),
+                };
+                into.push(whole(key, at, slot.load(&self.extras), conversation.latest_seq));
             }
             taken += conversation.members.len();
             next += 1;
         }
         next
     }
-
-    /// A member held, and their conversation's latest seq.
-    fn member(&self, key: &CursorKey) -> Option<(Member, Seq)> {
-        let conv = self.conversation(&key.conversation_id)?;
-        Some((conv.member(&key.user_id)?, conv.latest_seq()))
-    }
 }
 
 /// A member's whole state as a change: public, and state when they have
 /// any private state.
-fn whole(key: CursorKey, member: Member, latest_seq: Seq) -> Change {
+fn whole(key: CursorKey, at: MemberAt, member: Member, latest_seq: Seq) -> Change {
     let outputs = Outputs {
         public: member.listed,
         state: member.has_private_state(),
     };
     Change {
         key,
+        at,
         member,
         latest_seq,
         outputs,

@@ -63,11 +63,11 @@ impl CqlConfig {
             .collect()
     }
 
-    /// The store this configuration writes to, named for local checkpoints
-    /// ("the CQL store that held this state"): the contact points, sorted,
-    /// and the keyspace. Listing the same cluster's nodes otherwise gives
-    /// another name, which only costs a restart one full snapshot; the same
-    /// name for another cluster would skip one it needed.
+    /// The configured half of the name of the store written to, for local
+    /// checkpoints ("the CQL store that held this state"): the contact
+    /// points, sorted, and the keyspace; `CqlStore::store_name` adds the
+    /// tables' ids. Listing the same cluster's nodes otherwise gives another
+    /// name, which only costs a restart one full snapshot.
     pub fn store_name(&self) -> String {
         let mut points = self.contact_points();
         points.sort();

@@ -64,6 +64,8 @@ pub struct CqlStore {
     partitions_per_batch: usize,
     /// Warnings the server returned with writes.
     server_warnings: Arc<std::sync::atomic::AtomicU64>,
+    /// Present when connected as a writer: see [`CqlStore::store_name`].
+    store_name: Option<String>,
 }
 
 impl CqlStore {
@@ -100,6 +102,7 @@ impl CqlStore {
             max_batch_rows: config.max_batch_rows,
             partitions_per_batch: config.partitions_per_batch,
             server_warnings: Arc::default(),
+            store_name: None,
         })
     }
 
@@ -113,6 +116,11 @@ impl CqlStore {
             session.query_unpaged(statement, &[]).await?;
         }
         session.await_schema_agreement().await?;
+        let name = format!(
+            "{}#{}",
+            config.store_name(),
+            table_ids(session, &config.keyspace).await?
+        );
         let ks = &config.keyspace;
         let prepare = |cql: String| async move {
             let mut statement = session.prepare(cql).await?;
@@ -147,7 +155,17 @@ impl CqlStore {
             .await?,
         };
         store.statements = Some(Arc::new(statements));
+        store.store_name = Some(name);
         Ok(store)
+    }
+
+    /// The store a writer writes to, named for local checkpoints ("the CQL
+    /// store that held this state"): [`CqlConfig::store_name`] and the ids
+    /// of readfold's tables, which dropping and re-creating them changes,
+    /// as does another cluster behind the same contact points. `None` for a
+    /// reader.
+    pub fn store_name(&self) -> Option<&str> {
+        self.store_name.as_deref()
     }
 
     /// The driver session, for checks outside readfold's reads.
@@ -158,7 +176,40 @@ impl CqlStore {
     pub fn keyspace(&self) -> &str {
         &self.keyspace
     }
+}
 
+/// `table=id` of readfold's tables in `keyspace`, sorted, comma-separated.
+async fn table_ids(session: &Session, keyspace: &str) -> Result<String> {
+    let rows = session
+        .query_unpaged(
+            "SELECT table_name, id FROM system_schema.tables WHERE keyspace_name = ?",
+            (keyspace,),
+        )
+        .await?
+        .into_rows_result()
+        .map_err(Error::cql_result)?;
+    let mut ids = Vec::new();
+    for row in rows
+        .rows::<(String, scylla::value::CqlValue)>()
+        .map_err(Error::cql_result)?
+    {
+        let (table, id) = row.map_err(Error::cql_result)?;
+        if TABLES.contains(&table.as_str()) {
+            let id = match id {
+                scylla::value::CqlValue::Uuid(id) => id.to_string(),
+                other => format!("{other:?}"),
+            };
+            ids.push(format!("{table}={id}"));
+        }
+    }
+    ids.sort();
+    Ok(ids.join(","))
+}
+
+/// The tables readfold creates and writes.
+const TABLES: [&str; 3] = ["conversations", "cursors", "user_cursors"];
+
+impl CqlStore {
     /// How many warnings the server has returned with this store's writes
     /// (the driver logs each one).
     pub fn server_warnings(&self) -> u64 {
