@@ -239,6 +239,12 @@ pub fn begin_snapshot<D>(
         plan.opens_pass = true;
         for slot in slots.values_mut() {
             slot.snapshotting.extend(slot.unsnapshotted.drain());
+            // By conversation, so that a share holds whole conversations,
+            // which CQL takes as one batch each: in the set's order a
+            // 100-member group's keys spread over dozens of shares and
+            // batches (the stop after a catch-up of 4M keys, which writes
+            // what is owed, took 27 s so, 19 s sorted, one run each).
+            slot.snapshotting.sort_unstable();
         }
     }
     let (mut published, mut restored) = (published_keys, restored_keys);
