@@ -136,6 +136,9 @@ impl<D> PartitionSlot<D> {
 pub struct FlushPlan<D> {
     /// The partitions this plan covers.
     pub partitions: Vec<i32>,
+    /// A flush's partitions' slots ([`PartitionSlot::restore`]): its
+    /// changes' member numbers are those slots' own.
+    pub restore_of: BTreeMap<i32, u64>,
     /// A flush's current value of every dirty key, with its input
     /// partition: the changelog records and the Redis writes.
     pub changes: Vec<(i32, Change)>,
@@ -163,6 +166,7 @@ impl<D> FlushPlan<D> {
     fn empty() -> Self {
         FlushPlan {
             partitions: Vec::new(),
+            restore_of: BTreeMap::new(),
             changes: Vec::new(),
             snapshot: None,
             dead_letters: Vec::new(),
@@ -203,6 +207,7 @@ pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
             continue;
         }
         plan.partitions.push(partition);
+        plan.restore_of.insert(partition, slot.restore);
         plan.changes
             .extend(slot.state.drain().into_iter().map(|change| (partition, change)));
         plan.dead_letters
@@ -238,7 +243,8 @@ pub fn begin_snapshot<D>(
     if pass_done(slots) {
         plan.opens_pass = true;
         for slot in slots.values_mut() {
-            slot.snapshotting.extend(slot.unsnapshotted.drain());
+            // Taken, not drained: a catch-up's set gives its memory back.
+            slot.snapshotting.extend(std::mem::take(&mut slot.unsnapshotted));
             // By conversation, so that a share holds whole conversations,
             // which CQL takes as one batch each: in the set's order a
             // 100-member group's keys spread over dozens of shares and
@@ -257,6 +263,9 @@ pub fn begin_snapshot<D>(
         plan.partitions.push(partition);
         if share > 0 {
             let taken = slot.snapshotting.split_off(slot.snapshotting.len() - share);
+            if slot.snapshotting.is_empty() {
+                slot.snapshotting = Vec::new();
+            }
             snapshot.extend(taken.iter().filter_map(|&at| slot.state.current_at(at)));
             plan.snapshotted.push((partition, slot.restore, taken));
             published -= share;
@@ -293,8 +302,14 @@ pub fn committed<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, plan: &FlushPla
     if !track_snapshots || plan.snapshot.is_some() {
         return;
     }
+    // A partition restored again while the flush was in flight owes what
+    // its restore says (which waited for this transaction), in its own
+    // numbers.
     for (partition, change) in &plan.changes {
-        if let Some(slot) = slots.get_mut(partition) {
+        if let Some(slot) = slots
+            .get_mut(partition)
+            .filter(|s| plan.restore_of.get(partition) == Some(&s.restore))
+        {
             slot.unsnapshotted.insert(change.at);
         }
     }
@@ -823,6 +838,20 @@ mod tests {
         slots.clear();
         failed(&mut slots, &first, true);
         assert!(slots.is_empty());
+    }
+
+    /// A flush that commits after its partition was restored again adds
+    /// nothing to the new slot: its member numbers were the old state's.
+    #[test]
+    fn a_flush_committed_after_a_restore_adds_no_old_numbers() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3))]);
+        let p = begin(&mut slots);
+        slots.insert(
+            0,
+            PartitionSlot::restored(PartitionState::new(), SnapshotDue::Keys(HashSet::new())),
+        );
+        committed(&mut slots, &p, true);
+        assert!(slots[&0].in_cql());
     }
 
     #[test]
