@@ -213,6 +213,11 @@ impl Processor {
         settled
     }
 
+    /// Published keys the snapshots still owe, over all partitions.
+    pub(crate) fn published_owed(&self) -> usize {
+        self.partitions.slots.values().map(|s| s.owes_published()).sum()
+    }
+
     /// Publishes how many keys the next snapshots write (those of the one
     /// in flight included).
     pub(crate) fn report_snapshot_backlog(&self) {
@@ -259,7 +264,7 @@ impl Processor {
             loop {
                 self.start_snapshot();
                 self.finish_snapshot().await?;
-                if self.partitions.slots.values().all(|s| s.owes_published() == 0) {
+                if self.published_owed() == 0 {
                     break;
                 }
             }

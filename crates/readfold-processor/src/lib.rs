@@ -449,10 +449,20 @@ impl Processor {
         // flush_now leaves CQL holding every key this process published
         // (restored ones still owed stay owed: the checkpoint says so).
         if !self.partitions.suspended {
-            for attempt in 0..3 {
+            // Three tries in a row; an attempt that wrote some of the
+            // snapshot shares owed (after a catch-up, dozens) starts the
+            // count again.
+            let mut failures = 0;
+            loop {
+                let owed = self.published_owed();
                 match self.flush_now().await {
                     Ok(()) => break,
-                    Err(e) if attempt < 2 && e.is_retriable() => {
+                    Err(e) if e.is_retriable() && (failures < 2 || self.published_owed() < owed) => {
+                        failures = if self.published_owed() < owed {
+                            0
+                        } else {
+                            failures + 1
+                        };
                         tracing::warn!(error = %e, "final flush failed, retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }
