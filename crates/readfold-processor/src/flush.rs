@@ -124,7 +124,7 @@ impl Processor {
             self.pass_began = Instant::now();
         }
         if plan.is_empty() {
-            self.snapshot_done(Instant::now());
+            self.snapshot_done();
         } else {
             self.snapshot_in_flight = Some(self.launch(plan));
         }
@@ -136,15 +136,14 @@ impl Processor {
     /// interval plus one pass's duration. The next share starts at once
     /// while the pass goes on or restored keys are owed: they go out as
     /// fast as CQL takes them, a share per snapshot.
-    fn snapshot_done(&mut self, now: Instant) {
-        if flush::pass_done(&self.partitions.slots) {
+    fn snapshot_done(&mut self) {
+        let pass_done = flush::pass_done(&self.partitions.slots);
+        if pass_done {
             self.cql_covered_at = self.pass_began;
             self.next_snapshot = self.pass_began + self.snapshot_interval;
         }
-        if !flush::pass_done(&self.partitions.slots)
-            || self.partitions.slots.values().any(|s| s.resnapshot.is_some())
-        {
-            self.next_snapshot = now;
+        if !pass_done || self.partitions.slots.values().any(|s| s.resnapshot.is_some()) {
+            self.next_snapshot = Instant::now();
         }
     }
 
@@ -181,7 +180,7 @@ impl Processor {
                 let keys = plan.snapshot_changes().count();
                 telemetry::snapshot_written(elapsed, keys);
                 tracing::debug!(keys, elapsed_ms = elapsed.as_millis() as u64, "snapshot written");
-                self.snapshot_done(Instant::now());
+                self.snapshot_done();
                 Ok(())
             }
             Ok(()) => {

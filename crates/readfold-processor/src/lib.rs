@@ -458,11 +458,8 @@ impl Processor {
                 match self.flush_now().await {
                     Ok(()) => break,
                     Err(e) if e.is_retriable() && (failures < 2 || self.published_owed() < owed) => {
-                        failures = if self.published_owed() < owed {
-                            0
-                        } else {
-                            failures + 1
-                        };
+                        let progressed = self.published_owed() < owed;
+                        failures = if progressed { 0 } else { failures + 1 };
                         tracing::warn!(error = %e, "final flush failed, retrying");
                         tokio::time::sleep(Duration::from_millis(500)).await;
                     }

@@ -819,20 +819,19 @@ impl PartitionState {
     pub fn pending_changes(&self) -> Vec<Change> {
         let mut changes = Vec::with_capacity(self.dirty.members);
         for &number in &self.dirty.conversations {
-            let id = self.conversations.key(number);
             let conv = self.conversations.value(number);
-            changes.extend(conv.members.dirty_slots().map(|slot| Change {
-                key: CursorKey {
-                    conversation_id: id.clone(),
-                    user_id: self.users.id(slot.user()).clone(),
-                },
-                at: MemberAt {
+            changes.extend(conv.members.dirty_slots().map(|slot| {
+                let at = MemberAt {
                     conversation: number,
                     user: slot.user(),
-                },
-                member: slot.load(&self.extras),
-                latest_seq: conv.latest_seq,
-                outputs: slot.dirty(),
+                };
+                Change {
+                    key: self.key_at(at),
+                    at,
+                    member: slot.load(&self.extras),
+                    latest_seq: conv.latest_seq,
+                    outputs: slot.dirty(),
+                }
             }));
         }
         changes
@@ -909,11 +908,20 @@ impl PartitionState {
         }
         let conversation = self.conversations.value(at.conversation);
         let slot = conversation.members.get(at.user)?;
-        let key = CursorKey {
+        Some(whole(
+            self.key_at(at),
+            at,
+            slot.load(&self.extras),
+            conversation.latest_seq,
+        ))
+    }
+
+    /// The key of a member this state holds at `at`.
+    fn key_at(&self, at: MemberAt) -> CursorKey {
+        CursorKey {
             conversation_id: self.conversations.key(at.conversation).clone(),
             user_id: self.users.id(at.user).clone(),
-        };
-        Some(whole(key, at, slot.load(&self.extras), conversation.latest_seq))
+        }
     }
 
     /// Conversations held. Each has a number, `0..conversation_count()`,
@@ -931,17 +939,18 @@ impl PartitionState {
         let end = end.min(self.conversation_count());
         let (mut next, mut taken) = (from, 0);
         while next < end && taken < max_keys {
-            let (id, conversation) = (self.conversations.key(next), self.conversations.value(next));
+            let conversation = self.conversations.value(next);
             for slot in conversation.members.iter() {
-                let key = CursorKey {
-                    conversation_id: id.clone(),
-                    user_id: self.users.id(slot.user()).clone(),
-                };
                 let at = MemberAt {
                     conversation: next,
                     user: slot.user(),
                 };
-                into.push(whole(key, at, slot.load(&self.extras), conversation.latest_seq));
+                into.push(whole(
+                    self.key_at(at),
+                    at,
+                    slot.load(&self.extras),
+                    conversation.latest_seq,
+                ));
             }
             taken += conversation.members.len();
             next += 1;
