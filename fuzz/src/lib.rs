@@ -476,24 +476,13 @@ pub fn expected_rejection(ids: &[&str], seq: i64, min_seq: u64, limits: &Limits)
 // ---------------------------------------------------------------------------
 // Checkpoint files.
 
-/// `body` framed as a checkpoint file: the magic, format version 3, the
-/// body, and the CRC-32C (Castagnoli) of all that.
-pub fn checkpoint_file(body: &[u8]) -> Vec<u8> {
-    let mut file = Vec::with_capacity(body.len() + 12);
-    file.extend_from_slice(b"RFCKPT");
-    file.extend_from_slice(&3u16.to_le_bytes());
-    file.extend_from_slice(body);
-    let crc = !file.iter().fold(!0u32, |mut c, &b| {
-        c ^= u32::from(b);
-        for _ in 0..8 {
-            c = if c & 1 == 1 {
-                0x82F6_3B78 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-        c
-    });
-    file.extend_from_slice(&crc.to_le_bytes());
-    file
+/// `input` (a header's length as a u32, the header, then the body) sealed
+/// as a checkpoint file of the current format, with right checksums; too
+/// short for a length, the whole input is the header.
+pub fn checkpoint_file(input: &[u8]) -> Vec<u8> {
+    let (header, body) = match input.split_first_chunk::<4>() {
+        Some((len, rest)) => rest.split_at((u32::from_le_bytes(*len) as usize).min(rest.len())),
+        None => (input, &[][..]),
+    };
+    readfold_wire::checkpoint::seal(header, body)
 }

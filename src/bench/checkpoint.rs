@@ -1,6 +1,8 @@
 //! The local checkpoint's codec on one core: what a restart from a
-//! checkpoint spends per cursor once the file is read, and a clean stop
-//! spends writing it. No I/O: the shapes of `--memory-cursors`, restored.
+//! checkpoint spends opening it (the header and the pages' checksums), what
+//! reading it whole costs per cursor (a snapshot of every key takes the
+//! whole state in), and what a clean stop spends writing it. No I/O: the
+//! shapes of `--memory-cursors`, restored.
 
 use std::time::Instant;
 
@@ -14,6 +16,7 @@ pub struct CheckpointRow {
     pub cursors: usize,
     pub bytes: usize,
     pub encode_secs: f64,
+    pub open_secs: f64,
     pub decode_secs: f64,
 }
 
@@ -37,10 +40,14 @@ pub fn checkpoint_codec(cursors: u64) -> Vec<CheckpointRow> {
         .map(|&(shape, members)| {
             let state = build_state(cursors, members, Build::Restored);
             let started = Instant::now();
-            let bytes = checkpoint::encode(&meta, &state);
+            let bytes = checkpoint::encode(&meta, &state).expect("a state in memory");
             let encode_secs = started.elapsed().as_secs_f64();
             let cursors = state.cursor_count();
             drop(state);
+            let started = Instant::now();
+            let opened = checkpoint::open(bytes.as_slice(), 256).expect("the bench's own checkpoint opens");
+            let open_secs = started.elapsed().as_secs_f64();
+            drop(opened);
             let started = Instant::now();
             let (_, decoded) = checkpoint::decode(&bytes, 256).expect("the bench's own checkpoint decodes");
             let decode_secs = started.elapsed().as_secs_f64();
@@ -55,6 +62,7 @@ pub fn checkpoint_codec(cursors: u64) -> Vec<CheckpointRow> {
                 cursors,
                 bytes: bytes.len(),
                 encode_secs,
+                open_secs,
                 decode_secs,
             }
         })
@@ -66,11 +74,12 @@ pub fn print_checkpoint_codec(rows: &[CheckpointRow]) {
     for r in rows {
         let per = |secs: f64| secs * 1e9 / r.cursors.max(1) as f64;
         println!(
-            "  {:<30} {:>9} cursors {:>6.1} bytes each   encode {:>6.1} ns/cursor   decode {:>6.1} ns/cursor ({:.2}M cursors/s)",
+            "  {:<30} {:>9} cursors {:>6.1} bytes each   encode {:>6.1} ns/cursor   open {:>7.3} ms   read whole {:>6.1} ns/cursor ({:.2}M cursors/s)",
             r.shape,
             r.cursors,
             r.bytes as f64 / r.cursors.max(1) as f64,
             per(r.encode_secs),
+            r.open_secs * 1e3,
             per(r.decode_secs),
             r.cursors as f64 / r.decode_secs.max(1e-9) / 1e6,
         );

@@ -267,7 +267,8 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
                     ..meta.clone()
                 },
                 &wrong,
-            ),
+            )
+            .unwrap(),
             "outside the changelog",
         ),
         (
@@ -278,7 +279,8 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
                     ..meta.clone()
                 },
                 &wrong,
-            ),
+            )
+            .unwrap(),
             "max_checkpoint_age_ms",
         ),
         (
@@ -290,7 +292,8 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
                     ..meta.clone()
                 },
                 &wrong,
-            ),
+            )
+            .unwrap(),
             "written for",
         ),
         (
@@ -304,7 +307,8 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
                         ..meta.clone()
                     },
                     &wrong,
-                );
+                )
+                .unwrap();
                 b[6..8].copy_from_slice(&1u16.to_le_bytes());
                 b
             },
@@ -327,12 +331,17 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
             text.contains("checkpoint not used") && text.contains(says),
             "{what}: the checkpoint must be refused, saying {says:?}:\n{text}"
         );
-        assert!(
-            restored_lines(&text)
-                .iter()
-                .all(|l| l.contains("from_checkpoint=0")),
-            "{what}: a full restore:\n{text}"
-        );
+        let restored = restored_lines(&text);
+        // A damaged page may be found while the state is in use (the
+        // restart reads only the header and the pages' checksums): then
+        // that state is dropped unpublished and a full restore follows.
+        // Anything else is refused before the restore.
+        let full = if what == "corrupt" {
+            restored.last().is_some_and(|l| l.contains("from_checkpoint=0"))
+        } else {
+            !restored.is_empty() && restored.iter().all(|l| l.contains("from_checkpoint=0"))
+        };
+        assert!(full, "{what}: a full restore:\n{text}");
         let cursor = log
             .latest()
             .get(&("group".to_owned(), "B".to_owned()))

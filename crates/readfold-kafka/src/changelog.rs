@@ -14,7 +14,6 @@ use rdkafka::Offset;
 use readfold_core::fold::PartitionState;
 use readfold_core::CursorKey;
 use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind};
-use readfold_wire::checkpoint::member_states as member_states_of;
 
 use crate::config::{KafkaConfig, TopicsConfig};
 use crate::error::{Error, Result};
@@ -205,22 +204,19 @@ impl Restorer {
             with_records(public_from, &public_ends),
             with_records(state_from, &state_ends),
         );
-        // A restore applies member-state records after the public ones,
-        // checkpointed ones included; but where the public changelog has no
-        // tail past the checkpoint (a clean stop and a restart), nothing
-        // changes the checkpoint's members before them, and applying them
-        // again would cost a pass over the whole state for nothing (three
-        // quarters of the restore of a 2M-cursor checkpoint).
-        let member_states: Vec<_> = checkpointed
-            .into_iter()
-            .filter(|p| public_from.iter().any(|(tail, _)| tail == p))
-            .map(|p| (p, member_states_of(&states[&p])))
-            .collect();
         self.public
             .restore_tracking(&public_from, &mut states, &mut stats, &mut tails)?;
-        for (p, updates) in member_states {
-            let state = states.get_mut(&p).expect("restored partition");
-            updates.iter().for_each(|u| state.restore_state(u));
+        // A restore applies member-state records after the public ones,
+        // checkpointed ones included: the public tail took the conversations
+        // it touched in from the checkpoint, and their stored member-states
+        // go on again. What it did not touch is as the checkpoint has it.
+        for p in checkpointed {
+            if public_from.iter().any(|(tail, _)| *tail == p) {
+                states
+                    .get_mut(&p)
+                    .expect("restored partition")
+                    .restate_from_store();
+            }
         }
         self.member_state
             .restore_tracking(&state_from, &mut states, &mut stats, &mut tails)?;

@@ -1,10 +1,17 @@
 //! Local state checkpoints on disk (`state.dir`): written for every owned
-//! partition at a clean stop, once the last flush has committed; loaded at
+//! partition at a clean stop, once the last flush has committed; opened at
 //! the next restore of that partition, which then reads only the
 //! changelogs' tails. A checkpoint that cannot be trusted is set aside, with
 //! a warning, for a full restore: never loaded into wrong cursors.
 //!
-//! Trusted means: it decodes and its checksum holds; it was written by this
+//! Opening reads only the header and the pages' checksums: the state takes
+//! each conversation in from the file when a record first touches it (see
+//! `readfold_wire::checkpoint`), and a thread checks every page meanwhile.
+//! A damaged page, found either way, gives the state a fault: the processor
+//! then publishes nothing more of it, sets the file aside and restores that
+//! partition from its changelog (`Processor::drop_damaged_state`).
+//!
+//! Trusted means: its header and checksums hold; it was written by this
 //! group for these changelog topics and partition count; it is younger than
 //! `state.max_checkpoint_age_ms` (older ones may predate tombstones that
 //! compaction has since deleted); and its offsets lie within the changelog
@@ -12,13 +19,16 @@
 //! past them or recreated fails that).
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use readfold_core::fold::PartitionState;
 use readfold_kafka::changelog::{ChangelogEnds, LocalCheckpoint, Restorer};
 use readfold_kafka::now_ms;
-use readfold_wire::checkpoint::{self, CheckpointError, CheckpointMeta};
+use readfold_wire::checkpoint::{self, CheckpointError, CheckpointMeta, ReadAt};
 
 use crate::config::Settings;
 
@@ -68,9 +78,9 @@ impl Checkpoints {
         self.dir.join(format!("partition-{partition}.checkpoint"))
     }
 
-    /// The checkpoints of `partitions` that can be trusted, with one look
-    /// at the changelogs' ends for all of them. Blocking (file and broker
-    /// I/O).
+    /// The checkpoints of `partitions` that can be trusted, opened, with
+    /// one look at the changelogs' ends for all of them; a thread then
+    /// checks every page of them. Blocking (file and broker I/O).
     pub fn load(&self, partitions: &[i32], restorer: &Restorer) -> Vec<(i32, LocalCheckpoint)> {
         let found: Vec<(i32, PathBuf)> = partitions
             .iter()
@@ -89,46 +99,42 @@ impl Checkpoints {
         }
         let with_files: Vec<i32> = found.iter().map(|(p, _)| *p).collect();
         let ends = ends_of(restorer, &with_files);
-        // Reading and decoding (ids checked and interned, members placed)
-        // are all of a load: each file is dropped once decoded.
-        side_by_side(&found, |files| self.load_all(files, &ends))
-    }
-
-    /// The trusted checkpoints among `files`; the others are set aside.
-    fn load_all(
-        &self,
-        files: &[(i32, PathBuf)],
-        ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
-    ) -> Vec<(i32, LocalCheckpoint)> {
-        files
+        let mut opened = Vec::new();
+        let loaded = found
             .iter()
             .filter_map(|(partition, path)| {
-                let bytes = match std::fs::read(path) {
-                    Ok(bytes) => bytes,
+                let file = match CheckpointFile::open(path) {
+                    Ok(file) => file,
                     Err(e) => {
                         tracing::warn!(path = %path.display(), error = %e, "cannot read the checkpoint; restoring from the changelog");
                         return None;
                     }
                 };
-                match self.check(*partition, &bytes, ends) {
-                    Ok(checkpoint) => Some((*partition, checkpoint)),
+                match self.check(*partition, file, &ends) {
+                    Ok((checkpoint, file)) => {
+                        opened.push((*partition, file));
+                        Some((*partition, checkpoint))
+                    }
                     Err(why) => {
-                        tracing::warn!(path = %path.display(), partition, reason = %why, "checkpoint not used; restoring the whole changelog");
-                        self.set_aside(path);
+                        self.set_aside(*partition, &why);
                         None
                     }
                 }
             })
-            .collect()
+            .collect();
+        check_every_page(opened);
+        loaded
     }
 
+    /// Opens the checkpoint in `file` if it can be trusted: the state over
+    /// it, and the checkpoint itself, to check every page of.
     fn check(
         &self,
         partition: i32,
-        bytes: &[u8],
+        file: CheckpointFile,
         ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
-    ) -> Result<LocalCheckpoint, String> {
-        let opened = checkpoint::open(bytes).map_err(|e| match e {
+    ) -> Result<(LocalCheckpoint, Arc<checkpoint::Checkpoint<CheckpointFile>>), String> {
+        let opened = checkpoint::open(file, self.max_id_bytes).map_err(|e| match e {
             // An upgrade's first start: not damage.
             CheckpointError::Version(_) => format!("{e}"),
             _ => format!("corrupt: {e}"),
@@ -176,22 +182,23 @@ impl Checkpoints {
         }
         let (public_offset, state_offset) = (meta.public_offset, meta.state_offset);
         let in_cql = self.cql_store.is_some() && meta.snapshotted_to == self.cql_store;
-        let state = opened
-            .state(self.max_id_bytes)
-            .map_err(|e| format!("corrupt: {e}"))?;
-        Ok(LocalCheckpoint {
-            state,
+        let opened = Arc::new(opened);
+        let checkpoint = LocalCheckpoint {
+            state: Arc::clone(&opened).state(),
             public_offset,
             state_offset,
             in_cql,
-        })
+        };
+        Ok((checkpoint, opened))
     }
 
-    /// Moves an untrusted checkpoint out of the way (kept for a look, not
-    /// loaded again).
-    fn set_aside(&self, path: &Path) {
+    /// Moves the checkpoint of `partition`, which cannot be trusted, out of
+    /// the way (kept for a look, not loaded again), saying why.
+    pub fn set_aside(&self, partition: i32, why: &str) {
+        let path = self.path(partition);
+        tracing::warn!(path = %path.display(), partition, reason = %why, "checkpoint not used; restoring the whole changelog");
         let aside = path.with_extension("rejected");
-        if let Err(e) = std::fs::rename(path, &aside) {
+        if let Err(e) = std::fs::rename(&path, &aside) {
             tracing::warn!(path = %path.display(), error = %e, "cannot set the checkpoint aside");
         }
     }
@@ -249,7 +256,15 @@ impl Checkpoints {
             written_at_ms: now_ms(),
             snapshotted_to: self.cql_store.clone().filter(|_| in_cql),
         };
-        let bytes = checkpoint::encode(&meta, state);
+        let bytes = match checkpoint::encode(&meta, state) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                // The checkpoint it was restored from is damaged where no
+                // record had touched it.
+                self.set_aside(partition, &format!("corrupt: {e}"));
+                return Err(format!("not written: {e}"));
+            }
+        };
         let path = self.path(partition);
         write_atomically(&path, &bytes).map_err(|e| format!("{}: {e}", path.display()))?;
         tracing::info!(
@@ -271,6 +286,58 @@ pub struct Saved<'a> {
     pub state: &'a PartitionState,
     /// Whether CQL holds every key of it (no snapshot owes any).
     pub in_cql: bool,
+}
+
+/// A checkpoint file, read at offsets as the state takes conversations in.
+pub struct CheckpointFile {
+    file: File,
+    size: u64,
+}
+
+impl CheckpointFile {
+    fn open(path: &Path) -> std::io::Result<CheckpointFile> {
+        let file = File::open(path)?;
+        let size = file.metadata()?.len();
+        Ok(CheckpointFile { file, size })
+    }
+}
+
+impl ReadAt for CheckpointFile {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+}
+
+/// Checks every page of the checkpoints `opened`, one after another, on a
+/// thread of its own: damage where no record touches is found too, within
+/// moments of the start rather than at the stop. A fault goes to the state
+/// over the checkpoint ([`PartitionState::stored_fault`]); the processor
+/// acts on it.
+fn check_every_page(opened: Vec<(i32, Arc<checkpoint::Checkpoint<CheckpointFile>>)>) {
+    if opened.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("checkpoint-check".into())
+        .spawn(move || {
+            let started = Instant::now();
+            for (partition, checkpoint) in opened {
+                if let Err(e) = checkpoint.check_all() {
+                    tracing::warn!(partition, error = %e, "the checkpoint restored from is damaged");
+                }
+            }
+            tracing::debug!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "checkpoints checked"
+            );
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the checkpoints' check; damage is found as pages are read");
+    }
 }
 
 /// `work` on `items` side by side, a share per core, the results in the

@@ -100,6 +100,11 @@ impl Processor {
     pub(crate) fn start_flush(&mut self) {
         debug_assert!(self.in_flight.is_none(), "one flush at a time");
         self.flush_at = None;
+        // A state over a damaged checkpoint may hold wrong cursors: none
+        // goes out, and the run loop starts over (`drop_damaged_state`).
+        if self.partitions.stored_fault().is_some() {
+            return;
+        }
         self.catching_up = false;
         self.caught_up = false;
         self.taken_since_flush = 0;
@@ -119,6 +124,9 @@ impl Processor {
     /// only with CQL on and no snapshot in flight.
     pub(crate) fn start_snapshot(&mut self) {
         debug_assert!(self.snapshot_in_flight.is_none(), "one snapshot at a time");
+        if self.partitions.stored_fault().is_some() {
+            return;
+        }
         let plan = flush::begin_snapshot(&mut self.partitions.slots, KEYS_PER_SNAPSHOT, KEYS_PER_SNAPSHOT);
         if plan.opens_pass {
             self.pass_began = Instant::now();

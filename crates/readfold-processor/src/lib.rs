@@ -22,6 +22,7 @@ mod schemas;
 pub mod telemetry;
 pub mod transaction;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ use rdkafka::message::BorrowedMessage;
 use rdkafka::TopicPartitionList;
 use readfold_core::backoff::{self, Backoff};
 use readfold_core::flush::{over_bound, SnapshotDue};
-use readfold_core::fold::InputKind;
+use readfold_core::fold::{InputKind, StoredFault};
 use readfold_core::pacing::CatchUpPacing;
 use readfold_kafka::admin::Layout;
 use readfold_kafka::changelog::Restorer;
@@ -347,6 +348,9 @@ impl Processor {
         loop {
             if *shutdown.borrow() {
                 break;
+            }
+            if let Some((partition, fault)) = self.partitions.stored_fault() {
+                self.drop_damaged_state(partition, fault).await?;
             }
             if self.flush_at != linger_armed {
                 if let Some(at) = self.flush_at {
@@ -830,6 +834,7 @@ impl Processor {
     /// thread; a restore that fails for a reason that may pass (a broker
     /// away) is tried again with backoff.
     async fn restore(&self, partitions: &[i32]) -> Result<Vec<(i32, Slot)>> {
+        let snapshots = self.cql.is_some();
         let attempt = || {
             let restorer = Arc::clone(&self.restorer);
             let checkpoints = self.checkpoints.clone();
@@ -841,9 +846,43 @@ impl Processor {
                     .flat_map(|c| c.load(&wanted, &restorer))
                     .collect();
                 let load = loading.elapsed();
-                restorer
-                    .restore_many_from(&wanted, loaded)
-                    .map(|(states, stats)| (states, stats, load))
+                let (mut states, mut stats) = restorer.restore_many_from(&wanted, loaded)?;
+                // A snapshot of every key needs every conversation in
+                // memory; one a checkpoint CQL held whole snapshots only
+                // what the tails changed, which the tails took in.
+                let mut damaged = Vec::new();
+                for (&p, restored) in states.iter_mut() {
+                    let whole = if snapshots && restored.cql_may_lack.is_none() {
+                        restored.state.take_all()
+                    } else {
+                        Ok(())
+                    };
+                    if let Some(fault) = restored.state.stored_fault().or(whole.err()) {
+                        damaged.push((p, fault));
+                    }
+                }
+                // A checkpoint found damaged already: that partition
+                // restores from its changelog instead.
+                if !damaged.is_empty() {
+                    for (p, fault) in &damaged {
+                        if let Some(checkpoints) = &checkpoints {
+                            checkpoints.set_aside(*p, &format!("corrupt: {fault}"));
+                        }
+                    }
+                    let again: Vec<i32> = damaged.iter().map(|(p, _)| *p).collect();
+                    let (restored, more) = restorer.restore_many_from(&again, BTreeMap::new())?;
+                    states.extend(restored);
+                    stats.records += more.records;
+                    stats.skipped += more.skipped;
+                    stats.elapsed += more.elapsed;
+                    stats.cursors = states.values().map(|r| r.state.cursor_count()).sum();
+                    stats.from_checkpoint = states
+                        .iter()
+                        .filter(|(p, _)| !again.contains(p))
+                        .map(|(_, r)| r.state.cursor_count())
+                        .sum();
+                }
+                Ok::<_, readfold_kafka::Error>((states, stats, load))
             };
             async move { Ok::<_, Error>(tokio::task::spawn_blocking(restore).await??) }
         };
@@ -865,7 +904,6 @@ impl Processor {
             elapsed_ms = elapsed.as_millis() as u64,
             "restored partition state from the changelog"
         );
-        let snapshots = self.cql.is_some();
         Ok(states
             .into_iter()
             .map(|(p, restored)| {
@@ -1029,12 +1067,50 @@ impl Processor {
             attempt = self.recoveries,
             "a transactional producer was fenced or its transaction did not settle; dropping uncommitted state and starting over from the committed offsets"
         );
+        self.leave_inputs();
+        self.transactions = init_producer(&self.settings).await?;
+        self.subscribe_inputs()
+    }
+
+    /// The checkpoint `partition` was restored from turned out damaged (a
+    /// page's checksum failed when a record touched it, or when the
+    /// checkpoint was checked whole beside the fold): its state may hold
+    /// wrong cursors for what it could not read. Nothing of it was
+    /// published (`start_flush` refuses it). Set the file aside, let what
+    /// is in flight settle (it was taken before), and start over as after
+    /// a fenced producer: drop what was folded but not committed, rejoin
+    /// the group and restore, this partition from its changelog.
+    async fn drop_damaged_state(&mut self, partition: i32, fault: StoredFault) -> Result<()> {
+        match &self.checkpoints {
+            Some(checkpoints) => checkpoints.set_aside(partition, &format!("corrupt: {fault}")),
+            None => tracing::warn!(partition, reason = %fault, "the checkpoint restored from is damaged"),
+        }
+        tracing::warn!(
+            partition,
+            "dropping uncommitted state and starting over from the committed offsets"
+        );
+        if let Err(e) = self.finish_flush().await {
+            tracing::warn!(error = %e, "the flush in flight failed; its changes are folded again");
+        }
+        if let Err(e) = self.finish_snapshot().await {
+            tracing::warn!(error = %e, "the snapshot in flight failed; its keys are owed again");
+        }
+        self.leave_inputs();
+        self.subscribe_inputs()
+    }
+
+    /// Leaves the group and forgets every partition's state and what was
+    /// folded but not committed: the start of starting over.
+    fn leave_inputs(&mut self) {
         self.consumer.unsubscribe();
         self.partitions.start_over();
         self.flush_at = None;
         self.paused = false;
         self.retry.succeeded();
-        self.transactions = init_producer(&self.settings).await?;
+    }
+
+    /// Joins the group again, for both inputs.
+    fn subscribe_inputs(&mut self) -> Result<()> {
         let topics = [
             self.settings.topics.read_reports.as_str(),
             self.settings.topics.conversation_events.as_str(),

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use readfold_core::flush::{self, PartitionSlot};
+use readfold_core::fold::StoredFault;
 use readfold_wire::OutRecord;
 
 use crate::group::GroupEvent;
@@ -91,6 +92,14 @@ impl Partitions {
                 })
             }
         }
+    }
+
+    /// A partition whose state must not be published, and why: the
+    /// checkpoint it was restored from turned out damaged.
+    pub fn stored_fault(&self) -> Option<(i32, StoredFault)> {
+        self.slots
+            .iter()
+            .find_map(|(&p, slot)| slot.state.stored_fault().map(|fault| (p, fault)))
     }
 
     /// Forgets every partition and its state, until the next assignment:

@@ -158,8 +158,8 @@ fn main() {
     write("ingest", "sent", &ingest(8 | 1, &events[0].1));
     write("ingest", "joined", &ingest(1, &events[1].1));
 
-    // [selector][body]: selector 0x40 frames the body (bit 0 clear) and
-    // allows ids of 33 bytes.
+    // [selector][header length][header][body]: selector 0x40 seals them
+    // (bit 0 clear) and allows ids of 33 bytes.
     let mut state = PartitionState::new();
     for input in [
         Input::Event(ConversationEvent {
@@ -206,12 +206,13 @@ fn main() {
         written_at_ms: 1_700_000_000_000,
         snapshotted_to: None,
     };
-    let file = checkpoint::encode(&meta, &state);
-    let mut seed = vec![0x40];
-    seed.extend_from_slice(&file[8..file.len() - 4]);
-    write("decode_checkpoint", "state", &seed);
-    let empty = checkpoint::encode(&meta, &PartitionState::new());
-    let mut seed = vec![0x40];
-    seed.extend_from_slice(&empty[8..empty.len() - 4]);
-    write("decode_checkpoint", "empty", &seed);
+    for (name, state) in [("state", state), ("empty", PartitionState::new())] {
+        let file = checkpoint::encode(&meta, &state).expect("a state in memory");
+        let (header, body) = checkpoint::unseal(&file).expect("a file just written");
+        let mut seed = vec![0x40];
+        seed.extend_from_slice(&(header.len() as u32).to_le_bytes());
+        seed.extend_from_slice(header);
+        seed.extend_from_slice(body);
+        write("decode_checkpoint", name, &seed);
+    }
 }

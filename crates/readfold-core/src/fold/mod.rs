@@ -24,11 +24,15 @@ use crate::read_model::{ConversationView, MemberCursor, OwnCursor};
 
 mod dense;
 mod members;
+mod stored;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
+
 use dense::DenseMap;
 use members::{Extras, Members, Slot, UserTable};
+pub use stored::{StoredConversation, StoredConversations, StoredFault};
 
 /// A validated client read report.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -345,15 +349,20 @@ impl Change {
 
     /// What only readfold keeps of the member: the member-state record.
     pub fn state_update(&self) -> MemberStateUpdate {
-        MemberStateUpdate {
-            key: self.key.clone(),
-            private_cursor: self.member.private_cursor,
-            mark: self.member.mark,
-            left: self.member.left,
-            membership: self.member.membership,
-            epoch: self.member.epoch,
-            updated_at: self.member.updated_at,
-        }
+        member_state(self.key.clone(), &self.member)
+    }
+}
+
+/// The member-state record of `member`.
+fn member_state(key: CursorKey, member: &Member) -> MemberStateUpdate {
+    MemberStateUpdate {
+        key,
+        private_cursor: member.private_cursor,
+        mark: member.mark,
+        left: member.left,
+        membership: member.membership,
+        epoch: member.epoch,
+        updated_at: member.updated_at,
     }
 }
 
@@ -484,6 +493,19 @@ pub struct PartitionState {
     users: UserTable,
     extras: Extras,
     dirty: DirtySet,
+    /// Conversations not yet taken in from a store (see `stored.rs`).
+    stored: Option<Stored>,
+}
+
+/// A conversation's members as [`PartitionState::whole`] lists them.
+pub type WholeMembers<'a> = dyn Iterator<Item = (&'a UserId, Member)> + 'a;
+
+/// A state's store and what is left in it.
+#[derive(Clone, Debug)]
+struct Stored {
+    source: Arc<dyn StoredConversations>,
+    /// Cursors of the stored conversations not taken in yet.
+    cursors_left: usize,
 }
 
 /// The members changed since the last flush: their slots carry what
@@ -526,6 +548,106 @@ impl PartitionState {
                 ..DirtySet::default()
             },
             ..Self::default()
+        }
+    }
+
+    /// A state whose conversations are in `source`, each taken in when a
+    /// record first touches it (see `stored.rs`). Until
+    /// [`PartitionState::take_all`], the views of the whole state
+    /// ([`PartitionState::conversations`], [`PartitionState::keys`],
+    /// [`PartitionState::conversation_count`] and the like) see only what
+    /// was taken in; [`PartitionState::whole`] sees all of it.
+    pub fn over(source: Arc<dyn StoredConversations>) -> Self {
+        let (_, cursors_left) = source.counts();
+        PartitionState {
+            stored: Some(Stored { source, cursors_left }),
+            ..Self::default()
+        }
+    }
+
+    /// Whether every conversation is in memory (no store left).
+    pub fn is_whole(&self) -> bool {
+        self.stored.is_none()
+    }
+
+    /// The fault the store found in itself, if any: the state may then
+    /// answer wrongly for a conversation it could not take in, and must be
+    /// dropped before anything of it is published.
+    pub fn stored_fault(&self) -> Option<StoredFault> {
+        self.stored.as_ref().and_then(|s| s.source.fault())
+    }
+
+    /// Takes in every conversation still in the store, and forgets the
+    /// store: for work over the whole state (a snapshot of every key).
+    pub fn take_all(&mut self) -> Result<(), StoredFault> {
+        let Some(stored) = &self.stored else {
+            return Ok(());
+        };
+        let source = Arc::clone(&stored.source);
+        let (conversations, _) = source.counts();
+        self.conversations
+            .reserve(conversations.saturating_sub(self.conversations.len()));
+        source.for_each(&mut |c| {
+            if self.conversations.find(&c.id).is_none() {
+                self.restore_conversation(c.id, c.latest_seq, c.members);
+            }
+        })?;
+        if let Some(fault) = source.fault() {
+            return Err(fault);
+        }
+        self.stored = None;
+        Ok(())
+    }
+
+    /// Every conversation, in memory or still in the store, to `each`: its
+    /// id, latest seq and members (what a checkpoint writes), without
+    /// taking the stored ones in.
+    pub fn whole(
+        &self,
+        each: &mut dyn FnMut(&ConversationId, Seq, &mut WholeMembers<'_>),
+    ) -> Result<(), StoredFault> {
+        for (id, conversation) in self.conversations() {
+            each(id, conversation.latest_seq(), &mut conversation.members());
+        }
+        let Some(stored) = &self.stored else {
+            return Ok(());
+        };
+        stored.source.for_each(&mut |c| {
+            // Taken in: written above, as it is now.
+            if self.conversations.find(&c.id).is_none() {
+                each(
+                    &c.id,
+                    c.latest_seq,
+                    &mut c.members.iter().map(|(u, m)| (u, m.clone())),
+                );
+            }
+        })?;
+        stored.source.fault().map_or(Ok(()), Err)
+    }
+
+    /// After a checkpoint's public changelog tail was applied to a state
+    /// over it: applies the stored member-state of every conversation taken
+    /// in meanwhile again, as a restore applies member-state records after
+    /// the public ones (a public record carries membership only roughly).
+    /// Conversations the tail did not touch are as stored already.
+    pub fn restate_from_store(&mut self) {
+        let Some(stored) = &self.stored else {
+            return;
+        };
+        let source = Arc::clone(&stored.source);
+        let ids: Vec<ConversationId> = self.conversations.iter().map(|(id, _)| id.clone()).collect();
+        for id in ids {
+            // A fault is the store's to report (`stored_fault`).
+            let Ok(Some(conversation)) = source.find(&id) else {
+                continue;
+            };
+            for (user_id, member) in conversation.members {
+                let key = CursorKey {
+                    conversation_id: id.clone(),
+                    user_id,
+                };
+                self.restore_state(&member_state(key, &member));
+            }
         }
     }
 
@@ -573,9 +695,16 @@ impl PartitionState {
         }
     }
 
-    /// Number of (conversation, user) cursors held.
+    /// Number of (conversation, user) cursors held, in memory or in the
+    /// store.
     pub fn cursor_count(&self) -> usize {
-        self.conversations.iter().map(|(_, c)| c.members.len()).sum()
+        let in_store = self.stored.as_ref().map_or(0, |s| s.cursors_left);
+        in_store
+            + self
+                .conversations
+                .iter()
+                .map(|(_, c)| c.members.len())
+                .sum::<usize>()
     }
 
     /// Number of members changed since the last [`PartitionState::mark_flushed`].
@@ -869,11 +998,30 @@ impl PartitionState {
         changes
     }
 
-    /// The conversation's number, held from now on if new.
+    /// The conversation's number, held from now on if new; taken in from
+    /// the store if it is there.
     fn conversation_number(&mut self, id: &ConversationId) -> u32 {
+        if self.stored.is_some() {
+            if let Some(number) = self.conversations.find(id) {
+                return number;
+            }
+            self.take_in(id);
+        }
         self.conversations
             .find_or_insert_with(id, Conversation::default)
             .0
+    }
+
+    /// Takes the conversation `id` in from the store, if stored. On a
+    /// fault it stays out (the store keeps the fault: see `stored_fault`).
+    fn take_in(&mut self, id: &ConversationId) {
+        let Some(stored) = &mut self.stored else {
+            return;
+        };
+        if let Ok(Some(conversation)) = stored.source.find(id) {
+            stored.cursors_left = stored.cursors_left.saturating_sub(conversation.members.len());
+            self.restore_conversation(conversation.id, conversation.latest_seq, conversation.members);
+        }
     }
 
     /// Every (conversation, user) held.

@@ -856,3 +856,180 @@ fn a_conversation_put_back_whole_gives_its_members_extras_back() {
     });
     assert_eq!(s.extras.len(), 1);
 }
+
+/// A store of conversations in memory, for states over a store: the
+/// conversations of `state`, and one id whose reading fails.
+#[derive(Debug, Default)]
+struct MapStore {
+    conversations: Vec<StoredConversation>,
+    damaged: Option<ConversationId>,
+    fault: std::sync::Mutex<Option<StoredFault>>,
+}
+
+impl MapStore {
+    fn of(state: &PartitionState) -> Self {
+        let conversations = state
+            .conversations()
+            .map(|(id, c)| StoredConversation {
+                id: id.clone(),
+                latest_seq: c.latest_seq(),
+                members: c.members().map(|(u, m)| (u.clone(), m)).collect(),
+            })
+            .collect();
+        MapStore {
+            conversations,
+            ..MapStore::default()
+        }
+    }
+
+    fn failed(&self, id: &ConversationId) -> StoredFault {
+        let fault = StoredFault(format!("{id} is damaged"));
+        self.fault.lock().unwrap().get_or_insert(fault.clone());
+        fault
+    }
+}
+
+impl StoredConversations for MapStore {
+    fn find(&self, id: &ConversationId) -> Result<Option<StoredConversation>, StoredFault> {
+        if self.damaged.as_ref() == Some(id) {
+            return Err(self.failed(id));
+        }
+        Ok(self.conversations.iter().find(|c| &c.id == id).cloned())
+    }
+
+    fn for_each(&self, each: &mut dyn FnMut(StoredConversation)) -> Result<(), StoredFault> {
+        for c in &self.conversations {
+            if self.damaged.as_ref() == Some(&c.id) {
+                return Err(self.failed(&c.id));
+            }
+            each(c.clone());
+        }
+        Ok(())
+    }
+
+    fn counts(&self) -> (usize, usize) {
+        let cursors = self.conversations.iter().map(|c| c.members.len()).sum();
+        (self.conversations.len(), cursors)
+    }
+
+    fn fault(&self) -> Option<StoredFault> {
+        self.fault.lock().unwrap().clone()
+    }
+}
+
+/// What `whole` lists, as comparable values.
+fn whole_snapshot(s: &PartitionState) -> Snapshot {
+    let mut all = Snapshot::new();
+    s.whole(&mut |id, latest_seq, members| {
+        let members = members.map(|(u, m)| (u.clone(), m)).collect();
+        assert!(
+            all.insert(id.clone(), (latest_seq, members)).is_none(),
+            "{id} listed twice"
+        );
+    })
+    .unwrap();
+    all
+}
+
+/// Changes as comparable values.
+fn by_key(changes: Vec<Change>) -> BTreeMap<CursorKey, (Member, Seq, Outputs)> {
+    changes
+        .into_iter()
+        .map(|c| (c.key, (c.member, c.latest_seq, c.outputs)))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// A state over a store of what was folded before folds the rest as
+    /// the state that held it all in memory: the same changes to publish,
+    /// the same state in the end, listed whole before or after taking
+    /// everything in.
+    #[test]
+    fn a_state_over_a_store_folds_as_the_state_held_whole(
+        (_, delivered) in arb_delivery(),
+        split in any::<prop::sample::Index>(),
+    ) {
+        let split = split.index(delivered.len() + 1);
+        let (before, after) = delivered.split_at(split);
+        let mut whole = fold_all(before);
+        whole.mark_flushed();
+        let store = Arc::new(MapStore::of(&whole));
+        let mut over = PartitionState::over(store);
+        prop_assert!(!over.is_whole());
+        prop_assert_eq!(over.cursor_count(), whole.cursor_count());
+        prop_assert_eq!(whole_snapshot(&over), snapshot(&whole));
+        for (i, record) in after.iter().enumerate() {
+            apply(&mut whole, record);
+            apply(&mut over, record);
+            if i % 3 == 0 {
+                prop_assert_eq!(by_key(over.drain()), by_key(whole.drain()));
+            }
+        }
+        prop_assert_eq!(by_key(over.drain()), by_key(whole.drain()));
+        prop_assert_eq!(over.cursor_count(), whole.cursor_count());
+        prop_assert_eq!(whole_snapshot(&over), snapshot(&whole));
+        prop_assert_eq!(over.stored_fault(), None);
+        over.take_all().unwrap();
+        prop_assert!(over.is_whole());
+        prop_assert_eq!(snapshot(&over), snapshot(&whole));
+        prop_assert_eq!(over.cursor_count(), whole.cursor_count());
+    }
+}
+
+#[test]
+fn a_damaged_stored_conversation_is_a_fault_of_the_state() {
+    let mut whole = PartitionState::new();
+    whole.apply_report(&report("c1", "a", 4));
+    whole.apply_report(&report("c2", "b", 7));
+    let store = MapStore {
+        damaged: Some(conv("c2")),
+        ..MapStore::of(&whole)
+    };
+    let mut over = PartitionState::over(Arc::new(store));
+    // What it can read, it reads.
+    over.apply_report(&report("c1", "a", 5));
+    assert_eq!(cursor_of(&over, "c1", "a"), 5);
+    assert_eq!(over.stored_fault(), None);
+    // What it cannot, it must not be trusted with.
+    over.apply_report(&report("c2", "b", 3));
+    assert_eq!(over.stored_fault(), Some(StoredFault("c2 is damaged".into())));
+    assert!(over.take_all().is_err());
+    assert!(over.whole(&mut |_, _, _| {}).is_err());
+}
+
+#[test]
+fn the_stored_member_states_come_back_after_a_public_tail() {
+    // A member who left, with a private cursor: a public changelog record
+    // rejoins them roughly, and their member-state puts the exact
+    // membership back, as a restore applies member-state records after the
+    // public ones. Over a store, as a state held whole.
+    let mut whole = PartitionState::new();
+    whole.apply_event(&joined("c1", "a", 1, 10));
+    whole.apply_report(&private_report("c1", "a", 3));
+    whole.apply_event(&left("c1", "a", 2, 20));
+    whole.apply_report(&report("c2", "b", 4));
+    whole.mark_flushed();
+    let mut over = PartitionState::over(Arc::new(MapStore::of(&whole)));
+    let states: Vec<MemberStateUpdate> = whole
+        .keys()
+        .filter_map(|key| whole.current(&key))
+        .map(|change| change.state_update())
+        .collect();
+    let tail = CursorUpdate {
+        conversation_id: conv("c1"),
+        user_id: user("a"),
+        cursor: Seq(0),
+        join_seq: Seq(1),
+        latest_seq: Seq(2),
+        updated_at: 5,
+    };
+    whole.restore_update(&tail);
+    states.iter().for_each(|s| whole.restore_state(s));
+    over.restore_update(&tail);
+    over.restate_from_store();
+    assert!(whole.current(&tail.key()).unwrap().member.left);
+    over.take_all().unwrap();
+    assert_eq!(snapshot(&over), snapshot(&whole));
+}
