@@ -7,6 +7,12 @@
 //! timed until CQL holds the restored state again: until the processor's
 //! snapshot backlog (`readfold_snapshot_backlog_keys`) is back to 0, with the
 //! keys its snapshots wrote by then.
+//!
+//! Ready is not the whole story when a state is taken in lazily (from a
+//! checkpoint, conversations are read from the file as records touch
+//! them): while each process is down, one more read lands in a conversation
+//! of the state, and each restart is also timed until that record's offset
+//! is committed, its change published.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -31,6 +37,10 @@ pub struct RestartRow {
     /// Start to ready, from the checkpoint written at the last stop.
     pub checkpoint_secs: f64,
     pub checkpoint_restore_secs: f64,
+    /// Start until the read that landed while it was down is committed:
+    /// after the whole changelog, and after the checkpoint.
+    pub full_first_secs: f64,
+    pub checkpoint_first_secs: f64,
     pub checkpoint_bytes: u64,
     /// The clean stop that wrote the checkpoint: SIGTERM to exit.
     pub stop_secs: f64,
@@ -81,7 +91,14 @@ async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Res
     for chunk in reports.chunks(100_000) {
         producer.send_many(chunk, &[]).await?;
     }
-    drop(producer);
+    // A read of a conversation in the middle of the state, by its first
+    // member, past every seq: sent while the process is down.
+    let probe = |n: i64| ReadReportRecord {
+        conversation_id: format!("conv-{}", cursors / members / 2),
+        user_id: format!("user-{}", (cursors / members / 2) % users),
+        seq: 1000 + n,
+        ..reports[0].clone()
+    };
     let base = std::env::temp_dir().join(format!("readfold-bench-restart-{}", super::now_ms()));
     let (warm, cold) = (base.join("warm"), base.join("cold"));
 
@@ -98,9 +115,13 @@ async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Res
     let stop_secs = stop(child)?.as_secs_f64();
     let checkpoint_bytes = dir_bytes(&warm);
 
-    let (full_secs, full_restore_secs, full_cql) = time_to_ready(&config, &cold, cql).await?;
-    let (checkpoint_secs, checkpoint_restore_secs, checkpoint_cql) =
+    producer.send_many(&[probe(1)], &[]).await?;
+    let (full_secs, full_restore_secs, full_first_secs, full_cql) =
+        time_to_ready(&config, &cold, cql).await?;
+    producer.send_many(&[probe(2)], &[]).await?;
+    let (checkpoint_secs, checkpoint_restore_secs, checkpoint_first_secs, checkpoint_cql) =
         time_to_ready(&config, &warm, cql).await?;
+    drop(producer);
     let _ = std::fs::remove_dir_all(&base);
     super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
     super::delete_bench_keys(&config.redis).await;
@@ -110,6 +131,8 @@ async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Res
         full_restore_secs,
         checkpoint_secs,
         checkpoint_restore_secs,
+        full_first_secs,
+        checkpoint_first_secs,
         checkpoint_bytes,
         stop_secs,
         full_cql,
@@ -133,14 +156,19 @@ fn start(config: &Config, state_dir: &Path, cql: bool) -> Result<(ChildGuard, St
     Ok((spawn("run", &vars)?, ops))
 }
 
-/// Starts `readfold run`, waits until `/readyz` answers 200 (and with `cql`
-/// until its snapshot backlog is 0), and stops it cleanly; returns the
-/// seconds to ready and the restore's own seconds.
+/// Starts `readfold run`, waits until `/readyz` answers 200, then until
+/// its input offsets reach the inputs' current ends (and with `cql` until
+/// its snapshot backlog is 0), and stops it cleanly; returns the seconds to
+/// ready, the restore's own seconds and the seconds to that commit.
 async fn time_to_ready(
     config: &Config,
     state_dir: &Path,
     cql: bool,
-) -> Result<(f64, f64, Option<CqlCatchUp>)> {
+) -> Result<(f64, f64, f64, Option<CqlCatchUp>)> {
+    let watch = config.clone();
+    let ends = tokio::task::spawn_blocking(move || end_offsets(&watch))
+        .await
+        .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
     let started = Instant::now();
     let (child, ops) = start(config, state_dir, cql)?;
     loop {
@@ -157,13 +185,18 @@ async fn time_to_ready(
         &scrape(&ops).unwrap_or_default(),
         "readfold_restore_duration_seconds_sum",
     );
+    let (watch, pid) = (config.clone(), child.pid());
+    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
+        .await
+        .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
+    let first = started.elapsed().as_secs_f64();
     let caught_up = if cql {
         Some(cql_caught_up(&ops, started, child.pid()).await?)
     } else {
         None
     };
     stop(child)?;
-    Ok((secs, restore, caught_up))
+    Ok((secs, restore, first, caught_up))
 }
 
 /// Waits until the child's snapshot backlog is 0 (set before it is ready).
@@ -238,7 +271,7 @@ pub fn print_restart(rows: &[RestartRow], members: u64, cql: bool) {
         "restart after a clean stop, {members} members per conversation: start to /readyz, {sinks} (restore: the processor's own timing, loading the checkpoint files included)"
     );
     println!(
-        "{:>10} | {:>22} | {:>26} | {:>12} | {:>28}",
+        "{:>10} | {:>26} | {:>26} | {:>12} | {:>21}",
         "cursors",
         "whole changelog (restore)",
         "checkpoint + tail (restore)",
@@ -247,7 +280,7 @@ pub fn print_restart(rows: &[RestartRow], members: u64, cql: bool) {
     );
     for r in rows {
         println!(
-            "{:>10} | {:>11.2} s ({:>5.2} s) | {:>15.2} s ({:>5.2} s) | {:>9.1} MB | {:>26.2} s",
+            "{:>10} | {:>15.2} s ({:>5.2} s) | {:>15.2} s ({:>5.2} s) | {:>9.1} MB | {:>19.2} s",
             r.cursors,
             r.full_secs,
             r.full_restore_secs,
@@ -255,6 +288,17 @@ pub fn print_restart(rows: &[RestartRow], members: u64, cql: bool) {
             r.checkpoint_restore_secs,
             r.checkpoint_bytes as f64 / 1e6,
             r.stop_secs
+        );
+    }
+    println!("start until the read sent while it was down is committed (its change published):");
+    println!(
+        "{:>10} | {:>26} | {:>26}",
+        "cursors", "whole changelog", "checkpoint + tail"
+    );
+    for r in rows {
+        println!(
+            "{:>10} | {:>24.2} s | {:>24.2} s",
+            r.cursors, r.full_first_secs, r.checkpoint_first_secs
         );
     }
     if cql {

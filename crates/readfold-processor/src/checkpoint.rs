@@ -295,7 +295,7 @@ pub struct CheckpointFile {
 }
 
 impl CheckpointFile {
-    fn open(path: &Path) -> std::io::Result<CheckpointFile> {
+    pub fn open(path: &Path) -> std::io::Result<CheckpointFile> {
         let file = File::open(path)?;
         let size = file.metadata()?.len();
         Ok(CheckpointFile { file, size })

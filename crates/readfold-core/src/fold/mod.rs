@@ -558,11 +558,16 @@ impl PartitionState {
     /// [`PartitionState::conversation_count`] and the like) see only what
     /// was taken in; [`PartitionState::whole`] sees all of it.
     pub fn over(source: Arc<dyn StoredConversations>) -> Self {
-        let (_, cursors_left) = source.counts();
-        PartitionState {
+        let (conversations, cursors_left) = source.counts();
+        let mut state = PartitionState {
             stored: Some(Stored { source, cursors_left }),
             ..Self::default()
-        }
+        };
+        // Room for what the store holds: taken in one by one, the table
+        // would rehash everything each time it doubled. (Its pages are
+        // resident only as they fill.)
+        state.conversations.reserve(conversations);
+        state
     }
 
     /// Whether every conversation is in memory (no store left).

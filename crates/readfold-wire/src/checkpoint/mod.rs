@@ -27,8 +27,9 @@
 //!   (u32), the header, and a CRC-32C of all that;
 //! - the body: the conversations, each a u32 length and then its id, latest
 //!   seq, member count and members (each its user id and fields); then an
-//!   index of them, open addressing over a hash of the id, each bucket the
-//!   offset (plus one; zero is empty) and length of a conversation;
+//!   index of them, open addressing over a hash of the id (at most two
+//!   thirds full), each bucket a conversation's offset plus one (zero is
+//!   empty);
 //! - a CRC-32C of each page of the body, then a CRC-32C of that table.
 //!
 //! Versions 2 and 3 were decoded whole at the start; a file of either is
@@ -36,7 +37,7 @@
 //! once (and, with CQL on, snapshots everything once).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use readfold_core::fold::{
@@ -55,8 +56,13 @@ const CHUNK_PAGES: usize = 256;
 const MAX_HEADER: usize = 1 << 20;
 /// The magic, the version and the header's length.
 const PROLOGUE: usize = 6 + 2 + 4;
-/// One bucket of the index: offset plus one, length.
-const BUCKET: usize = 16;
+/// One bucket of the index: a conversation's offset, plus one.
+const BUCKET: usize = 8;
+/// Buckets a lookup reads at a time.
+const WINDOW: u64 = 8;
+/// Bytes a lookup reads of a conversation before it knows its length:
+/// most conversations fit.
+const HEAD: usize = 512;
 
 /// What a checkpoint was taken of, and up to where.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,8 +177,8 @@ pub fn encode(meta: &CheckpointMeta, state: &PartitionState) -> Result<Vec<u8>, 
     out.extend_from_slice(&header);
     out.extend_from_slice(&[0; 4]);
     let body_at = out.len();
-    // Each conversation's (hash, offset, length), for the index.
-    let mut placed: Vec<(u64, u64, u64)> = Vec::new();
+    // Each conversation's (hash, offset), for the index.
+    let mut placed: Vec<(u64, u64)> = Vec::new();
     let mut cursors = 0u64;
     state.whole(&mut |id, latest_seq, members| {
         let at = out.len();
@@ -190,24 +196,24 @@ pub fn encode(meta: &CheckpointMeta, state: &PartitionState) -> Result<Vec<u8>, 
         out[count_at..count_at + 4].copy_from_slice(&count.to_le_bytes());
         let len = out.len() - at;
         out[at..at + 4].copy_from_slice(&((len - 4) as u32).to_le_bytes());
-        placed.push((hash(id.as_str().as_bytes()), (at - body_at) as u64, len as u64));
+        placed.push((hash(id.as_str().as_bytes()), (at - body_at) as u64));
         cursors += u64::from(count);
     })?;
     let records_len = (out.len() - body_at) as u64;
-    // At most half full: a lookup reads a bucket or two.
-    let buckets = (placed.len() * 2).next_power_of_two();
-    let mut index = vec![(0u64, 0u64); buckets];
+    // At most two thirds full: a lookup's first read of buckets mostly
+    // ends it, and there is always an empty one.
+    let buckets = (placed.len() + placed.len() / 2 + 1).next_power_of_two();
+    let mut index = vec![0u64; buckets];
     let mask = buckets as u64 - 1;
-    for &(h, offset, len) in &placed {
+    for &(h, offset) in &placed {
         let mut b = h & mask;
-        while index[b as usize].0 != 0 {
+        while index[b as usize] != 0 {
             b = (b + 1) & mask;
         }
-        index[b as usize] = (offset + 1, len);
+        index[b as usize] = offset + 1;
     }
-    for (offset, len) in index {
+    for offset in index {
         out.extend_from_slice(&offset.to_le_bytes());
-        out.extend_from_slice(&len.to_le_bytes());
     }
     let body_len = (out.len() - body_at) as u64;
     for (i, n) in [
@@ -289,6 +295,10 @@ pub struct Checkpoint<S> {
     conversations: u64,
     cursors: u64,
     page_crcs: Vec<u32>,
+    /// The pages whose checksum held, a bit each: read again, they are
+    /// read only as far as needed, unchecked (the file is never changed
+    /// in place: a new checkpoint is written beside it and renamed).
+    verified: Box<[AtomicU64]>,
     max_id_bytes: usize,
     fault: Mutex<Option<StoredFault>>,
     /// Whether `fault` holds one: the processor asks before every step.
@@ -361,7 +371,7 @@ pub fn open<S: ReadAt>(source: S, max_id_bytes: usize) -> Result<Checkpoint<S>, 
             .checked_mul(BUCKET as u64)
             .and_then(|b| b.checked_add(records_len))
             != Some(body_len)
-        || conversations > buckets
+        || conversations >= buckets
     {
         return Err(CheckpointError::Malformed);
     }
@@ -370,9 +380,12 @@ pub fn open<S: ReadAt>(source: S, max_id_bytes: usize) -> Result<Checkpoint<S>, 
     if crc32c(table).to_le_bytes() != crc {
         return Err(CheckpointError::Checksum);
     }
-    let page_crcs = table
+    let page_crcs: Vec<u32> = table
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+        .collect();
+    let verified = (0..page_crcs.len().div_ceil(64))
+        .map(|_| AtomicU64::new(0))
         .collect();
     Ok(Checkpoint {
         meta,
@@ -384,6 +397,7 @@ pub fn open<S: ReadAt>(source: S, max_id_bytes: usize) -> Result<Checkpoint<S>, 
         conversations,
         cursors,
         page_crcs,
+        verified,
         max_id_bytes,
         fault: Mutex::new(None),
         faulted: AtomicBool::new(false),
@@ -447,10 +461,7 @@ impl<S: ReadAt> Checkpoint<S> {
     /// The body's bytes `[offset, offset + len)`, each page they touch read
     /// whole and checked: the pages, and where the bytes start in them.
     fn pages(&self, offset: u64, len: usize) -> Result<(Vec<u8>, usize), CheckpointError> {
-        let end = offset
-            .checked_add(len as u64)
-            .filter(|&end| end <= self.body_len)
-            .ok_or(CheckpointError::Malformed)?;
+        let end = self.end_of(offset, len)?;
         let first = offset / PAGE as u64;
         let from = first * PAGE as u64;
         let to = end
@@ -462,11 +473,46 @@ impl<S: ReadAt> Checkpoint<S> {
             .read_exact_at(&mut buf, self.body_at + from)
             .map_err(|e| CheckpointError::Read(e.to_string()))?;
         for (i, page) in buf.chunks(PAGE).enumerate() {
-            if Some(&crc32c(page)) != self.page_crcs.get(first as usize + i) {
-                return Err(CheckpointError::Checksum);
+            let n = first as usize + i;
+            if !self.is_verified(n) {
+                if Some(&crc32c(page)) != self.page_crcs.get(n) {
+                    return Err(CheckpointError::Checksum);
+                }
+                self.verified[n / 64].fetch_or(1 << (n % 64), Ordering::Relaxed);
             }
         }
         Ok((buf, (offset - from) as usize))
+    }
+
+    /// The body's bytes `[offset, offset + len)`: only those when every
+    /// page they touch was checked before, else [`Checkpoint::pages`].
+    fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, CheckpointError> {
+        let end = self.end_of(offset, len)?;
+        let (first, last) = (offset / PAGE as u64, end.saturating_sub(1) / PAGE as u64);
+        if (first..=last).all(|n| self.is_verified(n as usize)) {
+            let mut buf = vec![0; len];
+            self.source
+                .read_exact_at(&mut buf, self.body_at + offset)
+                .map_err(|e| CheckpointError::Read(e.to_string()))?;
+            return Ok(buf);
+        }
+        let (mut pages, start) = self.pages(offset, len)?;
+        pages.truncate(start + len);
+        pages.drain(..start);
+        Ok(pages)
+    }
+
+    fn end_of(&self, offset: u64, len: usize) -> Result<u64, CheckpointError> {
+        offset
+            .checked_add(len as u64)
+            .filter(|&end| end <= self.body_len)
+            .ok_or(CheckpointError::Malformed)
+    }
+
+    fn is_verified(&self, page: usize) -> bool {
+        self.verified
+            .get(page / 64)
+            .is_some_and(|bits| bits.load(Ordering::Relaxed) & (1 << (page % 64)) != 0)
     }
 
     /// Every conversation, in the file's order, read a chunk at a time.
@@ -502,27 +548,53 @@ impl<S: ReadAt> Checkpoint<S> {
     fn lookup(&self, id: &ConversationId) -> Result<Option<StoredConversation>, CheckpointError> {
         let mask = self.buckets - 1;
         let mut bucket = hash(id.as_str().as_bytes()) & mask;
-        // The index is at most half full: an empty bucket ends every search.
-        for _ in 0..self.buckets {
-            let (bytes, start) = self.pages(self.records_len + bucket * BUCKET as u64, BUCKET)?;
-            let mut entry = &bytes[start..start + BUCKET];
-            let (offset, len) = (take_u64(&mut entry)?, take_u64(&mut entry)?);
-            if offset == 0 {
-                return Ok(None);
+        let mut probed = 0;
+        // The index is never full: an empty bucket ends every search.
+        while probed < self.buckets {
+            let n = WINDOW.min(self.buckets - bucket).min(self.buckets - probed);
+            let window = self.read(self.records_len + bucket * BUCKET as u64, n as usize * BUCKET)?;
+            for entry in window.chunks_exact(BUCKET) {
+                let offset = u64::from_le_bytes(entry.try_into().expect("a bucket"));
+                if offset == 0 {
+                    return Ok(None);
+                }
+                let record = self.record_at(offset - 1)?;
+                let mut peek = record.as_slice();
+                if take_str(&mut peek)? == id.as_str() {
+                    return self.conversation(&record).map(Some);
+                }
             }
-            let offset = offset - 1;
-            if offset.checked_add(len).is_none_or(|end| end > self.records_len) || len < 4 {
-                return Err(CheckpointError::Malformed);
-            }
-            let (bytes, start) = self.pages(offset, len as usize)?;
-            let record = &bytes[start + 4..start + len as usize];
-            let mut peek = record;
-            if take_str(&mut peek)? == id.as_str() {
-                return self.conversation(record).map(Some);
-            }
-            bucket = (bucket + 1) & mask;
+            probed += n;
+            bucket = (bucket + n) & mask;
         }
         Err(CheckpointError::Malformed)
+    }
+
+    /// The record of the conversation at `offset`, without its length.
+    fn record_at(&self, offset: u64) -> Result<Vec<u8>, CheckpointError> {
+        if offset >= self.records_len {
+            return Err(CheckpointError::Malformed);
+        }
+        let head = HEAD.min((self.records_len - offset) as usize);
+        let mut record = self.read(offset, head)?;
+        let len = u32::from_le_bytes(
+            record
+                .get(..4)
+                .ok_or(CheckpointError::Malformed)?
+                .try_into()
+                .expect("4 bytes"),
+        );
+        let end = 4 + len as usize;
+        if offset + end as u64 > self.records_len {
+            return Err(CheckpointError::Malformed);
+        }
+        if end <= record.len() {
+            record.truncate(end);
+            record.drain(..4);
+            Ok(record)
+        } else {
+            self.read(offset + 4, len as usize)
+        }
     }
 
     /// One conversation's record.

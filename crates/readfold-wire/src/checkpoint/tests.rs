@@ -480,3 +480,39 @@ fn the_fuzz_seeds_are_bodies_of_the_current_format() {
         decode(&file, max_id_bytes).unwrap();
     }
 }
+
+/// Every stored conversation is found, large ones (read past a lookup's
+/// first read) too, and every other id is not, wherever its search starts
+/// in the index (the last buckets' searches go on at the first).
+#[test]
+fn every_stored_conversation_is_found_and_no_other() {
+    let mut state = PartitionState::new();
+    let id = |i: u32| format!("conversation-{i}");
+    for i in 0..1000u32 {
+        let members = if i % 100 == 0 { 40 } else { 1 + i % 3 };
+        for m in 0..members {
+            state.apply(&Input::Report(ReadReport {
+                conversation_id: id(i).parse().unwrap(),
+                user_id: format!("a-rather-long-user-id-{m}").parse().unwrap(),
+                seq: Seq(u64::from(i + m + 1)),
+                reported_at: 1,
+                private: false,
+            }));
+        }
+    }
+    let bytes = encode(&meta(1, 1), &state).unwrap();
+    let opened = open(bytes, 256).unwrap();
+    for i in 0..1000 {
+        let found = opened.find(&id(i).parse().unwrap()).unwrap().expect("stored");
+        let held = state.conversation(&found.id).unwrap();
+        assert_eq!(found.members.len(), held.len());
+        for (user, member) in &found.members {
+            assert_eq!(held.member(user).as_ref(), Some(member));
+        }
+    }
+    for i in 1000..3000 {
+        assert_eq!(opened.find(&id(i).parse().unwrap()).unwrap(), None);
+    }
+    assert_eq!(opened.fault(), None);
+    assert_eq!(StoredConversations::counts(&opened), (1000, state.cursor_count()));
+}
