@@ -366,3 +366,84 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
         );
     }
 }
+
+/// A restart reads only a checkpoint's header and its pages' checksums:
+/// damage in its body is found when a page is read. Here the check of every
+/// page waits (`state.check_pages_after_ms`), so the first record after the
+/// restart finds it: the processor publishes nothing of that state, sets
+/// the file aside, starts over and restores the partition from its
+/// changelog, and every cursor ends right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_a_record_finds_after_the_restart_drops_the_state_unpublished() {
+    let env = TestEnv::new("checkpoint-late", 1).await;
+    let (dir, dir_text) = state_dir();
+    let vars = [
+        ("READFOLD__STATE__DIR", dir_text.as_str()),
+        ("READFOLD__STATE__CHECK_PAGES_AFTER_MS", "600000"),
+    ];
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    feed.seed_chats("dm", "group").await;
+    let mut processor = env.spawn_with("a", &vars);
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert!(processor.terminate(Duration::from_secs(30)));
+    let file = with_extension(&checkpoint_files(&dir), "checkpoint")
+        .pop()
+        .expect("a checkpoint");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let (header, body) = checkpoint::unseal(&bytes).unwrap();
+    assert!(!body.is_empty());
+    // A byte of the first conversation's record: the header and the table
+    // of the pages' checksums still hold, so the restart trusts the file.
+    let at = 12 + header.len() + 4 + 10;
+    bytes[at] ^= 0x20;
+    std::fs::write(&file, &bytes).unwrap();
+
+    let mut processor = env.spawn_with("a", &vars);
+    let started = std::time::Instant::now();
+    while !processor.log_text().contains("restored partition state") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no restore:\n{}",
+            processor.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = processor.log_text();
+    let restored = restored_lines(&text);
+    assert!(
+        restored.iter().all(|l| !l.contains("from_checkpoint=0")),
+        "the damaged checkpoint was opened, its pages unread:\n{text}"
+    );
+    // The first record reads the damaged page.
+    let mut feed = env.feed(&mut reference);
+    feed.report(report("dm", "B", 9)).await;
+    feed.report(report("group", "C", 2)).await;
+    let log = env.wait_for_reference(&reference, Duration::from_secs(90)).await;
+    assert_matches(&log, &reference);
+    assert!(log.regressions().is_empty(), "{:?}", log.regressions());
+    let text = processor.log_text();
+    assert!(
+        text.contains("dropping uncommitted state")
+            && text.contains("checkpoint not used")
+            && text.contains("corrupt"),
+        "the damage must be found and the state dropped:\n{text}"
+    );
+    let restored = restored_lines(&text);
+    assert!(
+        restored.len() >= 2 && restored.last().is_some_and(|l| l.contains("from_checkpoint=0")),
+        "a full restore after the damage:\n{text}"
+    );
+    assert!(processor.terminate(Duration::from_secs(30)));
+    let files = checkpoint_files(&dir);
+    assert_eq!(
+        with_extension(&files, "rejected").len(),
+        1,
+        "set aside: {files:?}"
+    );
+    assert_eq!(
+        with_extension(&files, "checkpoint").len(),
+        1,
+        "a new one at the stop: {files:?}"
+    );
+}

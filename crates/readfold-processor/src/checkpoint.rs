@@ -36,6 +36,8 @@ use crate::config::Settings;
 pub struct Checkpoints {
     dir: PathBuf,
     max_age: Duration,
+    /// When the check of every page starts, after a restore.
+    check_after: Duration,
     group_id: String,
     public_topic: String,
     state_topic: String,
@@ -61,6 +63,7 @@ impl Checkpoints {
         Some(Checkpoints {
             dir,
             max_age: Duration::from_millis(settings.state.max_checkpoint_age_ms),
+            check_after: Duration::from_millis(settings.state.check_pages_after_ms),
             group_id: settings.kafka.group_id.clone(),
             public_topic: settings.topics.read_cursors.clone(),
             state_topic: settings.topics.member_state.clone(),
@@ -122,7 +125,7 @@ impl Checkpoints {
                 }
             })
             .collect();
-        check_every_page(opened);
+        check_every_page(opened, self.check_after);
         loaded
     }
 
@@ -317,22 +320,28 @@ impl ReadAt for CheckpointFile {
 /// moments of the start rather than at the stop. A fault goes to the state
 /// over the checkpoint ([`PartitionState::stored_fault`]); the processor
 /// acts on it.
-fn check_every_page(opened: Vec<(i32, Arc<checkpoint::Checkpoint<CheckpointFile>>)>) {
+fn check_every_page(opened: Vec<(i32, Arc<checkpoint::Checkpoint<CheckpointFile>>)>, after: Duration) {
     if opened.is_empty() {
         return;
     }
     let spawned = std::thread::Builder::new()
         .name("checkpoint-check".into())
         .spawn(move || {
+            std::thread::sleep(after);
             let started = Instant::now();
+            let (mut pages, mut damaged) = (0, 0);
             for (partition, checkpoint) in opened {
+                pages += checkpoint.page_count();
                 if let Err(e) = checkpoint.check_all() {
+                    damaged += 1;
                     tracing::warn!(partition, error = %e, "the checkpoint restored from is damaged");
                 }
             }
-            tracing::debug!(
+            tracing::info!(
+                pages,
+                damaged,
                 elapsed_ms = started.elapsed().as_millis() as u64,
-                "checkpoints checked"
+                "checked every page of the checkpoints restored from"
             );
         });
     if let Err(e) = spawned {

@@ -45,6 +45,9 @@ impl SnapshotConfig {
 pub struct StateConfig {
     pub dir: String,
     pub max_checkpoint_age_ms: u64,
+    /// How long after a restart from checkpoints the check of their every
+    /// page starts (pages a record reads are checked anyway).
+    pub check_pages_after_ms: u64,
 }
 
 /// `[shutdown]`: the bound on a graceful stop.

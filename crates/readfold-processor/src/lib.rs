@@ -890,7 +890,7 @@ impl Processor {
             tracing::warn!(?partitions, error = %e, retry_in_ms = delay.as_millis() as u64, "restore failed; retrying");
         })
         .await?;
-        // Loading the checkpoints (reading and decoding the files) is part
+        // Opening the checkpoints (their headers and pages' checksums) is part
         // of the restore: what a restart waits for.
         let elapsed = load + stats.elapsed;
         telemetry::restored(stats.records, elapsed);

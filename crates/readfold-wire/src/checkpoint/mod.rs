@@ -442,6 +442,11 @@ impl<S: ReadAt + 'static> Checkpoint<S> {
 }
 
 impl<S: ReadAt> Checkpoint<S> {
+    /// How many pages the body has (4 KiB each, each with a checksum).
+    pub fn page_count(&self) -> usize {
+        self.page_crcs.len()
+    }
+
     /// Reads every page of the body and checks its checksum: a restart
     /// runs it beside the fold, so that damage in a page no record touches
     /// is found too. A fault is kept for [`StoredConversations::fault`].
