@@ -8,8 +8,9 @@
 //! each conversation in from the file when a record first touches it (see
 //! `readfold_wire::checkpoint`), and a thread checks every page meanwhile.
 //! A damaged page, found either way, gives the state a fault: the processor
-//! then publishes nothing more of it, sets the file aside and restores that
-//! partition from its changelog (`Processor::drop_damaged_state`).
+//! then publishes nothing more of it, sets the file aside and starts over
+//! from the committed offsets, restoring that partition from its changelog
+//! (`Processor::drop_damaged_state`).
 //!
 //! Trusted means: its header and checksums hold; it was written by this
 //! group for these changelog topics and partition count; it is younger than
@@ -350,8 +351,9 @@ fn check_every_page(opened: Vec<(i32, Arc<checkpoint::Checkpoint<CheckpointFile>
 }
 
 /// `work` on `items` side by side, a share per core, the results in the
-/// items' order: loading and saving checkpoints is CPU (decoding, encoding)
-/// and I/O per partition, and a restart or a stop waits for all of it.
+/// items' order: saving checkpoints is CPU (encoding, and reading what a
+/// state never took in from its old file) and I/O per partition, and a
+/// stop waits for all of it.
 fn side_by_side<T: Sync, R: Send>(items: &[T], work: impl Fn(&[T]) -> Vec<R> + Sync) -> Vec<R> {
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     let share = items.len().div_ceil(workers).max(1);

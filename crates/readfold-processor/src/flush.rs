@@ -102,7 +102,7 @@ impl Processor {
         self.flush_at = None;
         // A state over a damaged checkpoint may hold wrong cursors: none
         // goes out, and the run loop starts over (`drop_damaged_state`).
-        if self.partitions.stored_fault().is_some() {
+        if self.partitions.any_stored_fault() {
             return;
         }
         self.catching_up = false;
@@ -124,7 +124,7 @@ impl Processor {
     /// only with CQL on and no snapshot in flight.
     pub(crate) fn start_snapshot(&mut self) {
         debug_assert!(self.snapshot_in_flight.is_none(), "one snapshot at a time");
-        if self.partitions.stored_fault().is_some() {
+        if self.partitions.any_stored_fault() {
             return;
         }
         let plan = flush::begin_snapshot(&mut self.partitions.slots, KEYS_PER_SNAPSHOT, KEYS_PER_SNAPSHOT);
@@ -270,6 +270,11 @@ impl Processor {
             // those stays owed, and the checkpoint says so).
             loop {
                 self.start_snapshot();
+                // None launched: nothing left, or a damaged state that
+                // must not be written (the stop drops it first).
+                if self.snapshot_in_flight.is_none() {
+                    break;
+                }
                 self.finish_snapshot().await?;
                 if self.published_owed() == 0 {
                     break;

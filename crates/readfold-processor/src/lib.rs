@@ -349,8 +349,8 @@ impl Processor {
             if *shutdown.borrow() {
                 break;
             }
-            if let Some((partition, fault)) = self.partitions.stored_fault() {
-                self.drop_damaged_state(partition, fault).await?;
+            if self.partitions.any_stored_fault() {
+                self.drop_damaged_state().await?;
             }
             if self.flush_at != linger_armed {
                 if let Some(at) = self.flush_at {
@@ -450,6 +450,14 @@ impl Processor {
             tracing::warn!(error = %e, "the snapshot in flight failed; its keys go into the final one");
         }
         self.apply_group_events();
+        // A partition whose checkpoint turned out damaged is left out of
+        // the final flush and of the checkpoints written now: its file is
+        // set aside, and whoever owns it next restores it from the
+        // changelog and folds its uncommitted input again.
+        for (partition, fault) in self.partitions.stored_faults() {
+            self.set_aside_damaged(partition, &fault);
+            self.partitions.slots.remove(&partition);
+        }
         // flush_now leaves CQL holding every key this process published
         // (restored ones still owed stay owed: the checkpoint says so).
         if !self.partitions.suspended {
@@ -1072,31 +1080,49 @@ impl Processor {
         self.subscribe_inputs()
     }
 
-    /// The checkpoint `partition` was restored from turned out damaged (a
-    /// page's checksum failed when a record touched it, or when the
-    /// checkpoint was checked whole beside the fold): its state may hold
-    /// wrong cursors for what it could not read. Nothing of it was
-    /// published (`start_flush` refuses it). Set the file aside, let what
-    /// is in flight settle (it was taken before), and start over as after
-    /// a fenced producer: drop what was folded but not committed, rejoin
-    /// the group and restore, this partition from its changelog.
-    async fn drop_damaged_state(&mut self, partition: i32, fault: StoredFault) -> Result<()> {
+    /// The checkpoints some partitions were restored from turned out
+    /// damaged (a page's checksum failed when a record touched it, or when
+    /// the checkpoint was checked whole beside the fold): their states may
+    /// hold wrong cursors for what they could not read. Nothing of them
+    /// was published (`start_flush` refuses them). Set the files aside,
+    /// let what is in flight settle (it was taken before), and start over
+    /// as after a fenced producer: drop every state and what was folded
+    /// but not committed, rejoin the group and restore, those partitions
+    /// from their changelogs.
+    async fn drop_damaged_state(&mut self) -> Result<()> {
+        let damaged = self.partitions.stored_faults();
+        for (partition, fault) in &damaged {
+            self.set_aside_damaged(*partition, fault);
+        }
+        let partitions: Vec<i32> = damaged.iter().map(|(p, _)| *p).collect();
+        tracing::warn!(
+            ?partitions,
+            "dropping uncommitted state and starting over from the committed offsets"
+        );
+        let mut producer_broke = false;
+        for (what, settled) in [
+            ("flush", self.finish_flush().await),
+            ("snapshot", self.finish_snapshot().await),
+        ] {
+            if let Err(e) = settled {
+                producer_broke |= matches!(e, Error::FatalTransaction(_) | Error::UnsettledTransaction(_));
+                tracing::warn!(error = %e, what, "what was in flight failed; it is folded again");
+            }
+        }
+        self.leave_inputs();
+        if producer_broke {
+            self.transactions = init_producer(&self.settings).await?;
+        }
+        self.subscribe_inputs()
+    }
+
+    /// Sets aside the checkpoint `partition`'s state was restored from,
+    /// found damaged.
+    fn set_aside_damaged(&self, partition: i32, fault: &StoredFault) {
         match &self.checkpoints {
             Some(checkpoints) => checkpoints.set_aside(partition, &format!("corrupt: {fault}")),
             None => tracing::warn!(partition, reason = %fault, "the checkpoint restored from is damaged"),
         }
-        tracing::warn!(
-            partition,
-            "dropping uncommitted state and starting over from the committed offsets"
-        );
-        if let Err(e) = self.finish_flush().await {
-            tracing::warn!(error = %e, "the flush in flight failed; its changes are folded again");
-        }
-        if let Err(e) = self.finish_snapshot().await {
-            tracing::warn!(error = %e, "the snapshot in flight failed; its keys are owed again");
-        }
-        self.leave_inputs();
-        self.subscribe_inputs()
     }
 
     /// Leaves the group and forgets every partition's state and what was

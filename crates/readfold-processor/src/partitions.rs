@@ -94,12 +94,21 @@ impl Partitions {
         }
     }
 
-    /// A partition whose state must not be published, and why: the
-    /// checkpoint it was restored from turned out damaged.
-    pub fn stored_fault(&self) -> Option<(i32, StoredFault)> {
+    /// The partitions whose state must not be published, and why: the
+    /// checkpoint each was restored from turned out damaged.
+    pub fn stored_faults(&self) -> Vec<(i32, StoredFault)> {
         self.slots
             .iter()
-            .find_map(|(&p, slot)| slot.state.stored_fault().map(|fault| (p, fault)))
+            .filter_map(|(&p, slot)| slot.state.stored_fault().map(|fault| (p, fault)))
+            .collect()
+    }
+
+    /// Whether any partition's state must not be published
+    /// ([`Partitions::stored_faults`]): asked before every step.
+    pub fn any_stored_fault(&self) -> bool {
+        self.slots
+            .values()
+            .any(|slot| slot.state.stored_fault().is_some())
     }
 
     /// Forgets every partition and its state, until the next assignment:

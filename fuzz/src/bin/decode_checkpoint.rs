@@ -55,6 +55,10 @@ fn run(data: &[u8]) {
                 }));
             }
         }
+        // A stop writes a state still over its file, reading the rest.
+        if let Ok(again) = encode(&opened.meta, &over) {
+            assert_eq!(decode_meta(&again).as_ref(), Ok(&opened.meta));
+        }
         let _ = opened.check_all();
         if over.take_all().is_ok() {
             let again = encode(&opened.meta, &over).expect("a state in memory");

@@ -592,11 +592,17 @@ impl PartitionState {
         let (conversations, _) = source.counts();
         self.conversations
             .reserve(conversations.saturating_sub(self.conversations.len()));
-        source.for_each(&mut |c| {
+        let mut taken = 0;
+        let listed = source.for_each(&mut |c| {
             if self.conversations.find(&c.id).is_none() {
+                taken += c.members.len();
                 self.restore_conversation(c.id, c.latest_seq, c.members);
             }
-        })?;
+        });
+        if let Some(stored) = &mut self.stored {
+            stored.cursors_left = stored.cursors_left.saturating_sub(taken);
+        }
+        listed?;
         if let Some(fault) = source.fault() {
             return Err(fault);
         }
@@ -682,7 +688,11 @@ impl PartitionState {
     /// Gives back the room that growth left unused, for a state that is
     /// done growing for now (after a restore).
     pub fn shrink_to_fit(&mut self) {
-        self.conversations.shrink_to_fit();
+        // Over a store, the room reserved for what it holds stays: the
+        // conversations are still to come.
+        if self.stored.is_none() {
+            self.conversations.shrink_to_fit();
+        }
         for conversation in self.conversations.values_mut() {
             conversation.members.shrink_to_fit();
         }
@@ -704,12 +714,8 @@ impl PartitionState {
     /// store.
     pub fn cursor_count(&self) -> usize {
         let in_store = self.stored.as_ref().map_or(0, |s| s.cursors_left);
-        in_store
-            + self
-                .conversations
-                .iter()
-                .map(|(_, c)| c.members.len())
-                .sum::<usize>()
+        let in_memory: usize = self.conversations.iter().map(|(_, c)| c.members.len()).sum();
+        in_store.saturating_add(in_memory)
     }
 
     /// Number of members changed since the last [`PartitionState::mark_flushed`].

@@ -170,7 +170,7 @@ pub fn encode(meta: &CheckpointMeta, state: &PartitionState) -> Result<Vec<u8>, 
     // The counts and lengths go last, filled in once the body is written.
     let counts_at = PROLOGUE + header.len();
     header.extend_from_slice(&[0; 5 * 8]);
-    let mut out = Vec::with_capacity(PROLOGUE + header.len() + 4 + 80 * state.cursor_count());
+    let mut out = Vec::with_capacity(PROLOGUE + header.len() + 4 + 80 * state.cursor_count().min(1 << 24));
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&(header.len() as u32).to_le_bytes());
@@ -372,6 +372,10 @@ pub fn open<S: ReadAt>(source: S, max_id_bytes: usize) -> Result<Checkpoint<S>, 
             .and_then(|b| b.checked_add(records_len))
             != Some(body_len)
         || conversations >= buckets
+        // What the records could hold at the least: the counts size what
+        // a state over the file reserves and reports.
+        || conversations > records_len / RECORD_MIN_BYTES as u64
+        || cursors > records_len / MEMBER_MIN_BYTES as u64
     {
         return Err(CheckpointError::Malformed);
     }
@@ -681,6 +685,10 @@ fn hash(bytes: &[u8]) -> u64 {
 /// A user id's length prefix, then cursor, private cursor, join seq, flags, epoch,
 /// updated_at.
 const MEMBER_MIN_BYTES: usize = 4 + 8 * 3 + 1 + 8 * 2;
+
+/// A conversation's length, its id's length prefix, latest seq and member
+/// count.
+const RECORD_MIN_BYTES: usize = 4 + 4 + 8 + 4;
 
 const LEFT: u8 = 1;
 const LISTED: u8 = 2;

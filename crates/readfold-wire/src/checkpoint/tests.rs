@@ -271,6 +271,9 @@ proptest! {
             for i in 0..10u8 {
                 over.apply(&input(i, i, i, i, i));
             }
+            if let Ok(again) = encode(&opened.meta, &over) {
+                prop_assert_eq!(decode_meta(&again), Ok(opened.meta.clone()));
+            }
             let _ = opened.check_all();
             if over.take_all().is_ok() {
                 prop_assert!(encode(&opened.meta, &over).is_ok());
