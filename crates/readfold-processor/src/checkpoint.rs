@@ -196,9 +196,14 @@ impl Checkpoints {
         Ok((checkpoint, opened))
     }
 
+    /// [`Checkpoints::set_aside`] for a checkpoint found damaged.
+    pub fn set_aside_corrupt(&self, partition: i32, damage: &dyn std::fmt::Display) {
+        self.set_aside(partition, &format!("corrupt: {damage}"));
+    }
+
     /// Moves the checkpoint of `partition`, which cannot be trusted, out of
     /// the way (kept for a look, not loaded again), saying why.
-    pub fn set_aside(&self, partition: i32, why: &str) {
+    fn set_aside(&self, partition: i32, why: &str) {
         let path = self.path(partition);
         tracing::warn!(path = %path.display(), partition, reason = %why, "checkpoint not used; restoring the whole changelog");
         let aside = path.with_extension("rejected");
@@ -265,7 +270,7 @@ impl Checkpoints {
             Err(e) => {
                 // The checkpoint it was restored from is damaged where no
                 // record had touched it.
-                self.set_aside(partition, &format!("corrupt: {e}"));
+                self.set_aside_corrupt(partition, &e);
                 return Err(format!("not written: {e}"));
             }
         };

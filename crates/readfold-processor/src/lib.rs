@@ -36,7 +36,7 @@ use readfold_core::flush::{over_bound, SnapshotDue};
 use readfold_core::fold::{InputKind, StoredFault};
 use readfold_core::pacing::CatchUpPacing;
 use readfold_kafka::admin::Layout;
-use readfold_kafka::changelog::Restorer;
+use readfold_kafka::changelog::{RestoreStats, Restored, Restorer};
 use readfold_kafka::routed_queue::RoutedReader;
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::RedisStore;
@@ -847,51 +847,7 @@ impl Processor {
             let restorer = Arc::clone(&self.restorer);
             let checkpoints = self.checkpoints.clone();
             let wanted = partitions.to_vec();
-            let restore = move || {
-                let loading = Instant::now();
-                let loaded = checkpoints
-                    .iter()
-                    .flat_map(|c| c.load(&wanted, &restorer))
-                    .collect();
-                let load = loading.elapsed();
-                let (mut states, mut stats) = restorer.restore_many_from(&wanted, loaded)?;
-                // A snapshot of every key needs every conversation in
-                // memory; one a checkpoint CQL held whole snapshots only
-                // what the tails changed, which the tails took in.
-                let mut damaged = Vec::new();
-                for (&p, restored) in states.iter_mut() {
-                    let whole = if snapshots && restored.cql_may_lack.is_none() {
-                        restored.state.take_all()
-                    } else {
-                        Ok(())
-                    };
-                    if let Some(fault) = restored.state.stored_fault().or(whole.err()) {
-                        damaged.push((p, fault));
-                    }
-                }
-                // A checkpoint found damaged already: that partition
-                // restores from its changelog instead.
-                if !damaged.is_empty() {
-                    for (p, fault) in &damaged {
-                        if let Some(checkpoints) = &checkpoints {
-                            checkpoints.set_aside(*p, &format!("corrupt: {fault}"));
-                        }
-                    }
-                    let again: Vec<i32> = damaged.iter().map(|(p, _)| *p).collect();
-                    let (restored, more) = restorer.restore_many_from(&again, BTreeMap::new())?;
-                    states.extend(restored);
-                    stats.records += more.records;
-                    stats.skipped += more.skipped;
-                    stats.elapsed += more.elapsed;
-                    stats.cursors = states.values().map(|r| r.state.cursor_count()).sum();
-                    stats.from_checkpoint = states
-                        .iter()
-                        .filter(|(p, _)| !again.contains(p))
-                        .map(|(_, r)| r.state.cursor_count())
-                        .sum();
-                }
-                Ok::<_, readfold_kafka::Error>((states, stats, load))
-            };
+            let restore = move || restore_blocking(&restorer, checkpoints.as_deref(), &wanted, snapshots);
             async move { Ok::<_, Error>(tokio::task::spawn_blocking(restore).await??) }
         };
         let (states, stats, load) = retrying(attempt, |e, delay| {
@@ -1119,9 +1075,9 @@ impl Processor {
     /// Sets aside the checkpoint `partition`'s state was restored from,
     /// found damaged.
     fn set_aside_damaged(&self, partition: i32, fault: &StoredFault) {
-        match &self.checkpoints {
-            Some(checkpoints) => checkpoints.set_aside(partition, &format!("corrupt: {fault}")),
-            None => tracing::warn!(partition, reason = %fault, "the checkpoint restored from is damaged"),
+        // A state over a checkpoint came from one of these.
+        if let Some(checkpoints) = &self.checkpoints {
+            checkpoints.set_aside_corrupt(partition, fault);
         }
     }
 
@@ -1196,6 +1152,62 @@ impl Processor {
         telemetry::paused(on);
         Ok(())
     }
+}
+
+/// The blocking part of a restore of `wanted`: their trusted checkpoints
+/// opened, the changelogs read from there (or whole), and with `snapshots`
+/// (CQL on) a state that owes CQL every key taken in whole. A partition
+/// whose checkpoint turns out damaged already is set aside and restored
+/// again from its changelog. Returns the states, the restore's figures and
+/// how long opening the checkpoints took.
+fn restore_blocking(
+    restorer: &Restorer,
+    checkpoints: Option<&Checkpoints>,
+    wanted: &[i32],
+    snapshots: bool,
+) -> readfold_kafka::Result<(BTreeMap<i32, Restored>, RestoreStats, Duration)> {
+    let loading = Instant::now();
+    let loaded = checkpoints
+        .iter()
+        .flat_map(|c| c.load(wanted, restorer))
+        .collect();
+    let load = loading.elapsed();
+    let (mut states, mut stats) = restorer.restore_many_from(wanted, loaded)?;
+    // A snapshot of every key needs every conversation in memory; one from
+    // a checkpoint CQL held whole snapshots only what the tails changed,
+    // which the tails took in.
+    let mut damaged = Vec::new();
+    for (&p, restored) in states.iter_mut() {
+        let whole = if snapshots && restored.cql_may_lack.is_none() {
+            restored.state.take_all()
+        } else {
+            Ok(())
+        };
+        if let Some(fault) = restored.state.stored_fault().or(whole.err()) {
+            damaged.push((p, fault));
+        }
+    }
+    if damaged.is_empty() {
+        return Ok((states, stats, load));
+    }
+    for (p, fault) in &damaged {
+        if let Some(checkpoints) = checkpoints {
+            checkpoints.set_aside_corrupt(*p, fault);
+        }
+    }
+    let again: Vec<i32> = damaged.iter().map(|(p, _)| *p).collect();
+    let (restored, more) = restorer.restore_many_from(&again, BTreeMap::new())?;
+    states.extend(restored);
+    stats.records += more.records;
+    stats.skipped += more.skipped;
+    stats.elapsed += more.elapsed;
+    stats.cursors = states.values().map(|r| r.state.cursor_count()).sum();
+    stats.from_checkpoint = states
+        .iter()
+        .filter(|(p, _)| !again.contains(p))
+        .map(|(_, r)| r.state.cursor_count())
+        .sum();
+    Ok((states, stats, load))
 }
 
 /// Creates the transactional producers on a blocking thread, retrying while

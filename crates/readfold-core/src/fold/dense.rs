@@ -100,74 +100,6 @@ impl<K: Hash + Eq + Clone, V> DenseMap<K, V> {
         self.entries.len()
     }
 
-    /// Appends an entry without indexing it, for a bulk load: `find` does
-    /// not see it until [`DenseMap::index_from`] indexes it.
-    pub(crate) fn append_unindexed(&mut self, key: K, value: V) -> u32 {
-        let i = u32::try_from(self.entries.len()).expect("fewer than 2^32 entries in one partition");
-        self.entries.push((key, value));
-        i
-    }
-
-    /// Indexes the entries from number `first` on, appended unindexed.
-    /// Inserted one by one as they came, each would cost a cache miss or
-    /// two in a table of millions of buckets (its control byte and its
-    /// number sit in random places): the largest share of loading a
-    /// checkpoint of 1:1 chats. So they go in roughly in the
-    /// order of the buckets they land in, which writes the table front to
-    /// back. Returns the number of an entry whose key came before it.
-    pub(crate) fn index_from(&mut self, first: u32) -> Result<(), u32> {
-        let DenseMap {
-            entries,
-            index,
-            hasher,
-        } = self;
-        let first = first as usize;
-        let count = entries.len().saturating_sub(first);
-        if count == 0 {
-            return Ok(());
-        }
-        let rehash = |&j: &u32| hasher.hash_one(&entries[j as usize].0);
-        index.reserve(count, rehash);
-        // hashbrown places an entry at `hash & (buckets - 1)` or just after,
-        // and holds 7/8 of its buckets. A wrong guess here would only cost
-        // speed, never correctness.
-        let buckets = (index.capacity() * 8 / 7).next_power_of_two().max(1) as u64;
-        let bin_bits = buckets.trailing_zeros().saturating_sub(BUCKETS_PER_BIN_BITS);
-        let shift = buckets.trailing_zeros() - bin_bits;
-        let bin = |hash: u64| ((hash & (buckets - 1)) >> shift) as usize;
-        // Each key is hashed once, reading the entries front to back; a
-        // counting sort by bin then orders (hash, number) pairs, so that the
-        // inserts read nothing else.
-        let hashes: Vec<u64> = entries[first..]
-            .iter()
-            .map(|(key, _)| hasher.hash_one(key))
-            .collect();
-        let mut starts = vec![0u32; (1 << bin_bits) + 1];
-        for &hash in &hashes {
-            starts[bin(hash) + 1] += 1;
-        }
-        for b in 1..starts.len() {
-            starts[b] += starts[b - 1];
-        }
-        let mut order = vec![(0u64, 0u32); count];
-        for (j, &hash) in hashes.iter().enumerate() {
-            let at = &mut starts[bin(hash)];
-            order[*at as usize] = (hash, (first + j) as u32);
-            *at += 1;
-        }
-        drop(hashes);
-        for (hash, i) in order {
-            let key = &entries[i as usize].0;
-            match index.entry(hash, |&j| entries[j as usize].0 == *key, rehash) {
-                hashbrown::hash_table::Entry::Occupied(_) => return Err(i),
-                hashbrown::hash_table::Entry::Vacant(slot) => {
-                    slot.insert(i);
-                }
-            }
-        }
-        Ok(())
-    }
-
     pub(crate) fn shrink_to_fit(&mut self) {
         self.entries.shrink_to_fit();
         let DenseMap {
@@ -178,10 +110,6 @@ impl<K: Hash + Eq + Clone, V> DenseMap<K, V> {
         index.shrink_to_fit(|&j| hasher.hash_one(&entries[j as usize].0));
     }
 }
-
-/// A bin of the bulk index spans 2^10 buckets: their control bytes and
-/// numbers, 5 KiB, stay in the core's cache while the bin is written.
-const BUCKETS_PER_BIN_BITS: u32 = 10;
 
 #[cfg(test)]
 mod tests {
@@ -207,27 +135,5 @@ mod tests {
         *map.value_mut(7) = 1;
         assert_eq!(map.get(&"7".to_string()), Some(&1));
         assert_eq!(map.iter().count(), 10_000);
-    }
-
-    #[test]
-    fn entries_indexed_in_bulk_are_found_and_repeats_are_named() {
-        let mut map: DenseMap<String, u64> = DenseMap::default();
-        for n in 0..100u64 {
-            map.find_or_insert_with(&n.to_string(), || n);
-        }
-        // Enough for several bins of the bulk index.
-        for n in 100..50_000u64 {
-            assert_eq!(map.append_unindexed(n.to_string(), n), n as u32);
-        }
-        assert_eq!(map.index_from(100), Ok(()));
-        for n in 0..50_000u64 {
-            assert_eq!(map.find(&n.to_string()), Some(n as u32), "{n}");
-        }
-        assert_eq!(map.find(&"x".to_string()), None);
-        assert_eq!(map.find_or_insert_with(&"x".to_string(), || 7), (50_000, true));
-
-        map.append_unindexed("y".to_string(), 0);
-        map.append_unindexed("42".to_string(), 0);
-        assert_eq!(map.index_from(50_001), Err(50_002), "42 was there before");
     }
 }

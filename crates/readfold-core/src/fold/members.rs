@@ -47,27 +47,6 @@ impl UserTable {
         self.ids.find_or_insert_with(user, || ()).0
     }
 
-    /// Room for `additional` more users without growing.
-    pub(crate) fn reserve(&mut self, additional: usize) {
-        self.ids.reserve(additional);
-    }
-
-    /// A user appended for a bulk load, found once [`UserTable::index_from`]
-    /// indexed it; see [`DenseMap::append_unindexed`].
-    pub(crate) fn append_unindexed(&mut self, user: UserId) -> u32 {
-        self.ids.append_unindexed(user, ())
-    }
-
-    /// Indexes the users from number `first` on; the number of one that
-    /// came before, if any.
-    pub(crate) fn index_from(&mut self, first: u32) -> Result<(), u32> {
-        self.ids.index_from(first)
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.ids.len()
-    }
-
     pub(crate) fn id(&self, index: u32) -> &UserId {
         self.ids.key(index)
     }

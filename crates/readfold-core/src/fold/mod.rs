@@ -192,18 +192,6 @@ struct Conversation {
     members: Members,
 }
 
-/// A user id's number in one [`PartitionState`], which keeps each id once
-/// and numbers them from 0 in the order it met them. Meaningful only for
-/// the state that gave it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct UserNumber(u32);
-
-impl UserNumber {
-    pub fn get(self) -> u32 {
-        self.0
-    }
-}
-
 /// One conversation of a [`PartitionState`], for reading.
 #[derive(Clone, Copy)]
 pub struct ConversationRef<'a> {
@@ -239,16 +227,6 @@ impl<'a> ConversationRef<'a> {
             .members
             .iter()
             .map(move |slot| (users.id(slot.user()), slot.load(extras)))
-    }
-
-    /// Members held, each with its user's [`UserNumber`] in this state
-    /// rather than the id (a checkpoint writes each id once).
-    pub fn numbered_members(&self) -> impl Iterator<Item = (UserNumber, Member)> + 'a {
-        let extras = self.extras;
-        self.conversation
-            .members
-            .iter()
-            .map(move |slot| (UserNumber(slot.user()), slot.load(extras)))
     }
 
     /// This conversation as other members see it: unread, read counts and
@@ -398,85 +376,9 @@ pub struct MemberStateUpdate {
     pub updated_at: i64,
 }
 
-/// Builds a [`PartitionState`] in bulk from what a checkpoint holds: its
-/// users, numbered in order, then its conversations, each with its members
-/// named by those numbers. Users and conversations are indexed all at once
-/// when the load finishes, in the order of the tables' buckets, rather than
-/// a cache miss or two at a time as they come.
-#[derive(Default)]
-pub struct StateLoader {
-    state: PartitionState,
-}
-
-impl StateLoader {
-    /// Room for this many more conversations and users: the tables then
-    /// never grow, which rehashes every entry each time.
-    pub fn reserve(&mut self, conversations: usize, users: usize) {
-        self.state.conversations.reserve(conversations);
-        self.state.users.reserve(users);
-    }
-
-    /// The next user, numbered in the order given. Users are indexed with
-    /// the conversations when the load finishes: a user given twice fails
-    /// it.
-    pub fn user(&mut self, user: UserId) -> UserNumber {
-        UserNumber(self.state.users.append_unindexed(user))
-    }
-
-    /// The number of the `n`th user given (counting from 0), if there
-    /// was one: what a checkpoint's members name.
-    pub fn user_number(&self, n: u32) -> Option<UserNumber> {
-        ((n as usize) < self.state.users.len()).then_some(UserNumber(n))
-    }
-
-    /// A conversation of the state, its members named by numbers from
-    /// [`StateLoader::user`] or [`StateLoader::user_number`] (a user listed
-    /// twice keeps the last).
-    ///
-    /// # Panics
-    /// On a number this loader did not give.
-    pub fn conversation(
-        &mut self,
-        id: ConversationId,
-        latest_seq: Seq,
-        members: impl IntoIterator<Item = (UserNumber, Member)>,
-    ) {
-        let users = self.state.users.len();
-        let extras = &mut self.state.extras;
-        let slots = members
-            .into_iter()
-            .map(|(user, member)| {
-                assert!((user.0 as usize) < users, "a user number of another state");
-                Slot::new(extras, user.0, &member)
-            })
-            .collect();
-        let members = Members::from_slots(slots, extras);
-        self.state
-            .conversations
-            .append_unindexed(id, Conversation { latest_seq, members });
-    }
-
-    /// The state, once its users and conversations are indexed.
-    pub fn finish(mut self) -> Result<PartitionState, LoadError> {
-        let state = &mut self.state;
-        if let Err(repeated) = state.users.index_from(0) {
-            return Err(LoadError::RepeatedUser(state.users.id(repeated).clone()));
-        }
-        if let Err(repeated) = state.conversations.index_from(0) {
-            return Err(LoadError::RepeatedConversation(
-                state.conversations.key(repeated).clone(),
-            ));
-        }
-        Ok(self.state)
-    }
-}
-
-/// Why a [`StateLoader`] could not finish: what it was given cannot be one
-/// partition's state.
+/// Why what a checkpoint holds cannot be one partition's state.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum LoadError {
-    #[error("user {0:?} given twice")]
-    RepeatedUser(UserId),
     #[error("conversation {0:?} given twice")]
     RepeatedConversation(ConversationId),
 }
@@ -497,8 +399,8 @@ pub struct PartitionState {
     stored: Option<Stored>,
 }
 
-/// A conversation's members as [`PartitionState::whole`] lists them.
-pub type WholeMembers<'a> = dyn Iterator<Item = (&'a UserId, Member)> + 'a;
+/// A conversation's members as [`PartitionState::all_conversations`] lists them.
+pub type ListedMembers<'a> = dyn Iterator<Item = (&'a UserId, Member)> + 'a;
 
 /// A state's store and what is left in it.
 #[derive(Clone, Debug)]
@@ -556,7 +458,7 @@ impl PartitionState {
     /// [`PartitionState::take_all`], the views of the whole state
     /// ([`PartitionState::conversations`], [`PartitionState::keys`],
     /// [`PartitionState::conversation_count`] and the like) see only what
-    /// was taken in; [`PartitionState::whole`] sees all of it.
+    /// was taken in; [`PartitionState::all_conversations`] sees all of it.
     pub fn over(source: Arc<dyn StoredConversations>) -> Self {
         let (conversations, cursors_left) = source.counts();
         let mut state = PartitionState {
@@ -592,17 +494,11 @@ impl PartitionState {
         let (conversations, _) = source.counts();
         self.conversations
             .reserve(conversations.saturating_sub(self.conversations.len()));
-        let mut taken = 0;
-        let listed = source.for_each(&mut |c| {
+        source.for_each(&mut |c| {
             if self.conversations.find(&c.id).is_none() {
-                taken += c.members.len();
-                self.restore_conversation(c.id, c.latest_seq, c.members);
+                self.take_stored(c);
             }
-        });
-        if let Some(stored) = &mut self.stored {
-            stored.cursors_left = stored.cursors_left.saturating_sub(taken);
-        }
-        listed?;
+        })?;
         if let Some(fault) = source.fault() {
             return Err(fault);
         }
@@ -613,9 +509,9 @@ impl PartitionState {
     /// Every conversation, in memory or still in the store, to `each`: its
     /// id, latest seq and members (what a checkpoint writes), without
     /// taking the stored ones in.
-    pub fn whole(
+    pub fn all_conversations(
         &self,
-        each: &mut dyn FnMut(&ConversationId, Seq, &mut WholeMembers<'_>),
+        each: &mut dyn FnMut(&ConversationId, Seq, &mut ListedMembers<'_>),
     ) -> Result<(), StoredFault> {
         for (id, conversation) in self.conversations() {
             each(id, conversation.latest_seq(), &mut conversation.members());
@@ -886,12 +782,6 @@ impl PartitionState {
         self.place_conversation(id, latest_seq, slots);
     }
 
-    /// Every user id this state keeps, in number order: the `n`th is the
-    /// user of [`UserNumber`] `n`.
-    pub fn user_ids(&self) -> impl ExactSizeIterator<Item = &UserId> {
-        (0..self.users.len() as u32).map(|n| self.users.id(n))
-    }
-
     /// Puts a restored conversation's slots in place, replacing any state
     /// of it.
     fn place_conversation(&mut self, id: ConversationId, latest_seq: Seq, slots: Vec<Slot>) {
@@ -1026,13 +916,18 @@ impl PartitionState {
     /// Takes the conversation `id` in from the store, if stored. On a
     /// fault it stays out (the store keeps the fault: see `stored_fault`).
     fn take_in(&mut self, id: &ConversationId) {
-        let Some(stored) = &mut self.stored else {
-            return;
-        };
-        if let Ok(Some(conversation)) = stored.source.find(id) {
-            stored.cursors_left = stored.cursors_left.saturating_sub(conversation.members.len());
-            self.restore_conversation(conversation.id, conversation.latest_seq, conversation.members);
+        if let Some(Ok(Some(conversation))) = self.stored.as_ref().map(|s| s.source.find(id)) {
+            self.take_stored(conversation);
         }
+    }
+
+    /// Puts a conversation read from the store in place, no longer counted
+    /// as left in it.
+    fn take_stored(&mut self, conversation: StoredConversation) {
+        if let Some(stored) = &mut self.stored {
+            stored.cursors_left = stored.cursors_left.saturating_sub(conversation.members.len());
+        }
+        self.restore_conversation(conversation.id, conversation.latest_seq, conversation.members);
     }
 
     /// Every (conversation, user) held.

@@ -752,81 +752,6 @@ fn a_conversation_put_back_whole_takes_its_changes_with_it() {
 }
 
 #[test]
-fn a_state_loaded_by_number_reads_back_as_restored_by_id() {
-    let mut by_id = PartitionState::new();
-    let mut member = Member::new(0);
-    member.cursor = Seq(3);
-    member.listed = true;
-    // Enough conversations that the bulk index spans several bins.
-    let ids: Vec<ConversationId> = (0..5_000).map(|c| conv(&format!("C{c}"))).collect();
-    for (c, id) in ids.iter().enumerate() {
-        let mut second = member.clone();
-        second.cursor = Seq(c as u64 % 7);
-        by_id.restore_conversation(
-            id.clone(),
-            Seq(5 + c as u64),
-            [(user("a"), member.clone()), (user(&format!("u{c}")), second)],
-        );
-    }
-    let mut loader = StateLoader::default();
-    loader.reserve(ids.len(), by_id.user_ids().len());
-    let numbers: Vec<UserNumber> = by_id.user_ids().map(|u| loader.user(u.clone())).collect();
-    assert_eq!(numbers.iter().map(|n| n.get()).collect::<Vec<_>>()[..2], [0, 1]);
-    assert_eq!(loader.user_number(1), Some(numbers[1]));
-    assert_eq!(loader.user_number(numbers.len() as u32), None);
-    for (id, c) in by_id.conversations() {
-        let members: Vec<_> = c
-            .numbered_members()
-            .map(|(n, m)| (numbers[n.get() as usize], m))
-            .collect();
-        loader.conversation(id.clone(), c.latest_seq(), members);
-    }
-    let by_number = loader.finish().expect("no conversation twice");
-    let read = |s: &PartitionState, id: &ConversationId| {
-        let c = s.conversation(id).unwrap();
-        let mut m: Vec<(String, Member)> = c.members().map(|(u, m)| (u.to_string(), m)).collect();
-        m.sort_by(|x, y| x.0.cmp(&y.0));
-        (c.latest_seq(), m)
-    };
-    for id in &ids {
-        assert_eq!(read(&by_number, id), read(&by_id, id), "{id:?}");
-    }
-    assert!(by_number.conversation(&conv("C5000")).is_none());
-    assert_eq!(by_number.cursor_count(), by_id.cursor_count());
-}
-
-#[test]
-fn a_conversation_or_user_loaded_twice_is_named() {
-    let mut loader = StateLoader::default();
-    let a = loader.user(user("a"));
-    for c in ["C", "D", "C"] {
-        loader.conversation(conv(c), Seq(1), [(a, Member::new(0))]);
-    }
-    assert_eq!(
-        loader.finish().err(),
-        Some(LoadError::RepeatedConversation(conv("C")))
-    );
-
-    let mut loader = StateLoader::default();
-    let a = loader.user(user("a"));
-    loader.user(user("b"));
-    loader.user(user("a"));
-    loader.conversation(conv("C"), Seq(1), [(a, Member::new(0))]);
-    assert_eq!(loader.finish().err(), Some(LoadError::RepeatedUser(user("a"))));
-}
-
-#[test]
-#[should_panic(expected = "a user number of another state")]
-fn a_user_number_of_another_state_is_refused() {
-    let mut other = StateLoader::default();
-    other.user(user("a"));
-    let number = other.user(user("b"));
-    let mut loader = StateLoader::default();
-    loader.user(user("a"));
-    loader.conversation(conv("C"), Seq(1), [(number, Member::new(0))]);
-}
-
-#[test]
 fn a_conversation_put_back_whole_gives_its_members_extras_back() {
     let mut s = PartitionState::new();
     let mut private = Member::new(0);
@@ -917,10 +842,10 @@ impl StoredConversations for MapStore {
     }
 }
 
-/// What `whole` lists, as comparable values.
+/// What `all_conversations` lists, as comparable values.
 fn whole_snapshot(s: &PartitionState) -> Snapshot {
     let mut all = Snapshot::new();
-    s.whole(&mut |id, latest_seq, members| {
+    s.all_conversations(&mut |id, latest_seq, members| {
         let members = members.map(|(u, m)| (u.clone(), m)).collect();
         assert!(
             all.insert(id.clone(), (latest_seq, members)).is_none(),
@@ -996,7 +921,7 @@ fn a_damaged_stored_conversation_is_a_fault_of_the_state() {
     over.apply_report(&report("c2", "b", 3));
     assert_eq!(over.stored_fault(), Some(StoredFault("c2 is damaged".into())));
     assert!(over.take_all().is_err());
-    assert!(over.whole(&mut |_, _, _| {}).is_err());
+    assert!(over.all_conversations(&mut |_, _, _| {}).is_err());
 }
 
 #[test]

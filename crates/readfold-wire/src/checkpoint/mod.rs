@@ -180,7 +180,7 @@ pub fn encode(meta: &CheckpointMeta, state: &PartitionState) -> Result<Vec<u8>, 
     // Each conversation's (hash, offset), for the index.
     let mut placed: Vec<(u64, u64)> = Vec::new();
     let mut cursors = 0u64;
-    state.whole(&mut |id, latest_seq, members| {
+    state.all_conversations(&mut |id, latest_seq, members| {
         let at = out.len();
         out.extend_from_slice(&[0; 4]);
         put_str(&mut out, id.as_str());
@@ -324,11 +324,7 @@ pub fn open<S: ReadAt>(source: S, max_id_bytes: usize) -> Result<Checkpoint<S>, 
         if offset.checked_add(len as u64).is_none_or(|end| end > size) {
             return Err(CheckpointError::Malformed);
         }
-        let mut buf = vec![0; len];
-        source
-            .read_exact_at(&mut buf, offset)
-            .map_err(|e| CheckpointError::Read(e.to_string()))?;
-        Ok(buf)
+        read_exact(&source, offset, len)
     };
     let prologue = read(0, PROLOGUE.min(size as usize))?;
     if prologue.len() < MAGIC.len() || &prologue[..MAGIC.len()] != MAGIC {
@@ -477,10 +473,7 @@ impl<S: ReadAt> Checkpoint<S> {
             .div_ceil(PAGE as u64)
             .saturating_mul(PAGE as u64)
             .min(self.body_len);
-        let mut buf = vec![0; (to - from) as usize];
-        self.source
-            .read_exact_at(&mut buf, self.body_at + from)
-            .map_err(|e| CheckpointError::Read(e.to_string()))?;
+        let buf = read_exact(&self.source, self.body_at + from, (to - from) as usize)?;
         for (i, page) in buf.chunks(PAGE).enumerate() {
             let n = first as usize + i;
             if !self.is_verified(n) {
@@ -499,11 +492,7 @@ impl<S: ReadAt> Checkpoint<S> {
         let end = self.end_of(offset, len)?;
         let (first, last) = (offset / PAGE as u64, end.saturating_sub(1) / PAGE as u64);
         if (first..=last).all(|n| self.is_verified(n as usize)) {
-            let mut buf = vec![0; len];
-            self.source
-                .read_exact_at(&mut buf, self.body_at + offset)
-                .map_err(|e| CheckpointError::Read(e.to_string()))?;
-            return Ok(buf);
+            return read_exact(&self.source, self.body_at + offset, len);
         }
         let (mut pages, start) = self.pages(offset, len)?;
         pages.truncate(start + len);
@@ -667,6 +656,15 @@ impl<S: ReadAt> StoredConversations for Checkpoint<S> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone()
     }
+}
+
+/// `len` bytes of `source` from `offset`.
+fn read_exact<S: ReadAt + ?Sized>(source: &S, offset: u64, len: usize) -> Result<Vec<u8>, CheckpointError> {
+    let mut buf = vec![0; len];
+    source
+        .read_exact_at(&mut buf, offset)
+        .map_err(|e| CheckpointError::Read(e.to_string()))?;
+    Ok(buf)
 }
 
 /// The index's hash of a conversation id: FNV-1a, then a finalizer that
