@@ -45,6 +45,40 @@ fn state_dir() -> (PathBuf, String) {
     (dir, text)
 }
 
+/// Seeds the two chats, folds them with checkpoints in `dir` (`vars`
+/// sets that) and stops cleanly: the checkpoint that stop wrote.
+async fn seeded_checkpoint(
+    env: &TestEnv,
+    reference: &mut Reference,
+    vars: &[(&str, &str)],
+    dir: &Path,
+) -> PathBuf {
+    let mut feed = env.feed(reference);
+    feed.seed_chats("dm", "group").await;
+    let mut processor = env.spawn_with("a", vars);
+    env.wait_for_reference(reference, Duration::from_secs(60)).await;
+    assert!(processor.terminate(Duration::from_secs(30)));
+    with_extension(&checkpoint_files(dir), "checkpoint")
+        .pop()
+        .expect("a checkpoint")
+}
+
+/// After a stop: the one checkpoint refused was set aside, and the stop
+/// wrote a new one.
+fn assert_set_aside_and_written_anew(dir: &Path, what: &str) {
+    let files = checkpoint_files(dir);
+    assert_eq!(
+        with_extension(&files, "rejected").len(),
+        1,
+        "{what}: set aside: {files:?}"
+    );
+    assert_eq!(
+        with_extension(&files, "checkpoint").len(),
+        1,
+        "{what}: a new one at the stop: {files:?}"
+    );
+}
+
 fn restored_lines(log: &str) -> Vec<&str> {
     log.lines()
         .filter(|l| l.contains("restored partition state"))
@@ -226,14 +260,7 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
     let (dir, dir_text) = state_dir();
     let vars = [("READFOLD__STATE__DIR", dir_text.as_str())];
     let mut reference = Reference::default();
-    let mut feed = env.feed(&mut reference);
-    feed.seed_chats("dm", "group").await;
-    let mut processor = env.spawn_with("a", &vars);
-    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
-    assert!(processor.terminate(Duration::from_secs(30)));
-    let file = with_extension(&checkpoint_files(&dir), "checkpoint")
-        .pop()
-        .expect("a checkpoint");
+    let file = seeded_checkpoint(&env, &mut reference, &vars, &dir).await;
     let good = std::fs::read(&file).unwrap();
     let meta = checkpoint::decode_meta(&good).unwrap();
 
@@ -353,17 +380,7 @@ async fn corrupt_stale_and_foreign_checkpoints_fall_back_to_a_full_restore() {
             "{what}: a wrong cursor came back"
         );
         assert!(processor.terminate(Duration::from_secs(30)));
-        let files = checkpoint_files(&dir);
-        assert_eq!(
-            with_extension(&files, "rejected").len(),
-            1,
-            "{what}: set aside: {files:?}"
-        );
-        assert_eq!(
-            with_extension(&files, "checkpoint").len(),
-            1,
-            "{what}: a new one at the stop: {files:?}"
-        );
+        assert_set_aside_and_written_anew(&dir, what);
     }
 }
 
@@ -382,14 +399,7 @@ async fn damage_a_record_finds_after_the_restart_drops_the_state_unpublished() {
         ("READFOLD__STATE__CHECK_PAGES_AFTER_MS", "600000"),
     ];
     let mut reference = Reference::default();
-    let mut feed = env.feed(&mut reference);
-    feed.seed_chats("dm", "group").await;
-    let mut processor = env.spawn_with("a", &vars);
-    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
-    assert!(processor.terminate(Duration::from_secs(30)));
-    let file = with_extension(&checkpoint_files(&dir), "checkpoint")
-        .pop()
-        .expect("a checkpoint");
+    let file = seeded_checkpoint(&env, &mut reference, &vars, &dir).await;
     let mut bytes = std::fs::read(&file).unwrap();
     let (header, body) = checkpoint::unseal(&bytes).unwrap();
     assert!(!body.is_empty());
@@ -435,15 +445,5 @@ async fn damage_a_record_finds_after_the_restart_drops_the_state_unpublished() {
         "a full restore after the damage:\n{text}"
     );
     assert!(processor.terminate(Duration::from_secs(30)));
-    let files = checkpoint_files(&dir);
-    assert_eq!(
-        with_extension(&files, "rejected").len(),
-        1,
-        "set aside: {files:?}"
-    );
-    assert_eq!(
-        with_extension(&files, "checkpoint").len(),
-        1,
-        "a new one at the stop: {files:?}"
-    );
+    assert_set_aside_and_written_anew(&dir, "damaged");
 }
