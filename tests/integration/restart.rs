@@ -46,6 +46,80 @@ async fn a_restart_emits_no_lower_cursor() {
     assert!(second.terminate(Duration::from_secs(30)), "{}", second.log_text());
 }
 
+/// The processor keeps one restorer for its life, and a partition taken
+/// away and given back is restored by it again: every restore must read each
+/// changelog partition to its end, the ends taken from the settle and the
+/// reader's position (past the commit markers a read never returns), never
+/// from a position left over from the restorer's earlier read of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restorer_reads_every_partition_to_its_end_each_time() {
+    let env = TestEnv::new("restore-again", 3).await;
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    for c in 0..12 {
+        for (i, u) in ["u1", "u2", "u3"].iter().enumerate() {
+            // A read in each of several flushes: many commit markers.
+            feed.report(report(&format!("conv-{c}"), u, 5 + i as i64)).await;
+        }
+    }
+    let mut processor = env.spawn("a");
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    let mut feed = env.feed(&mut reference);
+    for c in 0..12 {
+        feed.report(report(&format!("conv-{c}"), "u1", 30)).await;
+    }
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+
+    let want: std::collections::BTreeMap<(String, String), i64> = reference
+        .expected()
+        .into_iter()
+        .filter_map(|(key, cursor)| cursor.map(|(cursor, _)| (key, cursor)))
+        .collect();
+    let config = env.config.clone();
+    tokio::task::spawn_blocking(move || {
+        let restorer =
+            readfold_kafka::changelog::Restorer::new(&config.kafka, &config.topics, 256).expect("a restorer");
+        // All three, then one alone, then all three again: the reader's
+        // partitions are assigned anew each time.
+        for round in [&[0, 1, 2][..], &[1], &[0, 1, 2]] {
+            let (states, stats) = restorer.restore_many(round).expect("a restore");
+            let mut got = std::collections::BTreeMap::new();
+            for state in states.values() {
+                for (conversation, members) in state.conversations() {
+                    for (user, member) in members.members().filter(|(_, m)| !m.left) {
+                        got.insert(
+                            (conversation.to_string(), user.to_string()),
+                            member.cursor.get() as i64,
+                        );
+                    }
+                }
+            }
+            let expected: std::collections::BTreeMap<_, _> = want
+                .iter()
+                .filter(|((conversation, _), _)| {
+                    states.contains_key(&readfold_core::partitioner::partition_for_key(
+                        conversation.as_bytes(),
+                        3,
+                    ))
+                })
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+            assert!(
+                !expected.is_empty() && stats.records > 0,
+                "round {round:?}: nothing to restore"
+            );
+            assert_eq!(got, expected, "round {round:?} restored other cursors");
+        }
+    })
+    .await
+    .unwrap();
+}
+
 /// The old owner's last flush may count for the group (its offsets) before
 /// its commit markers reach the changelog: a restore must wait for the
 /// changelog's open transactions, never stop short of them and then fold on

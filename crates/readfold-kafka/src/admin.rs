@@ -127,7 +127,9 @@ pub fn check_layout(t: &TopicsConfig, facts: &HashMap<String, TopicFacts>) -> Re
 
 /// Creates missing topics (if allowed) and checks the layout.
 pub async fn ensure_topics(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<Layout> {
+    let started = std::time::Instant::now();
     let admin = connect(kafka).await?;
+    let connected = started.elapsed();
     let specs = specs(topics);
     let mut known = None;
     if topics.create {
@@ -140,7 +142,14 @@ pub async fn ensure_topics(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result
             wait_for_leaders(&admin, &missing).await;
         }
     }
+    let listed = started.elapsed();
     let facts = describe(&admin, &specs, known).await;
+    tracing::debug!(
+        connect_ms = connected.as_millis() as u64,
+        list_ms = (listed - connected).as_millis() as u64,
+        describe_ms = (started.elapsed() - listed).as_millis() as u64,
+        "topic check phases"
+    );
     drop_in_background(admin);
     check_layout(topics, &facts?)
 }

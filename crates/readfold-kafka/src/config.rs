@@ -85,9 +85,20 @@ impl KafkaConfig {
 
     /// The brokers, then `defaults`, then the passthrough properties, which
     /// override them.
+    ///
+    /// Every client defaults to reconnect.backoff.ms 10 (librdkafka: 100).
+    /// A new client connects to the bootstrap servers, learns the brokers
+    /// and drops that connection for one to the broker it learned; a
+    /// request made meanwhile waits for that connection, which librdkafka
+    /// opens no sooner than half the backoff after its last one. So the
+    /// first request of most new clients waited 50 ms (measured: 54 ms in
+    /// 5 of 8 fresh clients, 3-20 ms with 10), and a start makes several
+    /// clients one after another. A broker that is down is still tried
+    /// with the backoff doubling up to reconnect.backoff.max.ms (10 s).
     fn client_config_over(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut client = ClientConfig::new();
         client.set("bootstrap.servers", &self.bootstrap_servers);
+        client.set("reconnect.backoff.ms", "10");
         for &(key, value) in defaults {
             client.set(key, value);
         }

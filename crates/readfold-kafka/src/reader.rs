@@ -2,7 +2,7 @@
 //! `isolation.level=read_committed`, outside any consumer group's offsets
 //! (nothing is committed). Blocking; call from a blocking thread.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
@@ -192,6 +192,81 @@ impl TopicReader {
                 }
             }
         }
+    }
+
+    /// Reads the assigned partitions up to the ends given (their last
+    /// stable offsets, as a read_committed query found them), calling
+    /// `each` for every record, until each is reached or `each` breaks.
+    /// Returns the records seen; an error after `within`.
+    ///
+    /// Most changelog partitions end in a transaction's commit marker,
+    /// which a read never returns, so the last record is short of the end,
+    /// and librdkafka reports the end (PartitionEOF) only from a further
+    /// fetch that the broker holds for fetch.wait.max.ms: 20 ms of every
+    /// restore's read. The consumer's position passes the markers as soon
+    /// as they are polled, so the reader checks it whenever the queue is
+    /// empty instead, for each partition that returned a record in this
+    /// read: until then its position may still be one left from an earlier
+    /// assignment (librdkafka resets it once the old fetch has stopped).
+    /// A partition whose records are all markers waits for its EOF.
+    pub fn read_to(
+        &self,
+        topic: &str,
+        ends: &[(i32, i64)],
+        within: Duration,
+        mut each: impl FnMut(&BorrowedMessage<'_>) -> ControlFlow<()>,
+    ) -> Result<u64> {
+        let started = Instant::now();
+        let mut left: HashMap<i32, i64> = ends.iter().copied().collect();
+        let mut returned = HashSet::new();
+        let mut count = 0u64;
+        while !left.is_empty() {
+            if started.elapsed() > within {
+                return Err(Error::Timeout {
+                    topic: topic.to_owned(),
+                    within,
+                });
+            }
+            match self.consumer.poll(Duration::from_millis(2)) {
+                None => self.drop_reached(topic, &returned, &mut left)?,
+                Some(Err(KafkaError::PartitionEOF(p))) => {
+                    left.remove(&p);
+                }
+                Some(Err(e)) if !is_fatal_read(&e) => {
+                    tracing::debug!(topic, error = %e, "transient consumer error while reading");
+                }
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(message)) => {
+                    count += 1;
+                    let p = message.partition();
+                    returned.insert(p);
+                    if left.get(&p).is_some_and(|&end| message.offset() + 1 >= end) {
+                        left.remove(&p);
+                    }
+                    if each(&message).is_break() {
+                        return Ok(count);
+                    }
+                }
+            }
+        }
+        Ok(count)
+    }
+
+    /// Removes from `left` the partitions of `returned` whose position
+    /// reached their end.
+    fn drop_reached(&self, topic: &str, returned: &HashSet<i32>, left: &mut HashMap<i32, i64>) -> Result<()> {
+        if !left.keys().any(|p| returned.contains(p)) {
+            return Ok(());
+        }
+        for element in self.consumer.position()?.elements_for_topic(topic) {
+            let p = element.partition();
+            if let Offset::Offset(position) = element.offset() {
+                if returned.contains(&p) && left.get(&p).is_some_and(|&end| position >= end) {
+                    left.remove(&p);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Calls `each` for every record that arrives within `wait` of the

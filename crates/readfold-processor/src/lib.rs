@@ -865,6 +865,9 @@ impl Processor {
             from_checkpoint = stats.from_checkpoint,
             skipped = stats.skipped,
             checkpoint_load_ms = load.as_millis() as u64,
+            settle_ms = stats.settle.as_millis() as u64,
+            public_read_ms = stats.public_read.as_millis() as u64,
+            member_state_read_ms = stats.member_state_read.as_millis() as u64,
             elapsed_ms = elapsed.as_millis() as u64,
             "restored partition state from the changelog"
         );
