@@ -447,3 +447,229 @@ async fn damage_a_record_finds_after_the_restart_drops_the_state_unpublished() {
     assert!(processor.terminate(Duration::from_secs(30)));
     assert_set_aside_and_written_anew(&dir, "damaged");
 }
+
+/// Rows of readfold's CQL tables with their write timestamps, as a backup
+/// (sstables) keeps them: `cursors`, `conversations` and `snapshot_marks`.
+struct CqlBackup {
+    cursors: Vec<(String, String, i64, i64, i64)>,
+    conversations: Vec<(String, i64, i64)>,
+    marks: Vec<(String, i32, String, i64)>,
+}
+
+async fn cql_session(keyspace: &str) -> readfold_store::cql::CqlStore {
+    readfold_store::cql::CqlStore::connect(&cql_config(keyspace))
+        .await
+        .expect("connect to the CQL server")
+}
+
+async fn cql_backup(keyspace: &str) -> CqlBackup {
+    let store = cql_session(keyspace).await;
+    let session = store.session();
+    let rows = |cql: String| async move {
+        session
+            .query_unpaged(cql, ())
+            .await
+            .unwrap()
+            .into_rows_result()
+            .unwrap()
+    };
+    let cursors = rows(format!(
+        "SELECT conversation_id, user_id, cursor, join_seq, WRITETIME(cursor) FROM {keyspace}.cursors"
+    ))
+    .await;
+    let conversations = rows(format!(
+        "SELECT conversation_id, latest_seq, WRITETIME(latest_seq) FROM {keyspace}.conversations"
+    ))
+    .await;
+    let marks = rows(format!(
+        "SELECT group_id, input_partition, mark, WRITETIME(mark) FROM {keyspace}.snapshot_marks"
+    ))
+    .await;
+    CqlBackup {
+        cursors: cursors.rows().unwrap().map(Result::unwrap).collect(),
+        conversations: conversations.rows().unwrap().map(Result::unwrap).collect(),
+        marks: marks.rows().unwrap().map(Result::unwrap).collect(),
+    }
+}
+
+const READFOLD_TABLES: [&str; 4] = ["cursors", "conversations", "user_cursors", "snapshot_marks"];
+
+async fn cql_truncate(keyspace: &str) {
+    let store = cql_session(keyspace).await;
+    for table in READFOLD_TABLES {
+        store
+            .session()
+            .query_unpaged(format!("TRUNCATE {keyspace}.{table}"), ())
+            .await
+            .unwrap();
+    }
+}
+
+/// Truncates the tables and writes the backup's rows back, each with its
+/// own write timestamp.
+async fn cql_restore(keyspace: &str, backup: &CqlBackup) {
+    cql_truncate(keyspace).await;
+    let store = cql_session(keyspace).await;
+    let session = store.session();
+    for (c, u, cursor, join_seq, at) in &backup.cursors {
+        session
+            .query_unpaged(
+                format!("INSERT INTO {keyspace}.cursors (conversation_id, user_id, cursor, join_seq) VALUES (?, ?, ?, ?) USING TIMESTAMP ?"),
+                (c, u, cursor, join_seq, at),
+            )
+            .await
+            .unwrap();
+    }
+    for (c, latest, at) in &backup.conversations {
+        session
+            .query_unpaged(
+                format!("INSERT INTO {keyspace}.conversations (conversation_id, latest_seq) VALUES (?, ?) USING TIMESTAMP ?"),
+                (c, latest, at),
+            )
+            .await
+            .unwrap();
+    }
+    for (group, partition, mark, at) in &backup.marks {
+        session
+            .query_unpaged(
+                format!("INSERT INTO {keyspace}.snapshot_marks (group_id, input_partition, mark) VALUES (?, ?, ?) USING TIMESTAMP ?"),
+                (group, partition, mark, at),
+            )
+            .await
+            .unwrap();
+    }
+}
+
+/// A checkpoint that names the CQL store also names the partition's
+/// snapshot mark there. CQL restored from a backup taken at an earlier
+/// stop, or truncated, holds another mark or none: the restart snapshots
+/// every key again instead of the tail alone, and CQL ends whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cql_restored_from_a_backup_or_truncated_is_snapshotted_whole_again() {
+    let env = TestEnv::new("checkpoint-cql-marks", 2).await;
+    let keyspace = env.config.cql.keyspace.clone();
+    let (dir, dir_text) = state_dir();
+    let minute = Duration::from_secs(60);
+    let with_dir = [("READFOLD__STATE__DIR", dir_text.as_str())];
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    feed.seed_chats("dm", "group").await;
+    for u in 0..20 {
+        feed.report(report("big", &format!("u{u}"), 5)).await;
+    }
+    let mut processor = env.spawn_with("a", &with_dir);
+    env.wait_for_reference(&reference, minute).await;
+    assert_eq!(
+        wait_for_cql(&keyspace, &reference.present(), minute).await,
+        reference.present()
+    );
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+    let backup = cql_backup(&keyspace).await;
+    assert_eq!(backup.marks.len(), 2, "a list of marks per partition");
+    let listed = |mark: &str| {
+        backup
+            .marks
+            .iter()
+            .any(|(_, _, list, _)| list.split(',').any(|m| m == mark))
+    };
+    let named_marks = || {
+        with_extension(&checkpoint_files(&dir), "checkpoint")
+            .into_iter()
+            .map(|file| {
+                let named = checkpoint::decode_meta(&std::fs::read(&file).unwrap())
+                    .unwrap()
+                    .snapshotted_to;
+                named
+                    .as_deref()
+                    .and_then(|n| n.split(" mark=").nth(1))
+                    .unwrap_or_default()
+                    .to_owned()
+            })
+            .collect::<Vec<_>>()
+    };
+    let first_marks = named_marks();
+    assert_eq!(first_marks.len(), 2);
+    assert!(
+        first_marks.iter().all(|m| listed(m)),
+        "{first_marks:?} not in {:?}",
+        backup.marks
+    );
+
+    // A second run moves on from its checkpoint: the backup lacks its reads.
+    let mut feed = env.feed(&mut reference);
+    feed.report(report("big", "u1", 9)).await;
+    feed.report(report("group", "B", 3)).await;
+    let mut processor = env.spawn_with("a", &with_dir);
+    env.wait_for_reference(&reference, minute).await;
+    assert_eq!(
+        wait_for_cql(&keyspace, &reference.present(), minute).await,
+        reference.present()
+    );
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+
+    let second_marks = named_marks();
+    assert!(
+        second_marks.iter().all(|m| !m.is_empty() && !listed(m)),
+        "the second stop's marks {second_marks:?} are new"
+    );
+
+    // CQL restored from the backup: its marks are the first stop's.
+    cql_restore(&keyspace, &backup).await;
+    assert_ne!(
+        cql_cursors(&keyspace).await,
+        reference.present(),
+        "the backup lacks the second run's reads"
+    );
+    let all_keys = reference.present().len() as f64;
+    let addr = free_local_addr();
+    let mut processor = env.spawn_with("a", &[with_dir[0], ("READFOLD__METRICS__LISTEN", addr.as_str())]);
+    let cql = wait_for_cql(&keyspace, &reference.present(), minute).await;
+    assert_eq!(cql, reference.present(), "CQL after the restart over the backup");
+    let text = processor.log_text();
+    assert!(
+        restored_lines(&text)
+            .iter()
+            .all(|l| !l.contains("from_checkpoint=0")),
+        "the state still comes from the checkpoints: {text}"
+    );
+    assert!(
+        scraped_sample(&addr, "readfold_snapshot_keys_total") >= all_keys,
+        "every key snapshotted again, not only a tail\n{text}"
+    );
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+
+    // Truncated after a clean stop: no mark at all.
+    cql_truncate(&keyspace).await;
+    let addr = free_local_addr();
+    let mut processor = env.spawn_with("a", &[with_dir[0], ("READFOLD__METRICS__LISTEN", addr.as_str())]);
+    let cql = wait_for_cql(&keyspace, &reference.present(), minute).await;
+    assert_eq!(
+        cql,
+        reference.present(),
+        "CQL after the restart over truncated tables"
+    );
+    assert!(
+        restored_lines(&processor.log_text())
+            .iter()
+            .all(|l| !l.contains("from_checkpoint=0")),
+        "{}",
+        processor.log_text()
+    );
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+}

@@ -73,7 +73,7 @@ async fn the_store_name_changes_when_the_tables_are_created_again() {
     let first = writer(&config).await;
     let name = first.store_name().unwrap().to_owned();
     assert!(name.starts_with(&format!("{}#", config.store_name())), "{name}");
-    for table in ["conversations", "cursors", "user_cursors"] {
+    for table in ["conversations", "cursors", "snapshot_marks", "user_cursors"] {
         assert!(name.contains(&format!("{table}=")), "{name}");
     }
     assert_eq!(writer(&config).await.store_name(), Some(name.as_str()));
@@ -112,7 +112,10 @@ async fn schema_is_created_idempotently() {
         .map(|r| r.unwrap().0)
         .collect();
     names.sort();
-    assert_eq!(names, ["conversations", "cursors", "user_cursors"]);
+    assert_eq!(
+        names,
+        ["conversations", "cursors", "snapshot_marks", "user_cursors"]
+    );
     assert_eq!(cursors(&second, "C").await["u"], 3);
 
     // updated_at is the wall clock at the write, join_seq as given.

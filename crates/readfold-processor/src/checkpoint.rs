@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use readfold_core::fold::PartitionState;
 use readfold_kafka::changelog::{ChangelogEnds, LocalCheckpoint, Restorer};
 use readfold_kafka::now_ms;
+use readfold_store::cql::MarkList;
 use readfold_wire::checkpoint::{self, CheckpointError, CheckpointMeta, ReadAt};
 
 use crate::config::Settings;
@@ -45,7 +46,8 @@ pub struct Checkpoints {
     partition_count: i32,
     max_id_bytes: usize,
     /// The CQL store written to, named (`None` with CQL off): a checkpoint
-    /// that names it spares the restart a snapshot of the whole state.
+    /// that names it, with the partition's snapshot mark the store still
+    /// holds, spares the restart a snapshot of the whole state.
     cql_store: Option<String>,
 }
 
@@ -84,8 +86,15 @@ impl Checkpoints {
 
     /// The checkpoints of `partitions` that can be trusted, opened, with
     /// one look at the changelogs' ends for all of them; a thread then
-    /// checks every page of them. Blocking (file and broker I/O).
-    pub fn load(&self, partitions: &[i32], restorer: &Restorer) -> Vec<(i32, LocalCheckpoint)> {
+    /// checks every page of them. `cql_marks`: the CQL store's list of
+    /// snapshot marks of each partition (`CqlStore::snapshot_marks`).
+    /// Blocking (file and broker I/O).
+    pub fn load(
+        &self,
+        partitions: &[i32],
+        restorer: &Restorer,
+        cql_marks: &BTreeMap<i32, String>,
+    ) -> Vec<(i32, LocalCheckpoint)> {
         let found: Vec<(i32, PathBuf)> = partitions
             .iter()
             .map(|&partition| (partition, self.path(partition)))
@@ -114,7 +123,7 @@ impl Checkpoints {
                         return None;
                     }
                 };
-                match self.check(*partition, file, &ends) {
+                match self.check(*partition, file, &ends, cql_marks.get(partition)) {
                     Ok((checkpoint, file)) => {
                         opened.push((*partition, file));
                         Some((*partition, checkpoint))
@@ -137,6 +146,7 @@ impl Checkpoints {
         partition: i32,
         file: CheckpointFile,
         ends: &BTreeMap<i32, Result<ChangelogEnds, String>>,
+        cql_marks: Option<&String>,
     ) -> Result<(LocalCheckpoint, Arc<checkpoint::Checkpoint<CheckpointFile>>), String> {
         let opened = checkpoint::open(file, self.max_id_bytes).map_err(|e| match e {
             // An upgrade's first start: not damage.
@@ -185,7 +195,18 @@ impl Checkpoints {
             }
         }
         let (public_offset, state_offset) = (meta.public_offset, meta.state_offset);
-        let in_cql = self.cql_store.is_some() && meta.snapshotted_to == self.cql_store;
+        // The store it names, and the mark of the stop that wrote it, which
+        // CQL still lists if it held the partition whole ever since.
+        let named_mark = self.cql_store.as_ref().and_then(|store| {
+            meta.snapshotted_to
+                .as_deref()?
+                .strip_prefix(store.as_str())?
+                .strip_prefix(" mark=")
+        });
+        let in_cql = match (named_mark, cql_marks) {
+            (Some(mark), Some(marks)) => MarkList::parse(marks).contains(mark),
+            _ => false,
+        };
         let opened = Arc::new(opened);
         let checkpoint = LocalCheckpoint {
             state: Arc::clone(&opened).state(),
@@ -194,6 +215,12 @@ impl Checkpoints {
             in_cql,
         };
         Ok((checkpoint, opened))
+    }
+
+    /// The CQL store written to, named with a partition's snapshot mark: what
+    /// a checkpoint names when the store held all of that partition.
+    fn cql_store_marked(&self, mark: Option<&String>) -> Option<String> {
+        Some(format!("{} mark={}", self.cql_store.as_ref()?, mark?))
     }
 
     /// [`Checkpoints::set_aside`] for a checkpoint found damaged.
@@ -251,7 +278,7 @@ impl Checkpoints {
         let Saved {
             partition,
             state,
-            in_cql,
+            cql_mark,
         } = *saved;
         let started = Instant::now();
         let meta = CheckpointMeta {
@@ -263,7 +290,7 @@ impl Checkpoints {
             public_offset: public_end,
             state_offset: state_end,
             written_at_ms: now_ms(),
-            snapshotted_to: self.cql_store.clone().filter(|_| in_cql),
+            snapshotted_to: self.cql_store_marked(cql_mark),
         };
         let bytes = match checkpoint::encode(&meta, state) {
             Ok(bytes) => bytes,
@@ -293,8 +320,9 @@ impl Checkpoints {
 pub struct Saved<'a> {
     pub partition: i32,
     pub state: &'a PartitionState,
-    /// Whether CQL holds every key of it (no snapshot owes any).
-    pub in_cql: bool,
+    /// When CQL holds every key of it (no snapshot owes any), the snapshot
+    /// mark just written for it there.
+    pub cql_mark: Option<&'a String>,
 }
 
 /// A checkpoint file, read at offsets as the state takes conversations in.

@@ -83,6 +83,12 @@ pub struct Processor {
     /// `readfold_core::flush::begin_snapshot`).
     pass_began: Instant,
     snapshot_retry: Backoff,
+    /// With CQL on and checkpoints kept: each restored partition's list of
+    /// snapshot marks in CQL, as its restore found it (or wrote it, when
+    /// there was none; see `readfold_store::cql::MarkList`). A stop names
+    /// the store in a partition's checkpoint only if CQL still holds this
+    /// list.
+    cql_marks: BTreeMap<i32, String>,
     /// When the next flush starts, if none is in flight (`flush.linger_ms`
     /// after the first change that waits for it, or a catch-up's wait; in
     /// either case at least `flush.min_interval_ms` after the last began).
@@ -269,6 +275,7 @@ impl Processor {
             cql_covered_at: Instant::now(),
             pass_began: Instant::now(),
             snapshot_retry: Backoff::new(),
+            cql_marks: BTreeMap::new(),
             flush_at: None,
             catching_up: false,
             caught_up: false,
@@ -479,7 +486,7 @@ impl Processor {
                 }
             }
         }
-        self.write_checkpoints();
+        self.write_checkpoints().await;
         self.consumer.unsubscribe();
         self.health.set_running(false);
         tracing::info!("left the group");
@@ -488,7 +495,7 @@ impl Processor {
 
     /// At a clean stop, with everything flushed: a checkpoint of every
     /// owned partition. A failure only costs the next start a full restore.
-    fn write_checkpoints(&self) {
+    async fn write_checkpoints(&self) {
         let Some(checkpoints) = &self.checkpoints else {
             return;
         };
@@ -496,6 +503,7 @@ impl Processor {
             tracing::warn!("not everything is flushed: no checkpoint written");
             return;
         }
+        let marks = self.mark_snapshots().await;
         let states = self
             .partitions
             .slots
@@ -503,9 +511,119 @@ impl Processor {
             .map(|(&partition, slot)| checkpoint::Saved {
                 partition,
                 state: &slot.state,
-                in_cql: self.cql.is_some() && slot.in_cql(),
+                cql_mark: marks.get(&partition),
             });
         checkpoints.save(states, &self.restorer);
+    }
+
+    /// For the checkpoints of a stop: a fresh snapshot mark at the head of
+    /// the list in CQL of each partition that CQL holds whole (no snapshot
+    /// owes any of its keys), if CQL still holds the list its restore found.
+    /// One whose list CQL lost or replaced was truncated or restored from a
+    /// backup while this instance ran: its checkpoint names no CQL store,
+    /// so the next start snapshots every key again.
+    async fn mark_snapshots(&self) -> BTreeMap<i32, String> {
+        let mut marked = BTreeMap::new();
+        let Some(cql) = &self.cql else {
+            return marked;
+        };
+        let whole: Vec<i32> = self
+            .partitions
+            .slots
+            .iter()
+            .filter(|(p, slot)| slot.in_cql() && self.cql_marks.contains_key(p))
+            .map(|(&p, _)| p)
+            .collect();
+        if whole.is_empty() {
+            return marked;
+        }
+        let group = &self.settings.kafka.group_id;
+        let found = match cql.snapshot_marks(group).await {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the CQL store's snapshot marks: the checkpoints name no CQL store");
+                return marked;
+            }
+        };
+        for partition in whole {
+            let Some(seen) = self.cql_marks.get(&partition) else {
+                continue;
+            };
+            if found.get(&partition) != Some(seen) {
+                tracing::warn!(
+                    partition,
+                    "the CQL store's snapshot marks of this partition changed since its restore (its tables truncated or \
+                     restored from a backup?): the checkpoint names no CQL store, and the next start snapshots every key"
+                );
+                continue;
+            }
+            let mark = readfold_store::cql::new_mark();
+            let list = readfold_store::cql::MarkList::parse(seen).with_newest(&mark);
+            match cql.set_snapshot_mark(group, partition, list.as_str()).await {
+                Ok(()) => {
+                    marked.insert(partition, mark);
+                }
+                Err(e) => {
+                    tracing::warn!(partition, error = %e, "cannot write a snapshot mark: the checkpoint names no CQL store")
+                }
+            }
+        }
+        marked
+    }
+
+    /// Before a restore of `partitions`: the CQL store's snapshot marks,
+    /// which a checkpoint that names the store must match. Empty with CQL
+    /// off or without checkpoints; `None` when CQL does not answer (the
+    /// restored partitions then snapshot every key, and their checkpoints
+    /// at the next stop name no store).
+    async fn read_snapshot_marks(&self) -> Option<BTreeMap<i32, String>> {
+        let (Some(cql), Some(_)) = (&self.cql, &self.checkpoints) else {
+            return Some(BTreeMap::new());
+        };
+        match cql.snapshot_marks(&self.settings.kafka.group_id).await {
+            Ok(marks) => Some(marks),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the CQL store's snapshot marks: restored partitions snapshot every key");
+                None
+            }
+        }
+    }
+
+    /// After a restore: the list of snapshot marks each partition's stop
+    /// checks later, as the restore found it. A partition with none gets a
+    /// list of one fresh mark now, so that CQL losing its tables while
+    /// this instance runs shows at the stop, as the list gone.
+    async fn renew_snapshot_marks(&mut self, restored: &[i32], found: Option<&BTreeMap<i32, String>>) {
+        let (Some(cql), Some(_)) = (&self.cql, &self.checkpoints) else {
+            return;
+        };
+        // Unknown: writing a list now could replace one CQL holds.
+        let Some(found) = found else {
+            for partition in restored {
+                self.cql_marks.remove(partition);
+            }
+            return;
+        };
+        let group = &self.settings.kafka.group_id;
+        for &partition in restored {
+            let mark = match found.get(&partition) {
+                Some(list) if !list.is_empty() => Some(list.clone()),
+                _ => {
+                    let list = readfold_store::cql::new_mark();
+                    match cql.set_snapshot_mark(group, partition, &list).await {
+                        Ok(()) => Some(list),
+                        Err(e) => {
+                            tracing::warn!(partition, error = %e, "cannot write a snapshot mark: this partition's next checkpoint names no CQL store");
+                            None
+                        }
+                    }
+                }
+            };
+            match mark {
+                Some(mark) => self.cql_marks.insert(partition, mark),
+                None => self.cql_marks.remove(&partition),
+            };
+        }
     }
 
     /// Applies the group events queued since the last call; true if there
@@ -841,13 +959,17 @@ impl Processor {
     /// Rebuilds `partitions`' state from the changelogs, on a blocking
     /// thread; a restore that fails for a reason that may pass (a broker
     /// away) is tried again with backoff.
-    async fn restore(&self, partitions: &[i32]) -> Result<Vec<(i32, Slot)>> {
+    async fn restore(&mut self, partitions: &[i32]) -> Result<Vec<(i32, Slot)>> {
         let snapshots = self.cql.is_some();
+        let found = self.read_snapshot_marks().await;
+        let marks = Arc::new(found.clone().unwrap_or_default());
         let attempt = || {
             let restorer = Arc::clone(&self.restorer);
             let checkpoints = self.checkpoints.clone();
             let wanted = partitions.to_vec();
-            let restore = move || restore_blocking(&restorer, checkpoints.as_deref(), &wanted, snapshots);
+            let marks = Arc::clone(&marks);
+            let restore =
+                move || restore_blocking(&restorer, checkpoints.as_deref(), &wanted, snapshots, &marks);
             async move { Ok::<_, Error>(tokio::task::spawn_blocking(restore).await??) }
         };
         let (states, stats, load) = retrying(attempt, |e, delay| {
@@ -871,6 +993,8 @@ impl Processor {
             elapsed_ms = elapsed.as_millis() as u64,
             "restored partition state from the changelog"
         );
+        let restored: Vec<i32> = states.keys().copied().collect();
+        self.renew_snapshot_marks(&restored, found.as_ref()).await;
         Ok(states
             .into_iter()
             .map(|(p, restored)| {
@@ -1159,7 +1283,9 @@ impl Processor {
 
 /// The blocking part of a restore of `wanted`: their trusted checkpoints
 /// opened, the changelogs read from there (or whole), and with `snapshots`
-/// (CQL on) a state that owes CQL every key taken in whole. A partition
+/// (CQL on) a state that owes CQL every key taken in whole, unless its
+/// checkpoint names the CQL store with a mark that `cql_marks` lists for
+/// the partition (then it owes only what the tails changed). A partition
 /// whose checkpoint turns out damaged already is set aside and restored
 /// again from its changelog. Returns the states, the restore's figures and
 /// how long opening the checkpoints took.
@@ -1168,11 +1294,12 @@ fn restore_blocking(
     checkpoints: Option<&Checkpoints>,
     wanted: &[i32],
     snapshots: bool,
+    cql_marks: &BTreeMap<i32, String>,
 ) -> readfold_kafka::Result<(BTreeMap<i32, Restored>, RestoreStats, Duration)> {
     let loading = Instant::now();
     let loaded = checkpoints
         .iter()
-        .flat_map(|c| c.load(wanted, restorer))
+        .flat_map(|c| c.load(wanted, restorer, cql_marks))
         .collect();
     let load = loading.elapsed();
     let (mut states, mut stats) = restorer.restore_many_from(wanted, loaded)?;

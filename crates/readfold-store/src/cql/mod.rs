@@ -22,6 +22,7 @@
 //! [`write::SHARED_BATCH_BYTES`].
 
 mod config;
+mod marks;
 mod read;
 mod schema;
 pub mod write;
@@ -37,6 +38,7 @@ use scylla::client::session_builder::SessionBuilder;
 use scylla::statement::prepared::PreparedStatement;
 
 pub use config::CqlConfig;
+pub use marks::{new_mark, MarkList, MARKS_KEPT};
 pub use schema::schema;
 
 use crate::error::{Error, Result};
@@ -207,7 +209,7 @@ async fn table_ids(session: &Session, keyspace: &str) -> Result<String> {
 }
 
 /// The tables readfold creates and writes.
-const TABLES: [&str; 3] = ["conversations", "cursors", "user_cursors"];
+const TABLES: [&str; 4] = ["conversations", "cursors", "snapshot_marks", "user_cursors"];
 
 impl CqlStore {
     /// How many warnings the server has returned with this store's writes

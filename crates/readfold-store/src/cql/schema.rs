@@ -1,7 +1,7 @@
 //! The tables, created idempotently by writers at connect.
 
 /// The schema, in creation order.
-pub fn schema(keyspace: &str, replication: &str) -> [String; 4] {
+pub fn schema(keyspace: &str, replication: &str) -> [String; 5] {
     [
         format!("CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}"),
         format!(
@@ -19,6 +19,12 @@ pub fn schema(keyspace: &str, replication: &str) -> [String; 4] {
              private_cursor bigint, unread_mark bigint, \
              PRIMARY KEY ((user_id), conversation_id))"
         ),
+        // Which snapshot a local checkpoint of each input partition saw
+        // (see `marks`): readfold's own, not read by anyone else.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {keyspace}.snapshot_marks (group_id text, input_partition int, \
+             mark text, PRIMARY KEY ((group_id), input_partition))"
+        ),
     ]
 }
 
@@ -28,7 +34,7 @@ mod tests {
 
     #[test]
     fn schema_names_the_keyspace() {
-        let [ks, cursors, conversations, user_cursors] =
+        let [ks, cursors, conversations, user_cursors, marks] =
             schema("k", "{'class': 'SimpleStrategy', 'replication_factor': 1}");
         assert!(ks.starts_with("CREATE KEYSPACE IF NOT EXISTS k WITH replication = {"));
         assert!(
@@ -38,6 +44,9 @@ mod tests {
         assert!(
             user_cursors.contains("k.user_cursors")
                 && user_cursors.contains("PRIMARY KEY ((user_id), conversation_id)")
+        );
+        assert!(
+            marks.contains("k.snapshot_marks") && marks.contains("PRIMARY KEY ((group_id), input_partition)")
         );
     }
 }
