@@ -333,3 +333,36 @@ async fn private_state_is_max_merged_per_user() {
     assert_eq!(got, expected_private_state());
     drop_keyspace(&sink).await;
 }
+
+/// A partition's snapshot marks change only where CQL holds the list the
+/// writer expects (a lightweight transaction): a first list only where
+/// none exists, a next one only over the expected one, and nothing over a
+/// truncated table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_marks_change_only_over_the_expected_list() {
+    let _services = shared_services().await;
+    let ks = unique_keyspace("marks");
+    let store = writer(&cql_config(&ks)).await;
+    let swap = |expected: Option<&'static str>, new: &'static str| {
+        let store = store.clone();
+        async move {
+            let outcome = store.swap_snapshot_marks("g", &[(3, expected, new)]).await;
+            assert_eq!(outcome.len(), 1);
+            outcome.into_iter().next().unwrap().1.unwrap()
+        }
+    };
+    assert!(swap(None, "a").await, "a first list where none exists");
+    assert!(!swap(None, "b").await, "not over an existing one");
+    assert!(!swap(Some("b"), "c,a").await, "not over another list");
+    assert!(swap(Some("a"), "c,a").await, "over the expected list");
+    assert_eq!(store.snapshot_marks("g").await.unwrap()[&3], "c,a");
+    assert!(store.snapshot_marks("other").await.unwrap().is_empty());
+    store
+        .session()
+        .query_unpaged(format!("TRUNCATE {ks}.snapshot_marks"), ())
+        .await
+        .unwrap();
+    assert!(!swap(Some("c,a"), "d,c,a").await, "not over a truncated table");
+    assert!(store.snapshot_marks("g").await.unwrap().is_empty());
+    drop_keyspace(&store).await;
+}

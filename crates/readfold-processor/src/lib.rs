@@ -518,51 +518,52 @@ impl Processor {
 
     /// For the checkpoints of a stop: a fresh snapshot mark at the head of
     /// the list in CQL of each partition that CQL holds whole (no snapshot
-    /// owes any of its keys), if CQL still holds the list its restore found.
-    /// One whose list CQL lost or replaced was truncated or restored from a
-    /// backup while this instance ran: its checkpoint names no CQL store,
-    /// so the next start snapshots every key again.
+    /// owes any of its keys), written only if CQL still holds the list its
+    /// restore found (a conditional write, all partitions side by side, so
+    /// a slow CQL costs the stop one request's timeout). One whose list CQL
+    /// lost or replaced was truncated or restored from a backup while this
+    /// instance ran: its checkpoint names no CQL store, so the next start
+    /// snapshots every key again.
     async fn mark_snapshots(&self) -> BTreeMap<i32, String> {
         let mut marked = BTreeMap::new();
         let Some(cql) = &self.cql else {
             return marked;
         };
-        let whole: Vec<i32> = self
+        let swaps: Vec<(i32, &String, String, String)> = self
             .partitions
             .slots
             .iter()
-            .filter(|(p, slot)| slot.in_cql() && self.cql_marks.contains_key(p))
-            .map(|(&p, _)| p)
+            .filter(|(_, slot)| slot.in_cql())
+            .filter_map(|(p, _)| {
+                let seen = self.cql_marks.get(p)?;
+                let mark = readfold_store::cql::new_mark();
+                let list = readfold_store::cql::MarkList::parse(seen).with_newest(&mark);
+                Some((*p, seen, list.as_str().to_owned(), mark))
+            })
             .collect();
-        if whole.is_empty() {
+        if swaps.is_empty() {
             return marked;
         }
+        let asked: Vec<(i32, Option<&str>, &str)> = swaps
+            .iter()
+            .map(|(p, seen, list, _)| (*p, Some(seen.as_str()), list.as_str()))
+            .collect();
         let group = &self.settings.kafka.group_id;
-        let found = match cql.snapshot_marks(group).await {
-            Ok(found) => found,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the CQL store's snapshot marks: the checkpoints name no CQL store");
-                return marked;
-            }
-        };
-        for partition in whole {
-            let Some(seen) = self.cql_marks.get(&partition) else {
-                continue;
-            };
-            if found.get(&partition) != Some(seen) {
-                tracing::warn!(
+        for ((partition, outcome), (_, _, _, mark)) in cql
+            .swap_snapshot_marks(group, &asked)
+            .await
+            .into_iter()
+            .zip(swaps)
+        {
+            match outcome {
+                Ok(true) => {
+                    marked.insert(partition, mark);
+                }
+                Ok(false) => tracing::warn!(
                     partition,
                     "the CQL store's snapshot marks of this partition changed since its restore (its tables truncated or \
                      restored from a backup?): the checkpoint names no CQL store, and the next start snapshots every key"
-                );
-                continue;
-            }
-            let mark = readfold_store::cql::new_mark();
-            let list = readfold_store::cql::MarkList::parse(seen).with_newest(&mark);
-            match cql.set_snapshot_mark(group, partition, list.as_str()).await {
-                Ok(()) => {
-                    marked.insert(partition, mark);
-                }
+                ),
                 Err(e) => {
                     tracing::warn!(partition, error = %e, "cannot write a snapshot mark: the checkpoint names no CQL store")
                 }
@@ -591,8 +592,9 @@ impl Processor {
 
     /// After a restore: the list of snapshot marks each partition's stop
     /// checks later, as the restore found it. A partition with none gets a
-    /// list of one fresh mark now, so that CQL losing its tables while
-    /// this instance runs shows at the stop, as the list gone.
+    /// list of one fresh mark now (unless one appeared meanwhile), so that
+    /// CQL losing its tables while this instance runs shows at the stop, as
+    /// the list gone.
     async fn renew_snapshot_marks(&mut self, restored: &[i32], found: Option<&BTreeMap<i32, String>>) {
         let (Some(cql), Some(_)) = (&self.cql, &self.checkpoints) else {
             return;
@@ -604,25 +606,39 @@ impl Processor {
             }
             return;
         };
-        let group = &self.settings.kafka.group_id;
+        let mut fresh = Vec::new();
         for &partition in restored {
-            let mark = match found.get(&partition) {
-                Some(list) if !list.is_empty() => Some(list.clone()),
-                _ => {
-                    let list = readfold_store::cql::new_mark();
-                    match cql.set_snapshot_mark(group, partition, &list).await {
-                        Ok(()) => Some(list),
-                        Err(e) => {
-                            tracing::warn!(partition, error = %e, "cannot write a snapshot mark: this partition's next checkpoint names no CQL store");
-                            None
-                        }
-                    }
+            match found.get(&partition) {
+                Some(list) if !list.is_empty() => {
+                    self.cql_marks.insert(partition, list.clone());
                 }
-            };
-            match mark {
-                Some(mark) => self.cql_marks.insert(partition, mark),
-                None => self.cql_marks.remove(&partition),
-            };
+                _ => {
+                    self.cql_marks.remove(&partition);
+                    fresh.push((partition, readfold_store::cql::new_mark()));
+                }
+            }
+        }
+        if fresh.is_empty() {
+            return;
+        }
+        let asked: Vec<(i32, Option<&str>, &str)> =
+            fresh.iter().map(|(p, mark)| (*p, None, mark.as_str())).collect();
+        let outcomes = cql
+            .swap_snapshot_marks(&self.settings.kafka.group_id, &asked)
+            .await;
+        for ((partition, outcome), (_, mark)) in outcomes.into_iter().zip(fresh) {
+            match outcome {
+                Ok(true) => {
+                    self.cql_marks.insert(partition, mark);
+                }
+                Ok(false) => tracing::info!(
+                    partition,
+                    "another instance wrote this partition's first snapshot mark meanwhile: its next checkpoint names no CQL store"
+                ),
+                Err(e) => {
+                    tracing::warn!(partition, error = %e, "cannot write a snapshot mark: this partition's next checkpoint names no CQL store")
+                }
+            }
         }
     }
 

@@ -11,8 +11,8 @@
 //! a gap, since the stop that wrote it. A restart whose checkpoint's mark is
 //! not in the list (the tables truncated: no list; restored from a backup
 //! taken before that stop: an older list) snapshots every key instead. A
-//! stop adds its mark only if the list is still the one its restore found,
-//! which catches a truncation while it ran; the marks of earlier stops stay
+//! stop adds its mark only if the list is still the one its restore found
+//! (a conditional write), which catches a truncation while it ran; the marks of earlier stops stay
 //! (up to [`MARKS_KEPT`]), so a partition that another instance owned
 //! meanwhile still finds its checkpoint's mark.
 
@@ -44,17 +44,52 @@ impl CqlStore {
         Ok(marks)
     }
 
-    /// Sets `group`'s mark list of input partition `partition`. An
-    /// ordinary write, timestamped by the clock: only the partition's owner
-    /// writes it, at its restore or its stop.
-    pub async fn set_snapshot_mark(&self, group: &str, partition: i32, mark: &str) -> Result<()> {
-        let cql = format!(
-            "INSERT INTO {}.snapshot_marks (group_id, input_partition, mark) VALUES (?, ?, ?)",
-            self.keyspace
-        );
-        self.session.query_unpaged(cql, (group, partition, mark)).await?;
-        Ok(())
+    /// Sets `group`'s mark list of each input partition in `swaps` to its
+    /// new list, but only where CQL still holds the expected one (`None`:
+    /// no list yet): lightweight transactions, side by side, so that a
+    /// truncation between a stop's check and its write cannot go unseen,
+    /// and a restore that read the marks long ago cannot replace a list
+    /// another owner wrote since. Returns, for each, whether it applied.
+    pub async fn swap_snapshot_marks(
+        &self,
+        group: &str,
+        swaps: &[(i32, Option<&str>, &str)],
+    ) -> Vec<(i32, Result<bool>)> {
+        let ks = &self.keyspace;
+        let writes = swaps.iter().map(|&(partition, expected, new)| async move {
+            let result = match expected {
+                Some(expected) => {
+                    let cql = format!(
+                        "UPDATE {ks}.snapshot_marks SET mark = ? WHERE group_id = ? AND input_partition = ? IF mark = ?"
+                    );
+                    self.session.query_unpaged(cql, (new, group, partition, expected)).await
+                }
+                None => {
+                    let cql = format!(
+                        "INSERT INTO {ks}.snapshot_marks (group_id, input_partition, mark) VALUES (?, ?, ?) IF NOT EXISTS"
+                    );
+                    self.session.query_unpaged(cql, (group, partition, new)).await
+                }
+            };
+            (partition, result.map_err(Error::from).and_then(applied))
+        });
+        futures_util::future::join_all(writes).await
     }
+}
+
+/// Whether a lightweight transaction applied: its first column,
+/// `[applied]` (the columns after it, when it did not, are the row's).
+fn applied(result: scylla::response::query_result::QueryResult) -> Result<bool> {
+    let rows = result.into_rows_result().map_err(Error::cql_result)?;
+    let mut rows = rows.rows::<scylla::value::Row>().map_err(Error::cql_result)?;
+    let row = rows
+        .next()
+        .ok_or_else(|| Error::Config("a conditional write returned no row".into()))?
+        .map_err(Error::cql_result)?;
+    Ok(matches!(
+        row.columns.first(),
+        Some(Some(scylla::value::CqlValue::Boolean(true)))
+    ))
 }
 
 /// How many marks a partition's list keeps: a checkpoint older than this
