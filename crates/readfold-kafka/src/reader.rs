@@ -25,6 +25,14 @@ pub enum Until {
     Forever,
 }
 
+/// What one poll of a reader brought.
+enum Polled<'a> {
+    Nothing,
+    /// The partition's end (PartitionEOF).
+    End(i32),
+    Record(BorrowedMessage<'a>),
+}
+
 /// A reader of committed records.
 pub struct TopicReader {
     consumer: BaseConsumer<LogContext>,
@@ -172,18 +180,12 @@ impl TopicReader {
                     });
                 }
             }
-            match self.consumer.poll(Duration::from_millis(500)) {
-                None => {}
-                Some(Err(KafkaError::PartitionEOF(p))) => {
+            match self.poll_once(topic, Duration::from_millis(500))? {
+                Polled::Nothing => {}
+                Polled::End(p) => {
                     at_end.insert(p);
                 }
-                // librdkafka reconnects by itself; the `within` bound limits
-                // how long a broker may stay away.
-                Some(Err(e)) if !is_fatal_read(&e) => {
-                    tracing::debug!(topic, error = %e, "transient consumer error while reading");
-                }
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(message)) => {
+                Polled::Record(message) => {
                     count += 1;
                     at_end.remove(&message.partition());
                     if each(&message).is_break() {
@@ -227,16 +229,12 @@ impl TopicReader {
                     within,
                 });
             }
-            match self.consumer.poll(Duration::from_millis(2)) {
-                None => self.drop_reached(topic, &returned, &mut left)?,
-                Some(Err(KafkaError::PartitionEOF(p))) => {
+            match self.poll_once(topic, Duration::from_millis(2))? {
+                Polled::Nothing => self.drop_reached(topic, &returned, &mut left)?,
+                Polled::End(p) => {
                     left.remove(&p);
                 }
-                Some(Err(e)) if !is_fatal_read(&e) => {
-                    tracing::debug!(topic, error = %e, "transient consumer error while reading");
-                }
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(message)) => {
+                Polled::Record(message) => {
                     count += 1;
                     let p = message.partition();
                     returned.insert(p);
@@ -250,6 +248,23 @@ impl TopicReader {
             }
         }
         Ok(count)
+    }
+
+    /// One poll of the consumer, waiting up to `wait`: a record, a
+    /// partition's end, or nothing (also after a transient error:
+    /// librdkafka reconnects by itself, and the callers' time bounds limit
+    /// how long a broker may stay away). A fatal error ends the read.
+    fn poll_once(&self, topic: &str, wait: Duration) -> Result<Polled<'_>> {
+        match self.consumer.poll(wait) {
+            None => Ok(Polled::Nothing),
+            Some(Err(KafkaError::PartitionEOF(p))) => Ok(Polled::End(p)),
+            Some(Err(e)) if !is_fatal_read(&e) => {
+                tracing::debug!(topic, error = %e, "transient consumer error while reading");
+                Ok(Polled::Nothing)
+            }
+            Some(Err(e)) => Err(e.into()),
+            Some(Ok(message)) => Ok(Polled::Record(message)),
+        }
     }
 
     /// Removes from `left` the partitions of `returned` whose position

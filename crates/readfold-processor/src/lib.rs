@@ -977,8 +977,8 @@ impl Processor {
     /// away) is tried again with backoff.
     async fn restore(&mut self, partitions: &[i32]) -> Result<Vec<(i32, Slot)>> {
         let snapshots = self.cql.is_some();
-        let found = self.read_snapshot_marks().await;
-        let marks = Arc::new(found.clone().unwrap_or_default());
+        let found = self.read_snapshot_marks().await.map(Arc::new);
+        let marks = found.clone().unwrap_or_default();
         let attempt = || {
             let restorer = Arc::clone(&self.restorer);
             let checkpoints = self.checkpoints.clone();
@@ -1010,7 +1010,7 @@ impl Processor {
             "restored partition state from the changelog"
         );
         let restored: Vec<i32> = states.keys().copied().collect();
-        self.renew_snapshot_marks(&restored, found.as_ref()).await;
+        self.renew_snapshot_marks(&restored, found.as_deref()).await;
         Ok(states
             .into_iter()
             .map(|(p, restored)| {
