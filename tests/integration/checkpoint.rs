@@ -540,6 +540,66 @@ async fn cql_restore(keyspace: &str, backup: &CqlBackup) {
     }
 }
 
+/// Runs instance "a" with `vars` until the changelog and CQL hold the
+/// reference, then stops it cleanly.
+async fn run_until_cql_holds(env: &TestEnv, reference: &Reference, vars: &[(&str, &str)]) {
+    let minute = Duration::from_secs(60);
+    let mut processor = env.spawn_with("a", vars);
+    env.wait_for_reference(reference, minute).await;
+    assert_eq!(
+        wait_for_cql(&env.config.cql.keyspace, &reference.present(), minute).await,
+        reference.present()
+    );
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+}
+
+/// Restarts instance "a" from the checkpoints in `dir_text` over a CQL
+/// store that lost what they name (`what`): the state still comes from the
+/// checkpoints, every key is snapshotted again, and CQL ends whole.
+async fn assert_restart_snapshots_every_key(
+    env: &TestEnv,
+    reference: &Reference,
+    dir_text: &str,
+    what: &str,
+) {
+    let all_keys = reference.present().len() as f64;
+    let addr = free_local_addr();
+    let mut processor = env.spawn_with(
+        "a",
+        &[
+            ("READFOLD__STATE__DIR", dir_text),
+            ("READFOLD__METRICS__LISTEN", addr.as_str()),
+        ],
+    );
+    let cql = wait_for_cql(
+        &env.config.cql.keyspace,
+        &reference.present(),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(cql, reference.present(), "CQL after the restart over {what}");
+    let text = processor.log_text();
+    assert!(
+        restored_lines(&text)
+            .iter()
+            .all(|l| !l.contains("from_checkpoint=0")),
+        "the state still comes from the checkpoints: {text}"
+    );
+    assert!(
+        scraped_sample(&addr, "readfold_snapshot_keys_total") >= all_keys,
+        "every key snapshotted again, not only a tail\n{text}"
+    );
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+}
+
 /// A checkpoint that names the CQL store also names the partition's
 /// snapshot mark there. CQL restored from a backup taken at an earlier
 /// stop, or truncated, holds another mark or none: the restart snapshots
@@ -549,7 +609,6 @@ async fn cql_restored_from_a_backup_or_truncated_is_snapshotted_whole_again() {
     let env = TestEnv::new("checkpoint-cql-marks", 2).await;
     let keyspace = env.config.cql.keyspace.clone();
     let (dir, dir_text) = state_dir();
-    let minute = Duration::from_secs(60);
     let with_dir = [("READFOLD__STATE__DIR", dir_text.as_str())];
     let mut reference = Reference::default();
     let mut feed = env.feed(&mut reference);
@@ -557,17 +616,7 @@ async fn cql_restored_from_a_backup_or_truncated_is_snapshotted_whole_again() {
     for u in 0..20 {
         feed.report(report("big", &format!("u{u}"), 5)).await;
     }
-    let mut processor = env.spawn_with("a", &with_dir);
-    env.wait_for_reference(&reference, minute).await;
-    assert_eq!(
-        wait_for_cql(&keyspace, &reference.present(), minute).await,
-        reference.present()
-    );
-    assert!(
-        processor.terminate(Duration::from_secs(30)),
-        "{}",
-        processor.log_text()
-    );
+    run_until_cql_holds(&env, &reference, &with_dir).await;
     let backup = cql_backup(&keyspace).await;
     assert_eq!(backup.marks.len(), 2, "a list of marks per partition");
     let listed = |mark: &str| {
@@ -603,18 +652,7 @@ async fn cql_restored_from_a_backup_or_truncated_is_snapshotted_whole_again() {
     let mut feed = env.feed(&mut reference);
     feed.report(report("big", "u1", 9)).await;
     feed.report(report("group", "B", 3)).await;
-    let mut processor = env.spawn_with("a", &with_dir);
-    env.wait_for_reference(&reference, minute).await;
-    assert_eq!(
-        wait_for_cql(&keyspace, &reference.present(), minute).await,
-        reference.present()
-    );
-    assert!(
-        processor.terminate(Duration::from_secs(30)),
-        "{}",
-        processor.log_text()
-    );
-
+    run_until_cql_holds(&env, &reference, &with_dir).await;
     let second_marks = named_marks();
     assert!(
         second_marks.iter().all(|m| !m.is_empty() && !listed(m)),
@@ -628,48 +666,9 @@ async fn cql_restored_from_a_backup_or_truncated_is_snapshotted_whole_again() {
         reference.present(),
         "the backup lacks the second run's reads"
     );
-    let all_keys = reference.present().len() as f64;
-    let addr = free_local_addr();
-    let mut processor = env.spawn_with("a", &[with_dir[0], ("READFOLD__METRICS__LISTEN", addr.as_str())]);
-    let cql = wait_for_cql(&keyspace, &reference.present(), minute).await;
-    assert_eq!(cql, reference.present(), "CQL after the restart over the backup");
-    let text = processor.log_text();
-    assert!(
-        restored_lines(&text)
-            .iter()
-            .all(|l| !l.contains("from_checkpoint=0")),
-        "the state still comes from the checkpoints: {text}"
-    );
-    assert!(
-        scraped_sample(&addr, "readfold_snapshot_keys_total") >= all_keys,
-        "every key snapshotted again, not only a tail\n{text}"
-    );
-    assert!(
-        processor.terminate(Duration::from_secs(30)),
-        "{}",
-        processor.log_text()
-    );
+    assert_restart_snapshots_every_key(&env, &reference, &dir_text, "the backup").await;
 
     // Truncated after a clean stop: no mark at all.
     cql_truncate(&keyspace).await;
-    let addr = free_local_addr();
-    let mut processor = env.spawn_with("a", &[with_dir[0], ("READFOLD__METRICS__LISTEN", addr.as_str())]);
-    let cql = wait_for_cql(&keyspace, &reference.present(), minute).await;
-    assert_eq!(
-        cql,
-        reference.present(),
-        "CQL after the restart over truncated tables"
-    );
-    assert!(
-        restored_lines(&processor.log_text())
-            .iter()
-            .all(|l| !l.contains("from_checkpoint=0")),
-        "{}",
-        processor.log_text()
-    );
-    assert!(
-        processor.terminate(Duration::from_secs(30)),
-        "{}",
-        processor.log_text()
-    );
+    assert_restart_snapshots_every_key(&env, &reference, &dir_text, "truncated tables").await;
 }
