@@ -205,9 +205,16 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         latency_seconds: u64,
         /// The maximum rate (records/s) the latency bench takes fractions
-        /// of; 0: measure it first by a catch-up of 500,000 records.
+        /// of; 0: measure it first, as --latency-max-from says.
         #[arg(long, default_value_t = 0.0)]
         latency_max_rate: f64,
+        /// Where the latency bench's maximum comes from when
+        /// --latency-max-rate is 0: sustained, the highest live rate the
+        /// pipeline keeps up with here, found by offering rates to the same
+        /// processor before the rows; catch-up, the rate at which it
+        /// catches up on a backlog of 500,000 records (no live rate).
+        #[arg(long, value_enum, default_value_t = readfold::bench::MaxRateFrom::Sustained)]
+        latency_max_from: readfold::bench::MaxRateFrom,
         /// Times the latency bench runs, each with a processor and topics
         /// of its own, at the same rates; each row shows its median run by
         /// the report-to-changelog p99, and the lines below every run's p99
@@ -297,6 +304,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             throughput_peers,
             latency_seconds,
             latency_max_rate,
+            latency_max_from,
             latency_runs,
             restart_cursors,
             restart_members,
@@ -371,6 +379,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                     &config,
                     latency_seconds,
                     latency_max_rate,
+                    latency_max_from,
                     latency_runs,
                 ))?;
                 readfold::bench::print_latency_runs(&runs);

@@ -14,8 +14,11 @@
 //! snapshot can take most of them for a while.
 //!
 //! An unrecorded warm-up at 50% (as long as a step, at most 5 s) comes
-//! first. The maximum is `--latency-max-rate`, or, when that is 0, the rate at
-//! which `readfold run` catches up on a backlog of 500,000 records here.
+//! first. The maximum is `--latency-max-rate`, or, when that is 0, the
+//! highest live rate the pipeline sustains here, found by offering rates to
+//! the same processor before the warm-up ([`super::sustained`]); with
+//! `--latency-max-from catch-up`, the rate at which `readfold run` catches
+//! up on a backlog of 500,000 records here instead.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,6 +33,7 @@ use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use super::child::{config_vars, cpu_secs_of, free_addr, spawn};
 use super::server_cpu::{Priorities, ServerClocks, ServerCpu};
+use super::sustained::{self, RateSearch, SearchStep};
 use super::workload::{ChatWorkload, Generated};
 use super::{now_ms, percentile};
 use crate::config::Config;
@@ -43,6 +47,33 @@ const MAX_RATE_BACKLOG: u64 = 500_000;
 const PROBES_PER_SEC: u64 = 50;
 /// Probe conversations (spread over the partitions).
 const PROBE_CONVERSATIONS: u64 = 12;
+
+/// Where the maximum comes from when none is given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MaxRateFrom {
+    /// The highest live rate the pipeline sustains on this machine, found
+    /// by offering rates before the rows.
+    Sustained,
+    /// The rate at which `readfold run` catches up on a backlog: no live
+    /// rate, kept to compare with earlier figures.
+    CatchUp,
+}
+
+/// Where a run's maximum came from.
+#[derive(Clone, Debug)]
+pub enum MaxFrom {
+    Given,
+    CatchUp,
+    /// Found live; the rates offered, in the order they were.
+    Sustained {
+        steps: Vec<SearchStep>,
+        step_seconds: u64,
+    },
+}
+
+/// Every changelog record since the follower started: (updated_at,
+/// arrival) in ms.
+type Arrivals = Arc<Mutex<Vec<(i64, i64)>>>;
 
 /// One offered rate's figures.
 #[derive(Clone, Debug)]
@@ -72,7 +103,7 @@ pub struct StepCores {
 #[derive(Clone, Debug)]
 pub struct LatencyFigures {
     pub max_rate: f64,
-    pub measured_max: bool,
+    pub max_from: MaxFrom,
     /// Whether the processor wrote CQL snapshots (`cql.enabled`).
     pub cql: bool,
     pub rows: Vec<LatencyRow>,
@@ -82,14 +113,17 @@ pub struct LatencyFigures {
     pub priorities: Option<Priorities>,
 }
 
-pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<LatencyFigures> {
-    let (max_rate, measured_max) = if max_rate > 0.0 {
-        (max_rate, false)
+pub async fn latency(
+    config: &Config,
+    seconds: u64,
+    max_rate: f64,
+    max_rate_from: MaxRateFrom,
+) -> Result<LatencyFigures> {
+    // A catch-up runs on topics of its own, before this run's processor.
+    let caught_up = if max_rate <= 0.0 && max_rate_from == MaxRateFrom::CatchUp {
+        Some(super::throughput::readfold_max_rate(config, MAX_RATE_BACKLOG).await?)
     } else {
-        (
-            super::throughput::readfold_max_rate(config, MAX_RATE_BACKLOG).await?,
-            true,
-        )
+        None
     };
 
     let config = super::on_fresh_topics(config, "latency");
@@ -100,8 +134,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     let mut child = spawn("run", &vars)?;
     let clocks = ServerClocks::new(&config).await;
 
-    // Every changelog record from now on: (updated_at, arrival) in ms.
-    let arrivals: Arc<Mutex<Vec<(i64, i64)>>> = Arc::default();
+    let arrivals: Arrivals = Arc::default();
     let following = Arc::new(AtomicBool::new(true));
     // On any early return too: a follower left running would keep the
     // runtime from shutting down.
@@ -162,17 +195,19 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     // A warm-up at the middle rate, not recorded: the first seconds of a
     // run (the broker's JIT compiling its hot paths, the processor's first
     // allocations) are no steady state at any rate.
+    let (max_rate, max_from) = match caught_up {
+        _ if max_rate > 0.0 => (max_rate, MaxFrom::Given),
+        Some(rate) => (rate, MaxFrom::CatchUp),
+        None => find_sustained(&mut load, &arrivals, seconds).await?,
+    };
     load.offer(max_rate * 0.5, warmup_seconds(seconds)).await?;
     let mut rows = Vec::new();
     for fraction in FRACTIONS {
         let offered = max_rate * fraction;
         let step = load.offer(offered, seconds).await?;
-        let mut changelog_ms: Vec<f64> = arrivals
-            .lock()
-            .expect("bench lock")
-            .iter()
-            .filter(|(at, _)| (step.from..step.to).contains(at))
-            .map(|(at, arrived)| (arrived - at) as f64)
+        let mut changelog_ms: Vec<f64> = step_latencies(&arrivals, step.from, step.to)
+            .into_iter()
+            .map(|(_, ms)| ms)
             .collect();
         changelog_ms.sort_by(f64::total_cmp);
         let mut redis_ms = step.redis_ms;
@@ -195,7 +230,7 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     super::delete_bench_keys(&config.redis).await;
     Ok(LatencyFigures {
         max_rate,
-        measured_max,
+        max_from,
         cql: config.cql.enabled,
         rows,
         warmup_seconds: warmup_seconds(seconds),
@@ -203,22 +238,84 @@ pub async fn latency(config: &Config, seconds: u64, max_rate: f64) -> Result<Lat
     })
 }
 
+/// The changelog records sent within `[from, to)`: (send time, latency),
+/// in ms.
+fn step_latencies(arrivals: &Arrivals, from: i64, to: i64) -> Vec<(i64, f64)> {
+    arrivals
+        .lock()
+        .expect("bench lock")
+        .iter()
+        .filter(|(at, _)| (from..to).contains(at))
+        .map(|&(at, arrived)| (at, (arrived - at) as f64))
+        .collect()
+}
+
+/// Finds the highest live rate the processor sustains here (see
+/// [`super::sustained`]) by offering rates to it, each for up to 5 s.
+async fn find_sustained(load: &mut Load<'_>, arrivals: &Arrivals, seconds: u64) -> Result<(f64, MaxFrom)> {
+    let step_seconds = seconds.clamp(2, 5);
+    let mut search = RateSearch::default();
+    let mut steps = Vec::new();
+    while let Some(rate) = search.next() {
+        let step = load.offer(rate, step_seconds).await?;
+        let records = step_latencies(arrivals, step.from, step.to);
+        let verdict = sustained::judge(rate, step.achieved, step.from, step.to, &records);
+        let mut ms: Vec<f64> = records.iter().map(|&(_, ms)| ms).collect();
+        ms.sort_by(f64::total_cmp);
+        tracing::info!(offered = rate.round() as u64, %verdict, "searching the highest sustained rate");
+        search.record(rate, verdict.kept_up());
+        if !verdict.kept_up() {
+            // The next rate starts on an empty backlog.
+            drain(arrivals).await;
+        }
+        steps.push(SearchStep {
+            offered: rate,
+            p50: percentile(&ms, 0.5),
+            p99: percentile(&ms, 0.99),
+            verdict,
+        });
+    }
+    let max = search.maximum().ok_or_else(|| {
+        Error::Run(format!(
+            "the pipeline sustained no rate of {:.0} records/s or more here; READFOLD_BENCH_CHILD_LOG=info shows the processor's log",
+            sustained::FLOOR_RATE
+        ))
+    })?;
+    Ok((max, MaxFrom::Sustained { steps, step_seconds }))
+}
+
+/// Waits until no changelog record arrived for a second (at most 2
+/// minutes): the processor has caught up on what a step left.
+async fn drain(arrivals: &Arrivals) {
+    let started = Instant::now();
+    let count = || arrivals.lock().expect("bench lock").len();
+    let (mut seen, mut quiet_since) = (count(), Instant::now());
+    while started.elapsed() < Duration::from_secs(120) && quiet_since.elapsed() < Duration::from_secs(1) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = count();
+        if now != seen {
+            (seen, quiet_since) = (now, Instant::now());
+        }
+    }
+}
+
 /// [`latency`] `runs` times, each with a processor and topics of its own, at
-/// the same rates: the maximum, when not given, is measured once, before
-/// the first. One run's tail on a shared box says little; several say how
+/// the same rates: the maximum, when not given, is measured once, in the
+/// first. One run's tail on a shared box says little; several say how
 /// often a rate meets a bound.
 pub async fn latency_runs(
     config: &Config,
     seconds: u64,
     max_rate: f64,
+    max_rate_from: MaxRateFrom,
     runs: usize,
 ) -> Result<Vec<LatencyFigures>> {
     let mut all: Vec<LatencyFigures> = Vec::new();
     for _ in 0..runs.max(1) {
         let given = all.first().map_or(max_rate, |first| first.max_rate);
-        let mut figures = latency(config, seconds, given).await?;
+        let mut figures = latency(config, seconds, given, max_rate_from).await?;
         if let Some(first) = all.first() {
-            figures.measured_max = first.measured_max;
+            figures.max_from = first.max_from.clone();
         }
         all.push(figures);
     }
@@ -455,14 +552,25 @@ pub fn print_latency(f: &LatencyFigures) {
     println!(
         "latency at fixed offered rates (records/s over both inputs; maximum {:.0}/s{}), Redis on, CQL {}, after an unrecorded warm-up of {} s at 50%:",
         f.max_rate,
-        if f.measured_max {
-            ", from a catch-up of 500,000 records with Redis and CQL on"
-        } else {
-            ", given"
+        match f.max_from {
+            MaxFrom::Given => ", given",
+            MaxFrom::CatchUp => ", from a catch-up of 500,000 records with Redis and CQL on",
+            MaxFrom::Sustained { .. } => ", the highest live rate sustained here",
         },
         if f.cql { "on" } else { "off (cql.enabled = false)" },
         f.warmup_seconds
     );
+    if let MaxFrom::Sustained { steps, step_seconds } = &f.max_from {
+        println!(
+            "  the maximum, found by offering each rate for {step_seconds} s (kept up: the median did not grow by 100 ms over the step and p99 stayed under 1 s):"
+        );
+        for step in steps {
+            println!(
+                "  {:>9.0}/s  p50/p99 {:>5.0} / {:>5.0} ms  {}",
+                step.offered, step.p50, step.p99, step.verdict
+            );
+        }
+    }
     println!(
         "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6} | cores: readfold / bench / broker / Redis / CQL server",
         "load",
@@ -566,7 +674,7 @@ mod tests {
             .collect();
         LatencyFigures {
             max_rate: 100.0,
-            measured_max: false,
+            max_from: MaxFrom::Given,
             cql: true,
             rows,
             warmup_seconds: 5,

@@ -17,6 +17,7 @@ mod restore;
 mod seed_design;
 mod serve;
 mod server_cpu;
+mod sustained;
 mod throughput;
 mod workload;
 
@@ -28,7 +29,10 @@ pub(crate) use readfold_kafka::now_ms;
 
 pub use checkpoint::{checkpoint_codec, print_checkpoint_codec, CheckpointRow};
 pub use gateway::{gateway, print_gateway, GatewayFigures};
-pub use latency::{latency, latency_runs, print_latency, print_latency_runs, LatencyFigures, LatencyRow};
+pub use latency::{
+    latency, latency_runs, print_latency, print_latency_runs, LatencyFigures, LatencyRow, MaxFrom,
+    MaxRateFrom,
+};
 pub use memory::{memory, memory_shape, print_memory, MemoryRow};
 pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
 pub use raw_consumer::{own_usage, raw_consume};
