@@ -146,6 +146,8 @@ pub struct Figures {
     pub reports: u64,
     /// The flushes' changes encoded as the processor encodes them.
     pub encoded: Encoded,
+    /// The flushes' changes grouped by conversation for the stores.
+    pub grouped: Encoded,
     pub flushes: u64,
     pub cursor_updates: u64,
     pub redis_calls: u64,
@@ -187,6 +189,7 @@ pub fn run(w: Workload) -> Figures {
     let mut window: Vec<Input> = Vec::with_capacity(w.flush_every as usize * 11 / 10 + 1);
     let mut elapsed = std::time::Duration::ZERO;
     let mut encoded = Encoded::default();
+    let mut grouped = Encoded::default();
     let mut i = 0;
     while i < w.reports {
         window.clear();
@@ -237,7 +240,13 @@ pub fn run(w: Workload) -> Figures {
         let changes = state.drain();
         elapsed += started.elapsed();
         encoded += encode(&changes);
+        let grouping = Instant::now();
         let conversations = readfold_core::flush::group_by_conversation(&changes);
+        grouped += Encoded {
+            changes: changes.len() as u64,
+            records: conversations.len() as u64,
+            secs: grouping.elapsed().as_secs_f64(),
+        };
         flushes += 1;
         cursor_updates += changes.len() as u64;
         redis_calls += readfold_store::redis::calls(&conversations, w.conversations_per_call).count() as u64;
@@ -245,6 +254,7 @@ pub fn run(w: Workload) -> Figures {
     Figures {
         reports: w.reports,
         encoded,
+        grouped,
         flushes,
         cursor_updates,
         redis_calls,
@@ -342,6 +352,12 @@ pub fn print(w: Workload, f: Figures) {
         e.records as f64 / e.secs.max(1e-9),
         e.changes as f64 / e.secs.max(1e-9),
         e.records as f64 / e.changes.max(1) as f64
+    );
+    let g = f.grouped;
+    println!(
+        "stores' grouping (one core):      {:>12.0} changes/s   (by conversation, {:.2} changes each)",
+        g.changes as f64 / g.secs.max(1e-9),
+        g.changes as f64 / g.records.max(1) as f64
     );
     println!(
         "changelog decode (one core):      {:>12.0} records/s",

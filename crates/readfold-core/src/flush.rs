@@ -8,7 +8,7 @@
 //! processor executes the plan: the stores (idempotent max-merges) and one
 //! Kafka transaction, which commits only once the stores took the plan.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
@@ -400,18 +400,29 @@ pub struct ConversationBatch {
     pub members: Vec<MemberWrite>,
 }
 
-/// Groups a flush's public changes by conversation, in conversation order;
-/// changes with no public output are left out.
+/// Groups a flush's public changes by conversation, in the order each
+/// conversation first appears; changes with no public output are left out.
+/// A flush lists a conversation's changes together, so most changes
+/// extend the batch before them and cost no lookup, where a sorted map
+/// compared ids at every change. The stores need no order: every merge is
+/// a max over keys no other batch touches.
 pub fn group_by_conversation<'a>(changes: impl IntoIterator<Item = &'a Change>) -> Vec<ConversationBatch> {
-    let mut by_conv: BTreeMap<ConversationId, ConversationBatch> = BTreeMap::new();
+    let mut batches: Vec<ConversationBatch> = Vec::new();
+    let mut index: HashMap<&'a ConversationId, usize> = HashMap::new();
     for change in changes.into_iter().filter(|c| c.outputs.public) {
-        let batch = by_conv
-            .entry(change.key.conversation_id.clone())
-            .or_insert_with(|| ConversationBatch {
-                conversation_id: change.key.conversation_id.clone(),
-                latest_seq: Seq::ZERO,
-                members: Vec::new(),
-            });
+        let id = &change.key.conversation_id;
+        let at = match batches.last() {
+            Some(last) if last.conversation_id == *id => batches.len() - 1,
+            _ => *index.entry(id).or_insert_with(|| {
+                batches.push(ConversationBatch {
+                    conversation_id: id.clone(),
+                    latest_seq: Seq::ZERO,
+                    members: Vec::new(),
+                });
+                batches.len() - 1
+            }),
+        };
+        let batch = &mut batches[at];
         let m = &change.member;
         // A departure carries the conversation's latest seq too: a message
         // from a member who has left raises it with no other change.
@@ -424,7 +435,7 @@ pub fn group_by_conversation<'a>(changes: impl IntoIterator<Item = &'a Change>) 
             epoch: m.epoch,
         });
     }
-    by_conv.into_values().collect()
+    batches
 }
 
 /// One conversation's private state of one member, as the per-user stores
@@ -536,16 +547,26 @@ mod tests {
         let left = change("A", "z", gone.clone(), 0, PUBLIC);
         let batches =
             group_by_conversation(&[up("B", "x", 1, 4), up("A", "y", 2, 3), left, up("B", "w", 3, 5)]);
+        // In the order each conversation first appears, a repeat joining
+        // its batch.
         assert_eq!(batches.len(), 2);
-        assert_eq!(batches[0].conversation_id.as_str(), "A");
-        assert_eq!(batches[0].latest_seq, Seq(3));
-        assert_eq!(batches[0].members.len(), 2);
-        assert!(batches[0].members[1].left);
-        assert_eq!(batches[1].latest_seq, Seq(5));
+        assert_eq!(batches[1].conversation_id.as_str(), "A");
+        assert_eq!(batches[1].latest_seq, Seq(3));
+        assert_eq!(batches[1].members.len(), 2);
+        assert!(batches[1].members[1].left);
+        assert_eq!(batches[0].conversation_id.as_str(), "B");
+        assert_eq!(batches[0].latest_seq, Seq(5));
+        let users = |b: &ConversationBatch| {
+            b.members
+                .iter()
+                .map(|m| m.user_id.as_str().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(users(&batches[0]), ["x", "w"]);
         // A departed member's message raises the latest seq, and only that.
         let raised = change("D", "gone", gone, 9, PUBLIC);
         assert_eq!(group_by_conversation(&[raised])[0].latest_seq, Seq(9));
-        assert_eq!(batches[1].members.len(), 2);
+        assert_eq!(batches[0].members.len(), 2);
         // Private-only changes stay out of the conversation batches.
         let private = change(
             "C",

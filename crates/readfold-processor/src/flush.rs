@@ -67,8 +67,7 @@ impl InFlight {
 
 /// What a flush task needs, cloned from the processor.
 struct Writer {
-    redis: Option<Arc<RedisStore>>,
-    cql: Option<Arc<CqlStore>>,
+    stores: Stores,
     transactions: Transactions,
     out: Arc<OutputTopics>,
     topics: TopicsConfig,
@@ -157,8 +156,10 @@ impl Processor {
 
     fn launch(&self, plan: FlushPlan<OutRecord>) -> InFlight {
         let writer = Writer {
-            redis: self.redis.clone(),
-            cql: self.cql.clone(),
+            stores: Stores {
+                redis: self.redis.clone(),
+                cql: self.cql.clone(),
+            },
             transactions: self.transactions.clone(),
             out: Arc::clone(&self.out),
             topics: self.settings.topics.clone(),
@@ -295,25 +296,34 @@ impl Writer {
     ) -> Result<()> {
         // A snapshot-only flush has nothing for Kafka: no transaction.
         if !plan.needs_transaction() {
-            return self.write_stores(&plan).await;
+            return self.stores.write(&plan).await;
         }
         let started = Instant::now();
         let offsets = self.transaction_offsets(&plan)?;
+        // The stores go first, on a task of their own: a catch-up's last
+        // flush waits for Redis's merges, not for its transaction, and
+        // polled beside the encoding in this task they started only once
+        // the first chunks were encoded, and then had their batches built
+        // while the encoding waited.
+        let (written, gate) = std::sync::mpsc::sync_channel(1);
+        let stores = tokio::spawn({
+            let (stores, plan) = (self.stores.clone(), Arc::clone(&plan));
+            async move {
+                let outcome = stores.write(&plan).await;
+                // The buffer of one never blocks; a transaction that already
+                // gave up has dropped the receiver, which is fine too.
+                let _ = written.send(outcome.is_ok());
+                (outcome, started.elapsed())
+            }
+        });
         let (chunks, records) = tokio::sync::mpsc::channel(ENCODED_CHUNKS_AHEAD);
+        let committed = self.transactions.commit(records, offsets, group, gate);
         let encode = async {
             self.encode_records(&plan, chunks).await;
             started.elapsed()
         };
-        let (written, gate) = std::sync::mpsc::sync_channel(1);
-        let stores = async {
-            let outcome = self.write_stores(&plan).await;
-            // The buffer of one never blocks; a transaction that already
-            // gave up has dropped the receiver, which is fine too.
-            let _ = written.send(outcome.is_ok());
-            (outcome, started.elapsed())
-        };
-        let committed = self.transactions.commit(records, offsets, group, gate);
-        let (encoded, (stores, stores_done), committed) = tokio::join!(encode, stores, committed);
+        let (committed, encoded, stores) = tokio::join!(committed, encode, stores);
+        let (stores, stores_done) = stores?;
         tracing::debug!(
             encoded_ms = encoded.as_millis() as u64,
             stores_ms = stores_done.as_millis() as u64,
@@ -324,9 +334,18 @@ impl Writer {
         stores?;
         committed
     }
+}
 
+/// The stores a flush writes.
+#[derive(Clone)]
+struct Stores {
+    redis: Option<Arc<RedisStore>>,
+    cql: Option<Arc<CqlStore>>,
+}
+
+impl Stores {
     /// Redis for a flush's changes, CQL for a snapshot's rows.
-    async fn write_stores(&self, plan: &FlushPlan<OutRecord>) -> Result<()> {
+    async fn write(&self, plan: &FlushPlan<OutRecord>) -> Result<()> {
         if let (false, Some(redis)) = (plan.changes.is_empty(), &self.redis) {
             let changes = || plan.changes.iter().map(|(_, c)| c);
             timed_write(
@@ -347,7 +366,9 @@ impl Writer {
         }
         Ok(())
     }
+}
 
+impl Writer {
     /// Encodes the changelog records and dead letters of a flush, a chunk
     /// at a time, for the transaction; stops early if it gave up.
     async fn encode_records(

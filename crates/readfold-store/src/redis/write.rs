@@ -33,8 +33,12 @@ impl RedisStore {
         if batches.is_empty() {
             return Ok(0);
         }
-        let mut pipes = Pipelines::default();
-        for batch in batches {
+        self.run_all(pipelines(self.private_calls(batches))).await
+    }
+
+    /// One EVALSHA of the private script per user.
+    fn private_calls<'a>(&'a self, batches: &'a [UserBatch]) -> impl Iterator<Item = redis::Cmd> + Send + 'a {
+        batches.iter().map(|batch| {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(self.private_script.get_hash()).arg(2);
             for key in user_keys(&self.prefix, batch.user_id.as_str()) {
@@ -47,15 +51,14 @@ impl RedisStore {
                     None => cmd.arg("").arg(""),
                 };
             }
-            pipes.push(cmd);
-        }
-        self.run_all(pipes.done()).await
+            cmd
+        })
     }
 
     /// Runs pipelines of script calls, [`PIPELINES_IN_FLIGHT`] at a time;
     /// the fields raised in all. Their calls touch disjoint keys, so the
     /// order they land in does not matter.
-    async fn run_all(&self, pipes: Vec<redis::Pipeline>) -> Result<u64> {
+    async fn run_all(&self, pipes: impl Iterator<Item = redis::Pipeline> + Send) -> Result<u64> {
         stream::iter(pipes)
             .map(|pipe| self.run(pipe))
             .buffer_unordered(PIPELINES_IN_FLIGHT)
@@ -85,8 +88,15 @@ impl RedisStore {
         if batches.is_empty() {
             return Ok(0);
         }
-        let mut pipes = Pipelines::default();
-        for call in calls(batches, self.conversations_per_call) {
+        self.run_all(pipelines(self.merge_calls(batches))).await
+    }
+
+    /// The public script's calls for `batches` (see [`calls`]).
+    fn merge_calls<'a>(
+        &'a self,
+        batches: &'a [ConversationBatch],
+    ) -> impl Iterator<Item = redis::Cmd> + Send + 'a {
+        calls(batches, self.conversations_per_call).map(|call| {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(self.script.get_hash()).arg(4 * call.len());
             for batch in call {
@@ -104,9 +114,8 @@ impl RedisStore {
                         .arg(m.epoch);
                 }
             }
-            pipes.push(cmd);
-        }
-        self.run_all(pipes.done()).await
+            cmd
+        })
     }
 }
 
@@ -158,34 +167,23 @@ const PIPELINE_ARGS: usize = 32 * 1024;
 /// its way, and a request waits behind at most one other.
 const PIPELINES_IN_FLIGHT: usize = 2;
 
-/// Commands gathered into pipelines of at most [`PIPELINE_ARGS`] arguments,
-/// in order.
-#[derive(Default)]
-struct Pipelines {
-    done: Vec<redis::Pipeline>,
-    open: redis::Pipeline,
-    open_args: usize,
-}
-
-impl Pipelines {
-    /// Adds `cmd`.
-    fn push(&mut self, cmd: redis::Cmd) {
-        // Its name included.
-        let args = cmd.args_iter().count();
-        if self.open_args > 0 && self.open_args + args > PIPELINE_ARGS {
-            self.done.push(std::mem::take(&mut self.open));
-            self.open_args = 0;
+/// `cmds` gathered into pipelines of at most [`PIPELINE_ARGS`] arguments,
+/// in order, each built only when the one before is on its way: a
+/// catch-up's flush of 44,000 keys had Redis wait for all of its commands
+/// to be built before the first went out.
+fn pipelines(cmds: impl Iterator<Item = redis::Cmd> + Send) -> impl Iterator<Item = redis::Pipeline> + Send {
+    // Its name included.
+    let args_of = |cmd: &redis::Cmd| cmd.args_iter().count();
+    let mut cmds = cmds.peekable();
+    std::iter::from_fn(move || {
+        let mut pipe = redis::Pipeline::new();
+        let mut args = 0;
+        while let Some(cmd) = cmds.next_if(|cmd| args == 0 || args + args_of(cmd) <= PIPELINE_ARGS) {
+            args += args_of(&cmd);
+            pipe.add_command(cmd);
         }
-        self.open.add_command(cmd);
-        self.open_args += args;
-    }
-
-    fn done(mut self) -> Vec<redis::Pipeline> {
-        if self.open_args > 0 {
-            self.done.push(self.open);
-        }
-        self.done
-    }
+        (args > 0).then_some(pipe)
+    })
 }
 
 /// A Redis Cluster (behind a proxy) refuses a call whose keys lie in
@@ -215,18 +213,15 @@ mod tests {
     /// The pipelines of commands with these argument counts (at least 2:
     /// the name, then the command's index), as those indices.
     fn split(args: &[usize]) -> Vec<Vec<usize>> {
-        let mut pipes = Pipelines::default();
-        for (i, &n) in args.iter().enumerate() {
+        let cmds = args.iter().enumerate().map(|(i, &n)| {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(i);
             for _ in 2..n {
                 cmd.arg(0);
             }
-            pipes.push(cmd);
-        }
-        pipes
-            .done()
-            .iter()
+            cmd
+        });
+        pipelines(cmds)
             .map(|p| {
                 p.cmd_iter()
                     .map(|c| match c.args_iter().nth(1) {
