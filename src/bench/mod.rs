@@ -147,7 +147,7 @@ pub struct Figures {
     /// The flushes' changes encoded as the processor encodes them.
     pub encoded: Encoded,
     /// The flushes' changes grouped by conversation for the stores.
-    pub grouped: Encoded,
+    pub grouped: Grouped,
     pub flushes: u64,
     pub cursor_updates: u64,
     pub redis_calls: u64,
@@ -189,7 +189,7 @@ pub fn run(w: Workload) -> Figures {
     let mut window: Vec<Input> = Vec::with_capacity(w.flush_every as usize * 11 / 10 + 1);
     let mut elapsed = std::time::Duration::ZERO;
     let mut encoded = Encoded::default();
-    let mut grouped = Encoded::default();
+    let mut grouped = Grouped::default();
     let mut i = 0;
     while i < w.reports {
         window.clear();
@@ -242,11 +242,9 @@ pub fn run(w: Workload) -> Figures {
         encoded += encode(&changes);
         let grouping = Instant::now();
         let conversations = readfold_core::flush::group_by_conversation(&changes);
-        grouped += Encoded {
-            changes: changes.len() as u64,
-            records: conversations.len() as u64,
-            secs: grouping.elapsed().as_secs_f64(),
-        };
+        grouped.changes += changes.len() as u64;
+        grouped.conversations += conversations.len() as u64;
+        grouped.secs += grouping.elapsed().as_secs_f64();
         flushes += 1;
         cursor_updates += changes.len() as u64;
         redis_calls += readfold_store::redis::calls(&conversations, w.conversations_per_call).count() as u64;
@@ -261,6 +259,15 @@ pub fn run(w: Workload) -> Figures {
         elapsed_secs: elapsed.as_secs_f64(),
         cursors: state.cursor_count(),
     }
+}
+
+/// The flushes' changes grouped by conversation, as the stores take them,
+/// timed apart from the fold.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Grouped {
+    pub changes: u64,
+    pub conversations: u64,
+    pub secs: f64,
 }
 
 /// Changelog encoding, as a flush does it, timed apart from the fold.
@@ -357,7 +364,7 @@ pub fn print(w: Workload, f: Figures) {
     println!(
         "stores' grouping (one core):      {:>12.0} changes/s   (by conversation, {:.2} changes each)",
         g.changes as f64 / g.secs.max(1e-9),
-        g.changes as f64 / g.records.max(1) as f64
+        g.changes as f64 / g.conversations.max(1) as f64
     );
     println!(
         "changelog decode (one core):      {:>12.0} records/s",

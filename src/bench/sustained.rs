@@ -40,6 +40,8 @@ pub enum Verdict {
     },
     /// No changelog record of the step's reports arrived.
     NothingArrived,
+    /// None of the step's last fifth arrived, while earlier ones did.
+    LastFifthMissing,
     /// The median latency of the step's last fifth was this much above its
     /// first fifth's.
     FellBehind {
@@ -66,6 +68,7 @@ impl std::fmt::Display for Verdict {
                 write!(f, "the generator offered only {achieved:.0}/s")
             }
             Verdict::NothingArrived => write!(f, "no changelog record arrived"),
+            Verdict::LastFifthMissing => write!(f, "nothing of the step's last fifth arrived"),
             Verdict::FellBehind { first_p50, last_p50 } => write!(
                 f,
                 "fell behind: p50 grew from {first_p50:.0} to {last_p50:.0} ms over the step"
@@ -86,6 +89,7 @@ pub fn judge(offered: f64, achieved: f64, from: i64, to: i64, records: &[(i64, f
         return Verdict::NothingArrived;
     }
     let fifth = ((to - from) / 5).max(1);
+    // None for a window with no record.
     let p50_within = |lo: i64, hi: i64| {
         let mut ms: Vec<f64> = records
             .iter()
@@ -93,11 +97,16 @@ pub fn judge(offered: f64, achieved: f64, from: i64, to: i64, records: &[(i64, f
             .map(|&(_, ms)| ms)
             .collect();
         ms.sort_by(f64::total_cmp);
-        super::percentile(&ms, 0.5)
+        (!ms.is_empty()).then(|| super::percentile(&ms, 0.5))
     };
-    let (first_p50, last_p50) = (p50_within(from, from + fifth), p50_within(to - fifth, to));
-    if last_p50 > first_p50 + GROWTH_MS {
-        return Verdict::FellBehind { first_p50, last_p50 };
+    let Some(last_p50) = p50_within(to - fifth, to) else {
+        return Verdict::LastFifthMissing;
+    };
+    // A first fifth with nothing to compare with leaves the tail to judge.
+    if let Some(first_p50) = p50_within(from, from + fifth) {
+        if last_p50 > first_p50 + GROWTH_MS {
+            return Verdict::FellBehind { first_p50, last_p50 };
+        }
     }
     let mut all: Vec<f64> = records.iter().map(|&(_, ms)| ms).collect();
     all.sort_by(f64::total_cmp);
@@ -222,13 +231,24 @@ mod tests {
     }
 
     #[test]
-    fn a_step_fails_on_a_short_offer_no_records_or_a_tail_over_a_second() {
+    fn a_step_fails_on_a_short_offer_missing_records_or_a_tail_over_a_second() {
         let flat = records(|_| 30.0);
         assert_eq!(
             judge(1000.0, 900.0, 0, 5000, &flat),
             Verdict::OfferedShort { achieved: 900.0 }
         );
         assert_eq!(judge(1000.0, 1000.0, 0, 5000, &[]), Verdict::NothingArrived);
+        let early = records(|_| 30.0)
+            .into_iter()
+            .filter(|&(at, _)| at < 4000)
+            .collect::<Vec<_>>();
+        assert_eq!(judge(1000.0, 1000.0, 0, 5000, &early), Verdict::LastFifthMissing);
+        // Nothing of the first fifth: the rest is judged by its tail.
+        let late = records(|_| 30.0)
+            .into_iter()
+            .filter(|&(at, _)| at >= 1000)
+            .collect::<Vec<_>>();
+        assert_eq!(judge(1000.0, 1000.0, 0, 5000, &late), Verdict::KeptUp);
         let tail = records(|at| if at % 50 == 0 { 1500.0 } else { 30.0 });
         assert!(matches!(
             judge(1000.0, 1000.0, 0, 5000, &tail),

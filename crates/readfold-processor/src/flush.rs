@@ -305,25 +305,31 @@ impl Writer {
         // polled beside the encoding in this task they started only once
         // the first chunks were encoded, and then had their batches built
         // while the encoding waited.
-        let (written, gate) = std::sync::mpsc::sync_channel(1);
         let stores = tokio::spawn({
             let (stores, plan) = (self.stores.clone(), Arc::clone(&plan));
-            async move {
-                let outcome = stores.write(&plan).await;
-                // The buffer of one never blocks; a transaction that already
-                // gave up has dropped the receiver, which is fine too.
-                let _ = written.send(outcome.is_ok());
-                (outcome, started.elapsed())
-            }
+            async move { (stores.write(&plan).await, started.elapsed()) }
         });
         let (chunks, records) = tokio::sync::mpsc::channel(ENCODED_CHUNKS_AHEAD);
+        let (written, gate) = std::sync::mpsc::sync_channel(1);
         let committed = self.transactions.commit(records, offsets, group, gate);
-        let encode = async {
-            self.encode_records(&plan, chunks).await;
-            started.elapsed()
+        // The gate opens here, once the encoding ran to its end and the
+        // stores took the plan: the transaction reads the records' channel
+        // closing as "all sent", so an encoding cut short (a panic) must
+        // leave it closed, dropping `written`, and the transaction aborts.
+        let finished = async {
+            let encode = async {
+                self.encode_records(&plan, chunks).await;
+                started.elapsed()
+            };
+            let (encoded, stores) = tokio::join!(encode, stores);
+            let (stores, stores_done) = stores?;
+            // The buffer of one never blocks; a transaction that already
+            // gave up has dropped the receiver, which is fine too.
+            let _ = written.send(stores.is_ok());
+            Ok::<_, crate::Error>((encoded, stores, stores_done))
         };
-        let (committed, encoded, stores) = tokio::join!(committed, encode, stores);
-        let (stores, stores_done) = stores?;
+        let (committed, finished) = tokio::join!(committed, finished);
+        let (encoded, stores, stores_done) = finished?;
         tracing::debug!(
             encoded_ms = encoded.as_millis() as u64,
             stores_ms = stores_done.as_millis() as u64,
@@ -334,41 +340,7 @@ impl Writer {
         stores?;
         committed
     }
-}
 
-/// The stores a flush writes.
-#[derive(Clone)]
-struct Stores {
-    redis: Option<Arc<RedisStore>>,
-    cql: Option<Arc<CqlStore>>,
-}
-
-impl Stores {
-    /// Redis for a flush's changes, CQL for a snapshot's rows.
-    async fn write(&self, plan: &FlushPlan<OutRecord>) -> Result<()> {
-        if let (false, Some(redis)) = (plan.changes.is_empty(), &self.redis) {
-            let changes = || plan.changes.iter().map(|(_, c)| c);
-            timed_write(
-                redis.as_ref(),
-                &group_by_conversation(changes()),
-                &group_by_user(changes()),
-            )
-            .await?;
-        }
-        if let (Some(_), Some(cql)) = (&plan.snapshot, &self.cql) {
-            let changes = || plan.snapshot_changes();
-            timed_write(
-                cql.as_ref(),
-                &group_by_conversation(changes()),
-                &group_by_user(changes()),
-            )
-            .await?;
-        }
-        Ok(())
-    }
-}
-
-impl Writer {
     /// Encodes the changelog records and dead letters of a flush, a chunk
     /// at a time, for the transaction; stops early if it gave up.
     async fn encode_records(
@@ -412,6 +384,38 @@ impl Writer {
             offsets.add_partition_offset(topic, partition, Offset::Offset(offset))?;
         }
         Ok(offsets)
+    }
+}
+
+/// The stores a flush writes.
+#[derive(Clone)]
+struct Stores {
+    redis: Option<Arc<RedisStore>>,
+    cql: Option<Arc<CqlStore>>,
+}
+
+impl Stores {
+    /// Redis for a flush's changes, CQL for a snapshot's rows.
+    async fn write(&self, plan: &FlushPlan<OutRecord>) -> Result<()> {
+        if let (false, Some(redis)) = (plan.changes.is_empty(), &self.redis) {
+            let changes = || plan.changes.iter().map(|(_, c)| c);
+            timed_write(
+                redis.as_ref(),
+                &group_by_conversation(changes()),
+                &group_by_user(changes()),
+            )
+            .await?;
+        }
+        if let (Some(_), Some(cql)) = (&plan.snapshot, &self.cql) {
+            let changes = || plan.snapshot_changes();
+            timed_write(
+                cql.as_ref(),
+                &group_by_conversation(changes()),
+                &group_by_user(changes()),
+            )
+            .await?;
+        }
+        Ok(())
     }
 }
 

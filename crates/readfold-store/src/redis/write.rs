@@ -168,18 +168,18 @@ const PIPELINE_ARGS: usize = 32 * 1024;
 const PIPELINES_IN_FLIGHT: usize = 2;
 
 /// `cmds` gathered into pipelines of at most [`PIPELINE_ARGS`] arguments,
-/// in order, each built only when the one before is on its way: a
-/// catch-up's flush of 44,000 keys had Redis wait for all of its commands
-/// to be built before the first went out.
+/// in order, each built only when the sends ask for it: the first
+/// [`PIPELINES_IN_FLIGHT`] at the start, then one as each answer comes. A
+/// catch-up's flush of 44,000 keys used to have every command built before
+/// the first pipeline went out.
 fn pipelines(cmds: impl Iterator<Item = redis::Cmd> + Send) -> impl Iterator<Item = redis::Pipeline> + Send {
     // Its name included.
-    let args_of = |cmd: &redis::Cmd| cmd.args_iter().count();
-    let mut cmds = cmds.peekable();
+    let mut cmds = cmds.map(|cmd| (cmd.args_iter().count(), cmd)).peekable();
     std::iter::from_fn(move || {
         let mut pipe = redis::Pipeline::new();
         let mut args = 0;
-        while let Some(cmd) = cmds.next_if(|cmd| args == 0 || args + args_of(cmd) <= PIPELINE_ARGS) {
-            args += args_of(&cmd);
+        while let Some((n, cmd)) = cmds.next_if(|(n, _)| args == 0 || args + n <= PIPELINE_ARGS) {
+            args += n;
             pipe.add_command(cmd);
         }
         (args > 0).then_some(pipe)
