@@ -27,3 +27,4 @@ mod scale;
 mod secure;
 mod serve;
 mod three_stores;
+mod transactions;

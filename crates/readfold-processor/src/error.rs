@@ -27,6 +27,11 @@ pub enum Error {
     /// transaction was aborted; retried like the stores' own failures.
     #[error("the stores did not take the flush in time; its transaction was aborted")]
     StoresNotWritten,
+    /// A flush's records stopped before their last chunk (its encoding was
+    /// cut short), so its transaction was aborted rather than committed
+    /// with part of them.
+    #[error("the flush's records stopped before their last chunk; its transaction was aborted")]
+    RecordsCutShort,
     #[error("the consumer failed fatally: {0}")]
     Consumer(#[source] KafkaError),
     #[error("a background task failed: {0}")]
@@ -47,7 +52,7 @@ impl Error {
         match self {
             Error::Kafka(e) => e.is_retriable(),
             Error::Store(e) => e.is_retriable(),
-            Error::Transaction(_) | Error::StoresNotWritten => true,
+            Error::Transaction(_) | Error::StoresNotWritten | Error::RecordsCutShort => true,
             Error::Registry(e) => e.is_retriable(),
             Error::FatalTransaction(_)
             | Error::UnsettledTransaction(_)

@@ -370,7 +370,7 @@ impl Writer {
         if let Some(framing) = &self.framing {
             dead_letters = dead_letters.into_iter().map(|r| framing.frame(r)).collect();
         }
-        let _ = chunks.send(RecordChunk::Records(dead_letters)).await;
+        let _ = chunks.send(RecordChunk::Last(dead_letters)).await;
     }
 
     /// The input offsets a flush commits.

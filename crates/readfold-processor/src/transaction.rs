@@ -43,16 +43,18 @@ const TXN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A flush's records, a chunk at a time as they are encoded, so that the
 /// first are on their way to the broker while the last are encoded. The
-/// transaction produces them all before it commits; closed, it has all.
+/// transaction produces them all before it commits: it has all once the
+/// [`RecordChunk::Last`] came; closed before that, the flush was cut short
+/// and the transaction aborts.
 pub type RecordChunks = tokio::sync::mpsc::Receiver<RecordChunk>;
 
 /// A chunk of a flush's records.
 pub enum RecordChunk {
     /// Changelog records in one buffer, and the topics they go to.
     Changelog(EncodedRecords, Arc<OutputTopics>),
-    /// Records with a topic and headers each: dead letters, rare enough to
-    /// go one by one.
-    Records(Vec<OutRecord>),
+    /// The flush's last chunk: records with a topic and headers each, its
+    /// dead letters, rare enough to go one by one.
+    Last(Vec<OutRecord>),
 }
 
 /// Records of one topic handed to librdkafka per call.
@@ -112,7 +114,8 @@ impl Transactions {
     /// took the same flush. On failure the transaction is aborted:
     /// [`Error::Transaction`] may be retried, [`Error::FatalTransaction`]
     /// may not; [`Error::StoresNotWritten`] means the stores failed (their
-    /// writer has the reason).
+    /// writer has the reason); [`Error::RecordsCutShort`], that the records
+    /// stopped before their last chunk.
     pub async fn commit(
         &self,
         records: RecordChunks,
@@ -172,14 +175,21 @@ impl Lane {
             .producer()
             .begin_transaction()
             .map_err(Error::FatalTransaction)?;
-        // Ok((false, _)): the stores did not take the flush. With the
-        // phases' ends, in ms since the transaction began.
-        let body = move || -> std::result::Result<(bool, [u64; 4]), KafkaError> {
+        // Ok(Err(e)): the flush is not to be committed, as `e` says. With
+        // the phases' ends, in ms since the transaction began.
+        let body = move || -> std::result::Result<std::result::Result<[u64; 4], Error>, KafkaError> {
+            let mut complete = false;
             while let Some(chunk) = records.blocking_recv() {
                 match chunk {
                     RecordChunk::Changelog(records, out) => self.send_changelog(&records, &out)?,
-                    RecordChunk::Records(records) => self.send_all(&records)?,
+                    RecordChunk::Last(records) => {
+                        self.send_all(&records)?;
+                        complete = true;
+                    }
                 }
+            }
+            if !complete {
+                return Ok(Err(Error::RecordsCutShort));
             }
             let queued = ms(started);
             if offsets.count() > 0 {
@@ -192,18 +202,20 @@ impl Lane {
             let offsets_sent = ms(started);
             self.wait_delivered()?;
             let delivered = ms(started);
-            let written = self.stores_written(stores);
-            Ok((written, [queued, offsets_sent, delivered, ms(started)]))
+            if !self.stores_written(stores) {
+                return Ok(Err(Error::StoresNotWritten));
+            }
+            Ok(Ok([queued, offsets_sent, delivered, ms(started)]))
         };
         let abort = || match end(|| self.producer.producer().abort_transaction(TXN_TIMEOUT)) {
             Err(Error::Transaction(e)) => Err(Error::UnsettledTransaction(e)),
             other => other,
         };
         let [queued, offsets_sent, delivered, stores_took] = match body() {
-            Ok((true, phases)) => phases,
-            Ok((false, _)) => {
+            Ok(Ok(phases)) => phases,
+            Ok(Err(not_to_commit)) => {
                 abort()?;
-                return Err(Error::StoresNotWritten);
+                return Err(not_to_commit);
             }
             Err(e) if is_fatal(&e) => return Err(Error::FatalTransaction(e)),
             Err(e) => {
