@@ -84,7 +84,7 @@ pub fn register() {
     describe_gauge!("readfold_cursors", "Cursors held in memory.");
     describe_gauge!(
         "readfold_snapshot_backlog_keys",
-        "Keys that CQL may not hold yet (published to the changelog, or restored at a rebalance or restart) and that the next snapshots write, including those of a snapshot in flight. 0 with CQL off."
+        "Key writes the next snapshots owe CQL, those of a snapshot in flight included: keys published to the changelog, or restored at a rebalance or restart, that CQL may not hold yet. A key published again while a snapshot pass or a restore's snapshots still owe it counts once for each, as each writes it. 0 with CQL off."
     );
     describe_gauge!(
         "readfold_consumer_paused",
