@@ -192,14 +192,14 @@ pub async fn latency(
         clocks: &clocks,
         readfold_pid: child.pid().to_string(),
     };
-    // A warm-up at the middle rate, not recorded: the first seconds of a
-    // run (the broker's JIT compiling its hot paths, the processor's first
-    // allocations) are no steady state at any rate.
     let (max_rate, max_from) = match caught_up {
         _ if max_rate > 0.0 => (max_rate, MaxFrom::Given),
         Some(rate) => (rate, MaxFrom::CatchUp),
         None => find_sustained(&mut load, &arrivals, seconds).await?,
     };
+    // A warm-up at the middle rate, not recorded: the first seconds of a
+    // run (the broker's JIT compiling its hot paths, the processor's first
+    // allocations) are no steady state at any rate.
     load.offer(max_rate * 0.5, warmup_seconds(seconds)).await?;
     let mut rows = Vec::new();
     for fraction in FRACTIONS {

@@ -85,6 +85,14 @@ fn restored_lines(log: &str) -> Vec<&str> {
         .collect()
 }
 
+/// Whether every restore in `log` took its state from a checkpoint (none
+/// read a changelog whole).
+fn all_restored_from_checkpoints(log: &str) -> bool {
+    restored_lines(log)
+        .iter()
+        .all(|l| !l.contains("from_checkpoint=0"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_loads_the_checkpoint_and_reads_only_the_tail() {
     let env = TestEnv::new("checkpoint", 2).await;
@@ -201,12 +209,7 @@ async fn a_restart_snapshots_only_what_changed_since_the_checkpoint() {
     let cql = wait_for_cql(&keyspace, &reference.present(), Duration::from_secs(60)).await;
     assert_eq!(cql, reference.present(), "CQL after the restart");
     let text = processor.log_text();
-    assert!(
-        restored_lines(&text)
-            .iter()
-            .all(|l| !l.contains("from_checkpoint=0")),
-        "{text}"
-    );
+    assert!(all_restored_from_checkpoints(&text), "{text}");
     let written = scraped_sample(&addr, "readfold_snapshot_keys_total");
     assert!(
         (3.0..all_keys).contains(&written),
@@ -245,9 +248,7 @@ async fn a_restart_snapshots_only_what_changed_since_the_checkpoint() {
     let cql = wait_for_cql(&empty, &reference.present(), Duration::from_secs(60)).await;
     assert_eq!(cql, reference.present(), "CQL filled from the restored state");
     assert!(
-        restored_lines(&other.log_text())
-            .iter()
-            .all(|l| !l.contains("from_checkpoint=0")),
+        all_restored_from_checkpoints(&other.log_text()),
         "{}",
         other.log_text()
     );
@@ -584,9 +585,7 @@ async fn assert_restart_snapshots_every_key(
     assert_eq!(cql, reference.present(), "CQL after the restart over {what}");
     let text = processor.log_text();
     assert!(
-        restored_lines(&text)
-            .iter()
-            .all(|l| !l.contains("from_checkpoint=0")),
+        all_restored_from_checkpoints(&text),
         "the state still comes from the checkpoints: {text}"
     );
     assert!(
