@@ -217,7 +217,9 @@ async fn conversations_sharing_a_call_merge_as_if_alone() {
 /// their cursors hash. It must leave what the merge rules leave, next to
 /// conversations it hands to the full merge in the same call (a repeated
 /// user, a departure, a join_seq above 1) and, once one conversation has an
-/// epoch hash, in calls that take the full merge throughout.
+/// epoch hash, in calls that take the full merge throughout. Conversations
+/// of one and two members, which have short paths of their own, come in
+/// each of those kinds too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_conversations_merge_as_the_model_says() {
     let _services = shared_services().await;
@@ -236,15 +238,32 @@ async fn plain_conversations_merge_as_the_model_says() {
                         // so its call has an epoch hash from then on, and
                         // the later rounds' epoch 0 for them is stale (with
                         // a cursor above any other, which must not land).
-                        let versioned = c == 5 && k == 0 && round == 3;
-                        let stale = c == 5 && k == 0 && round > 3;
+                        // The same for conversation 141, of one member,
+                        // in a call of its own (64 conversations a call).
+                        let versioned = (c == 5 || c == 141) && k == 0 && round == 3;
+                        let stale = (c == 5 || c == 141) && k == 0 && round > 3;
+                        // Repeated users: every other member, or (in
+                        // conversations 9 and 163, of two) all of them,
+                        // each write above the stored cursor and below the
+                        // one before it in the batch.
+                        let twice = matches!(c, 9 | 163);
+                        let user = match c {
+                            _ if twice => 0,
+                            _ if c % 11 == 3 => k % 2,
+                            _ => k,
+                        };
+                        // Departures: the second member, or (in
+                        // conversations 8 and 113, of one) the first.
+                        let departing = (c % 13 == 2 && k == 1) || (c % 105 == 8 && k == 0);
                         MemberWrite {
-                            user_id: format!("u{}", if c % 11 == 3 { k % 2 } else { k })
-                                .parse()
-                                .unwrap(),
-                            cursor: Seq(if stale { 1000 } else { next(30) }),
+                            user_id: format!("u{user}").parse().unwrap(),
+                            cursor: Seq(match () {
+                                _ if stale => 1000,
+                                _ if twice => 10 * round + 10 - k,
+                                _ => next(30),
+                            }),
                             join_seq: Seq(if c % 17 == 4 { 1 + next(3) } else { 1 }),
-                            left: c % 13 == 2 && k == 1 && next(3) == 0,
+                            left: departing && next(3) == 0,
                             epoch: u64::from(versioned),
                         }
                     })

@@ -33,7 +33,10 @@
 -- hashes spares each conversation its own when none exists (the usual
 -- case), and such a conversation (`merge_plain`) takes one HMGET and at
 -- most one HSET: about 8 us of Redis's time for a 1:1 chat, where a GET,
--- a SET and an EXISTS of its own made it 13.
+-- a SET and an EXISTS of its own made it 13. Its one or two members (a 1:1
+-- chat's flush) are merged with no table built but the HMGET's answer
+-- (`merge_one`, `merge_two`): the tables and loops of the general case were
+-- a tenth of Redis's time for a flush of 1:1 chats.
 local tonumber, call, unpack, min, error, byte = tonumber, redis.call, unpack, math.min, error, string.byte
 local argv, keys = ARGV, KEYS
 local CHUNK = 1000 -- fields per command, well under unpack's limit
@@ -82,33 +85,78 @@ local function write(key, users, n, values, changed)
   end
 end
 
+-- Whether the member at argv[i] (user, cursor, join_seq, epoch) joined at
+-- seq 1, with epoch 0, and is not leaving.
+local function plain_member(i)
+  -- 45: '-', a member leaving.
+  return argv[i + 2] == '1' and argv[i + 3] == '0' and byte(argv[i + 1]) ~= 45
+end
+
+-- merge_plain of a conversation of one member.
+local function merge_one(k, a)
+  local i = a + 2
+  if not plain_member(i) then
+    return nil
+  end
+  local key, user, cursor = keys[k + 1], argv[i], argv[i + 1]
+  local current = call('HGET', key, user)
+  if current and tonumber(cursor) <= tonumber(current) then
+    return 0
+  end
+  call('HSET', key, user, cursor)
+  return 1
+end
+
+-- merge_plain of a conversation of two members.
+local function merge_two(k, a)
+  local i, j = a + 2, a + 6
+  local u, v = argv[i], argv[j]
+  if u == v or not plain_member(i) or not plain_member(j) then
+    return nil
+  end
+  local key, cu, cv = keys[k + 1], argv[i + 1], argv[j + 1]
+  local stored = call('HMGET', key, u, v)
+  local su, sv = stored[1], stored[2]
+  local raise_u = not su or tonumber(cu) > tonumber(su)
+  local raise_v = not sv or tonumber(cv) > tonumber(sv)
+  if raise_u and raise_v then
+    call('HSET', key, u, cu, v, cv)
+    return 2
+  elseif raise_u then
+    call('HSET', key, u, cu)
+    return 1
+  elseif raise_v then
+    call('HSET', key, v, cv)
+    return 1
+  end
+  return 0
+end
+
 -- Merges a conversation whose members all joined at seq 1, with epoch 0,
 -- none leaving and none listed twice, and that has no epoch hash: its
 -- cursors hash is all it touches. Returns the cursors raised, or nil when
 -- the conversation is not such a one (nothing is written then).
 local function merge_plain(k, a, n)
+  if n == 1 then
+    return merge_one(k, a)
+  elseif n == 2 then
+    return merge_two(k, a)
+  end
   local users = {}
   for j = 1, n do
     local i = a + 4 * j - 2
-    -- 45: '-', a member leaving.
-    if argv[i + 2] ~= '1' or argv[i + 3] ~= '0' or byte(argv[i + 1]) == 45 then
+    if not plain_member(i) then
       return nil
     end
     users[j] = argv[i]
   end
-  if n == 2 then
-    if users[1] == users[2] then
+  local seen = {}
+  for j = 1, n do
+    local user = users[j]
+    if seen[user] then
       return nil
     end
-  elseif n > 2 then
-    local seen = {}
-    for j = 1, n do
-      local user = users[j]
-      if seen[user] then
-        return nil
-      end
-      seen[user] = true
-    end
+    seen[user] = true
   end
   local key = keys[k + 1]
   local stored = read(key, users, n)
