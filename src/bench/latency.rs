@@ -9,9 +9,10 @@
 //! - sends 50 probe reports per second to conversations of their own and
 //!   polls Redis until each shows up.
 //!
-//! Each step also shows the cores readfold and the servers used during it:
-//! on a small machine they share the cores, and a CQL server writing a
-//! snapshot can take most of them for a while.
+//! Each step also shows the cores readfold and the servers used during it,
+//! and how long their threads waited for one: on a small machine they
+//! share the cores, and a CQL server writing a snapshot can take most of
+//! them for a while.
 //!
 //! An unrecorded warm-up at 50% (as long as a step, at most 5 s) comes
 //! first. The maximum is `--latency-max-rate`, or, when that is 0, the
@@ -32,7 +33,8 @@ use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use super::child::{config_vars, cpu_secs_of, free_addr, spawn};
-use super::server_cpu::{Priorities, ServerClocks, ServerCpu};
+use super::run_queue::waited_secs_of;
+use super::server_cpu::{Priorities, ServerClocks, ServerCpu, ServerWaits};
 use super::sustained::{self, RateSearch, SearchStep};
 use super::workload::{ChatWorkload, Generated};
 use super::{now_ms, percentile};
@@ -90,13 +92,25 @@ pub struct LatencyRow {
 }
 
 /// Cores (CPU seconds per second) used during one step, by readfold and by
-/// each server whose CPU time is known.
+/// each server whose CPU time is known, and how long their threads waited
+/// for a core.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct StepCores {
     pub readfold: f64,
     /// This process: the load, the changelog follower, the Redis poller.
     pub bench: f64,
     pub servers: ServerCpu,
+    pub waiting: StepWaits,
+}
+
+/// Seconds per second that each process's threads were ready to run but
+/// waited for a core during one step, summed over its threads (1.00: one
+/// thread kept waiting all along); None where Linux does not say.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepWaits {
+    pub readfold: Option<f64>,
+    pub bench: Option<f64>,
+    pub servers: ServerWaits,
 }
 
 /// What a latency run measured.
@@ -406,6 +420,12 @@ impl Load<'_> {
             cpu_secs_of(&self.readfold_pid),
             cpu_secs_of(&bench_pid),
         );
+        let waited = |pid: &str| pid.parse().ok().and_then(waited_secs_of);
+        let (servers_waited, readfold_waited, bench_waited) = (
+            self.clocks.waits(),
+            waited(&self.readfold_pid),
+            waited(&bench_pid),
+        );
         let started = Instant::now();
         let from = now_ms();
         let (mut sent, mut next_probe) = (0u64, 0u64);
@@ -451,10 +471,16 @@ impl Load<'_> {
         // Let the step's last flushes arrive before the next step starts.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let secs = started.elapsed().as_secs_f64();
+        let rate = |now: Option<f64>, then: Option<f64>| Some((now? - then?).max(0.0) / secs);
         let cores = StepCores {
             readfold: (cpu_secs_of(&self.readfold_pid) - readfold_before).max(0.0) / secs,
             bench: (cpu_secs_of(&bench_pid) - bench_before).max(0.0) / secs,
             servers: self.clocks.read().await.since(servers_before).per_second(secs),
+            waiting: StepWaits {
+                readfold: rate(waited(&self.readfold_pid), readfold_waited),
+                bench: rate(waited(&bench_pid), bench_waited),
+                servers: self.clocks.waits().since(servers_waited).per_second(secs),
+            },
         };
         Ok(Step {
             achieved,
@@ -578,7 +604,7 @@ pub fn print_latency(f: &LatencyFigures) {
         }
     }
     println!(
-        "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6} | cores: readfold / bench / broker / Redis / CQL server",
+        "  {:>5} {:>9} {:>9} | {:>29} {:>8} | {:>29} {:>6} | cores: readfold / bench / broker / Redis / CQL server | waiting for a core: the same",
         "load",
         "offered",
         "achieved",
@@ -597,7 +623,7 @@ pub fn print_latency(f: &LatencyFigures) {
             )
         };
         println!(
-            "  {:>4.0}% {:>9.0} {:>9.0} | {:>35} {:>8} | {:>30} {:>6} | {}",
+            "  {:>4.0}% {:>9.0} {:>9.0} | {:>35} {:>8} | {:>30} {:>6} | {} | {}",
             r.fraction * 100.0,
             r.offered,
             r.achieved,
@@ -605,11 +631,15 @@ pub fn print_latency(f: &LatencyFigures) {
             r.changelog_ms.len(),
             p(&r.redis_ms),
             r.redis_ms.len(),
-            cores_text(&r.cores)
+            cores_text(&r.cores),
+            waits_text(&r.cores.waiting)
         );
     }
     println!(
         "  (cores: CPU seconds per second each used during the step, its 2 s tail included; the broker's and the CQL server's only when they run on this machine)"
+    );
+    println!(
+        "  (waiting for a core: seconds per second each one's threads were ready to run but waited for a core, summed over its threads (/proc/PID/task/*/schedstat): 1.00 is one thread kept waiting all step; on a box that keeps Redis waiting, every flush waits with it)"
     );
     if let Some(priorities) = f.priorities {
         println!("  ({})", priority_note(priorities));
@@ -635,7 +665,6 @@ fn priority_note(p: Priorities) -> String {
 /// "0.52 / 0.20 / 0.31 / 0.04 / 0.90", "-" for a server whose CPU is
 /// unknown.
 fn cores_text(c: &StepCores) -> String {
-    let known = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.2}"));
     format!(
         "{:.2} / {:.2} / {} / {} / {}",
         c.readfold,
@@ -644,6 +673,22 @@ fn cores_text(c: &StepCores) -> String {
         known(c.servers.redis),
         known(c.servers.cql)
     )
+}
+
+/// The waits in the order of [`cores_text`], "-" where unknown.
+fn waits_text(w: &StepWaits) -> String {
+    format!(
+        "{} / {} / {} / {} / {}",
+        known(w.readfold),
+        known(w.bench),
+        known(w.servers.broker),
+        known(w.servers.redis),
+        known(w.servers.cql)
+    )
+}
+
+fn known(v: Option<f64>) -> String {
+    v.map_or("-".to_owned(), |v| format!("{v:.2}"))
 }
 
 #[cfg(test)]
@@ -660,8 +705,18 @@ mod tests {
                 broker: None,
                 cql: Some(1.2),
             },
+            waiting: StepWaits {
+                readfold: Some(0.31),
+                bench: None,
+                servers: ServerWaits {
+                    redis: Some(0.456),
+                    broker: Some(1.0),
+                    cql: None,
+                },
+            },
         };
         assert_eq!(cores_text(&cores), "0.52 / 0.20 / - / 0.04 / 1.20");
+        assert_eq!(waits_text(&cores.waiting), "0.31 / - / 1.00 / 0.46 / -");
     }
 
     /// A run whose rows at 10% and 50% took `p99s` ms (every record alike).

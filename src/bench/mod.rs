@@ -14,6 +14,7 @@ mod raw_consumer;
 mod replay;
 mod restart;
 mod restore;
+mod run_queue;
 mod seed_design;
 mod serve;
 mod server_cpu;

@@ -9,6 +9,7 @@
 use readfold_store::redis::RedisStore;
 
 use super::child::{cpu_secs_of, stat_field};
+use super::run_queue::{local_pid_named, waited_secs_of};
 use crate::config::Config;
 
 /// CPU seconds the servers used, since they started or over a window.
@@ -42,9 +43,15 @@ impl ServerCpu {
     }
 }
 
+/// Seconds the servers' threads waited for a core (see
+/// [`super::run_queue`]), in the same shape.
+pub type ServerWaits = ServerCpu;
+
 /// Reads the servers' CPU clocks.
 pub struct ServerClocks {
     redis: Option<RedisStore>,
+    /// A local Redis's, for its waits (its CPU comes from `INFO cpu`).
+    redis_pid: Option<u32>,
     broker_pid: Option<u32>,
     cql_pid: Option<u32>,
 }
@@ -58,6 +65,11 @@ impl ServerClocks {
                 None
             }
         };
+        let redis_pid = if redis_host(&config.redis.url).is_some_and(all_local) {
+            local_pid_named("redis-server")
+        } else {
+            None
+        };
         let broker_pid = if all_local(&config.kafka.bootstrap_servers) {
             local_java_pid(KAFKA_MAIN)
         } else {
@@ -70,8 +82,18 @@ impl ServerClocks {
         };
         ServerClocks {
             redis,
+            redis_pid,
             broker_pid,
             cql_pid,
+        }
+    }
+
+    /// Seconds each local server's threads have waited for a core.
+    pub fn waits(&self) -> ServerWaits {
+        ServerWaits {
+            redis: self.redis_pid.and_then(waited_secs_of),
+            broker: self.broker_pid.and_then(waited_secs_of),
+            cql: self.cql_pid.and_then(waited_secs_of),
         }
     }
 
@@ -138,6 +160,17 @@ fn autogroup_nice(text: &str) -> Option<i32> {
 /// The nice value in /proc/PID/stat (field 19).
 fn stat_nice(stat: &str) -> Option<i32> {
     stat_field(stat, 16)?.parse().ok()
+}
+
+/// The host and port of a Redis URL ("redis://:pw@host:6379/0" gives
+/// "host:6379"); None for a Unix socket.
+fn redis_host(url: &str) -> Option<&str> {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    if url.starts_with("unix:") || url.starts_with("redis+unix:") {
+        return None;
+    }
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    Some(rest.split(['/', '?']).next().unwrap_or(rest))
 }
 
 /// Whether every bootstrap server is this machine.
@@ -213,6 +246,18 @@ mod tests {
                 cql: Some(0.5),
             }
         );
+    }
+
+    #[test]
+    fn a_redis_urls_host_is_found_past_its_password() {
+        assert_eq!(redis_host("redis://127.0.0.1:6379/"), Some("127.0.0.1:6379"));
+        assert_eq!(
+            redis_host("rediss://:s3cr@t@cache-1:6380/0"),
+            Some("cache-1:6380")
+        );
+        assert_eq!(redis_host("redis://localhost?protocol=resp3"), Some("localhost"));
+        assert_eq!(redis_host("unix:///run/redis.sock"), None);
+        assert!(redis_host("redis://[::1]:6379").is_some_and(all_local));
     }
 
     #[test]
