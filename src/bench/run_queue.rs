@@ -30,18 +30,6 @@ fn schedstat_wait_ns(text: &str) -> Option<u64> {
     text.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// The one process on this machine named `name` (its /proc/PID/comm);
-/// None when there is none or more than one.
-pub fn local_pid_named(name: &str) -> Option<u32> {
-    let mut found = std::fs::read_dir("/proc").ok()?.filter_map(|entry| {
-        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
-        (comm.trim_end() == name).then_some(pid)
-    });
-    let pid = found.next()?;
-    found.next().is_none().then_some(pid)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

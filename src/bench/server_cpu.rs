@@ -9,7 +9,7 @@
 use readfold_store::redis::RedisStore;
 
 use super::child::{cpu_secs_of, stat_field};
-use super::run_queue::{local_pid_named, waited_secs_of};
+use super::run_queue::waited_secs_of;
 use crate::config::Config;
 
 /// CPU seconds the servers used, since they started or over a window.
@@ -192,14 +192,27 @@ const CASSANDRA_MAIN: &[u8] = b"org.apache.cassandra.service.CassandraDaemon";
 /// The one process on this machine whose command line runs `main_class`;
 /// None when there is none or more than one.
 fn local_java_pid(main_class: &[u8]) -> Option<u32> {
-    let mut found = std::fs::read_dir("/proc").ok()?.filter_map(|entry| {
-        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        cmdline
-            .split(|&b| b == 0)
-            .any(|arg| arg == main_class)
-            .then_some(pid)
-    });
+    the_one_local_process(|pid| {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).any(|arg| arg == main_class))
+    })
+}
+
+/// The one process on this machine named `name` (its /proc/PID/comm);
+/// None when there is none or more than one.
+fn local_pid_named(name: &str) -> Option<u32> {
+    the_one_local_process(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim_end() == name)
+    })
+}
+
+/// The one process on this machine that `is_it`; None when there is none
+/// or more than one.
+fn the_one_local_process(is_it: impl Fn(u32) -> bool) -> Option<u32> {
+    let mut found = std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|&pid| is_it(pid));
     let pid = found.next()?;
     found.next().is_none().then_some(pid)
 }
