@@ -33,7 +33,7 @@ use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use super::child::{config_vars, cpu_secs_of, free_addr, spawn};
-use super::run_queue::waited_secs_of;
+use super::run_queue::ThreadWaits;
 use super::server_cpu::{Priorities, ServerClocks, ServerCpu, ServerWaits};
 use super::sustained::{self, RateSearch, SearchStep};
 use super::workload::{ChatWorkload, Generated};
@@ -420,7 +420,7 @@ impl Load<'_> {
             cpu_secs_of(&self.readfold_pid),
             cpu_secs_of(&bench_pid),
         );
-        let waited = |pid: &str| pid.parse().ok().and_then(waited_secs_of);
+        let waited = |pid: &str| pid.parse().ok().and_then(ThreadWaits::of);
         let (servers_waited, readfold_waited, bench_waited) = (
             self.clocks.waits(),
             waited(&self.readfold_pid),
@@ -471,7 +471,7 @@ impl Load<'_> {
         // Let the step's last flushes arrive before the next step starts.
         tokio::time::sleep(Duration::from_secs(2)).await;
         let secs = started.elapsed().as_secs_f64();
-        let rate = |now: Option<f64>, then: Option<f64>| Some((now? - then?).max(0.0) / secs);
+        let rate = |now: Option<ThreadWaits>, then: Option<ThreadWaits>| Some(now?.since(&then?) / secs);
         let cores = StepCores {
             readfold: (cpu_secs_of(&self.readfold_pid) - readfold_before).max(0.0) / secs,
             bench: (cpu_secs_of(&bench_pid) - bench_before).max(0.0) / secs,
@@ -479,7 +479,7 @@ impl Load<'_> {
             waiting: StepWaits {
                 readfold: rate(waited(&self.readfold_pid), readfold_waited),
                 bench: rate(waited(&bench_pid), bench_waited),
-                servers: self.clocks.waits().since(servers_waited).per_second(secs),
+                servers: self.clocks.waits().since(&servers_waited).per_second(secs),
             },
         };
         Ok(Step {

@@ -5,23 +5,42 @@
 //! waiting on a run queue, timeslices; nanoseconds), where the kernel has
 //! `CONFIG_SCHED_INFO`; elsewhere it stays unknown.
 
-/// Seconds the threads of `pid` have waited for a core, summed over the
-/// threads that are alive now (an exited thread's waits go with it, which
-/// a window over a few seconds of steady processes barely sees).
-pub fn waited_secs_of(pid: u32) -> Option<f64> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut nanos = 0u64;
-    let mut any = false;
-    for task in tasks.flatten() {
-        let Ok(text) = std::fs::read_to_string(task.path().join("schedstat")) else {
-            continue;
-        };
-        if let Some(waited) = schedstat_wait_ns(&text) {
-            nanos += waited;
-            any = true;
-        }
+use std::collections::HashMap;
+
+/// The run-queue wait so far of each thread of a process, in ns, by
+/// thread id.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ThreadWaits(HashMap<u32, u64>);
+
+impl ThreadWaits {
+    /// The waits of the threads of `pid` alive now; None where Linux does
+    /// not keep them (or the process is gone).
+    pub fn of(pid: u32) -> Option<ThreadWaits> {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+        let waits: HashMap<u32, u64> = tasks
+            .flatten()
+            .filter_map(|task| {
+                let tid = task.file_name().to_str()?.parse().ok()?;
+                let text = std::fs::read_to_string(task.path().join("schedstat")).ok()?;
+                Some((tid, schedstat_wait_ns(&text)?))
+            })
+            .collect();
+        (!waits.is_empty()).then_some(ThreadWaits(waits))
     }
-    any.then(|| nanos as f64 / 1e9)
+
+    /// Seconds waited since `earlier`: what each thread alive now waited
+    /// since then, a thread that started meanwhile counted whole. A thread
+    /// that ended meanwhile takes its share of the window with it; Java
+    /// servers retire pool threads, and summing totals instead would take
+    /// all its waits off the window.
+    pub fn since(&self, earlier: &ThreadWaits) -> f64 {
+        let nanos: u64 = self
+            .0
+            .iter()
+            .map(|(tid, &now)| now.saturating_sub(earlier.0.get(tid).copied().unwrap_or(0)))
+            .sum();
+        nanos as f64 / 1e9
+    }
 }
 
 /// The run-queue wait (the second field) of a schedstat line:
@@ -42,10 +61,20 @@ mod tests {
     }
 
     #[test]
+    fn a_window_counts_each_threads_growth_and_new_threads_whole() {
+        let waits = |pairs: &[(u32, u64)]| ThreadWaits(pairs.iter().copied().collect());
+        let before = waits(&[(1, 1_000_000_000), (2, 500_000_000), (3, 9_000_000_000)]);
+        // Thread 3 ended, thread 4 started: 0.25 + 0.5 + 0.125 s.
+        let after = waits(&[(1, 1_250_000_000), (2, 1_000_000_000), (4, 125_000_000)]);
+        assert_eq!(after.since(&before), 0.875);
+        assert_eq!(before.since(&before), 0.0);
+    }
+
+    #[test]
     fn this_process_has_waits_where_linux_keeps_them() {
-        let waited = waited_secs_of(std::process::id());
+        let waited = ThreadWaits::of(std::process::id());
         if std::path::Path::new("/proc/self/schedstat").exists() {
-            assert!(waited.is_some_and(|w| w >= 0.0), "{waited:?}");
+            assert!(waited.is_some_and(|w| w.0.contains_key(&std::process::id())));
         } else {
             assert_eq!(waited, None);
         }

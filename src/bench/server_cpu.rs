@@ -9,7 +9,7 @@
 use readfold_store::redis::RedisStore;
 
 use super::child::{cpu_secs_of, stat_field};
-use super::run_queue::waited_secs_of;
+use super::run_queue::ThreadWaits;
 use crate::config::Config;
 
 /// CPU seconds the servers used, since they started or over a window.
@@ -47,6 +47,27 @@ impl ServerCpu {
 /// [`super::run_queue`]), in the same shape.
 pub type ServerWaits = ServerCpu;
 
+/// Each local server's threads' waits for a core so far.
+#[derive(Clone, Debug, Default)]
+pub struct ServerThreadWaits {
+    redis: Option<ThreadWaits>,
+    broker: Option<ThreadWaits>,
+    cql: Option<ThreadWaits>,
+}
+
+impl ServerThreadWaits {
+    /// Seconds each server waited since `earlier`.
+    pub fn since(&self, earlier: &ServerThreadWaits) -> ServerWaits {
+        let delta =
+            |now: &Option<ThreadWaits>, then: &Option<ThreadWaits>| Some(now.as_ref()?.since(then.as_ref()?));
+        ServerWaits {
+            redis: delta(&self.redis, &earlier.redis),
+            broker: delta(&self.broker, &earlier.broker),
+            cql: delta(&self.cql, &earlier.cql),
+        }
+    }
+}
+
 /// Reads the servers' CPU clocks.
 pub struct ServerClocks {
     redis: Option<RedisStore>,
@@ -65,10 +86,14 @@ impl ServerClocks {
                 None
             }
         };
-        let redis_pid = if redis_host(&config.redis.url).is_some_and(all_local) {
-            local_pid_named("redis-server")
-        } else {
-            None
+        let redis_pid = match &redis {
+            Some(store) if redis_host(&config.redis.url).is_some_and(all_local) => store
+                .process_id()
+                .await
+                .ok()
+                .flatten()
+                .filter(|&pid| is_redis(pid)),
+            _ => None,
         };
         let broker_pid = if all_local(&config.kafka.bootstrap_servers) {
             local_java_pid(KAFKA_MAIN)
@@ -88,12 +113,12 @@ impl ServerClocks {
         }
     }
 
-    /// Seconds each local server's threads have waited for a core.
-    pub fn waits(&self) -> ServerWaits {
-        ServerWaits {
-            redis: self.redis_pid.and_then(waited_secs_of),
-            broker: self.broker_pid.and_then(waited_secs_of),
-            cql: self.cql_pid.and_then(waited_secs_of),
+    /// Each local server's threads' waits for a core so far.
+    pub fn waits(&self) -> ServerThreadWaits {
+        ServerThreadWaits {
+            redis: self.redis_pid.and_then(ThreadWaits::of),
+            broker: self.broker_pid.and_then(ThreadWaits::of),
+            cql: self.cql_pid.and_then(ThreadWaits::of),
         }
     }
 
@@ -198,12 +223,11 @@ fn local_java_pid(main_class: &[u8]) -> Option<u32> {
     })
 }
 
-/// The one process on this machine named `name` (its /proc/PID/comm);
-/// None when there is none or more than one.
-fn local_pid_named(name: &str) -> Option<u32> {
-    the_one_local_process(|pid| {
-        std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim_end() == name)
-    })
+/// Whether this machine's process `pid` is a Redis server: the process
+/// id Redis reports is its own namespace's (1 in a container), and may
+/// name some other process here.
+fn is_redis(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim_end() == "redis-server")
 }
 
 /// The one process on this machine that `is_it`; None when there is none

@@ -238,10 +238,11 @@ async fn plain_conversations_merge_as_the_model_says() {
                         // so its call has an epoch hash from then on, and
                         // the later rounds' epoch 0 for them is stale (with
                         // a cursor above any other, which must not land).
-                        // The same for conversation 141, of one member,
-                        // in a call of its own (64 conversations a call).
-                        let versioned = (c == 5 || c == 141) && k == 0 && round == 3;
-                        let stale = (c == 5 || c == 141) && k == 0 && round > 3;
+                        // The same for conversations 141, of one member,
+                        // and 198, of two, each in a call of its own (64
+                        // conversations a call).
+                        let versioned = matches!(c, 5 | 141 | 198) && k == 0 && round == 3;
+                        let stale = matches!(c, 5 | 141 | 198) && k == 0 && round > 3;
                         // Repeated users: every other member, or (in
                         // conversations 9 and 163, of two) all of them,
                         // each write above the stored cursor and below the
@@ -252,9 +253,11 @@ async fn plain_conversations_merge_as_the_model_says() {
                             _ if c % 11 == 3 => k % 2,
                             _ => k,
                         };
-                        // Departures: the second member, or (in
-                        // conversations 8 and 113, of one) the first.
-                        let departing = (c % 13 == 2 && k == 1) || (c % 105 == 8 && k == 0);
+                        // Departures: now and then the second member, and
+                        // in round 1 the one member of conversations 8
+                        // and 113 (before 8's call has an epoch hash).
+                        let departing =
+                            (c % 13 == 2 && k == 1 && next(3) == 0) || (c % 105 == 8 && k == 0 && round == 1);
                         MemberWrite {
                             user_id: format!("u{user}").parse().unwrap(),
                             cursor: Seq(match () {
@@ -263,7 +266,7 @@ async fn plain_conversations_merge_as_the_model_says() {
                                 _ => next(30),
                             }),
                             join_seq: Seq(if c % 17 == 4 { 1 + next(3) } else { 1 }),
-                            left: departing && next(3) == 0,
+                            left: departing,
                             epoch: u64::from(versioned),
                         }
                     })

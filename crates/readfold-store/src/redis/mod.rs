@@ -34,16 +34,13 @@ use crate::CursorStore;
 
 /// used_cpu_sys plus used_cpu_user of an `INFO cpu` answer.
 fn used_cpu_secs(info: &str) -> Option<f64> {
-    let field = |name: &str| {
-        info.lines().find_map(|line| {
-            line.strip_prefix(name)?
-                .strip_prefix(':')?
-                .trim()
-                .parse::<f64>()
-                .ok()
-        })
-    };
-    Some(field("used_cpu_sys")? + field("used_cpu_user")?)
+    Some(info_field::<f64>(info, "used_cpu_sys")? + info_field::<f64>(info, "used_cpu_user")?)
+}
+
+/// The value of `name` in an `INFO` answer ("name:value" lines).
+fn info_field<T: std::str::FromStr>(info: &str, name: &str) -> Option<T> {
+    info.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
 }
 
 /// The Redis keys of one conversation: cursors, latest, joined, epoch. The
@@ -138,6 +135,14 @@ impl RedisStore {
         let mut conn = self.conn.clone();
         let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut conn).await?;
         Ok(used_cpu_secs(&info))
+    }
+
+    /// The server's process id as it reports it (`INFO server`), in its own
+    /// PID namespace; None from a server that does not report it.
+    pub async fn process_id(&self) -> Result<Option<u32>> {
+        let mut conn = self.conn.clone();
+        let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+        Ok(info_field(&info, "process_id"))
     }
 
     /// Deletes every key under this store's prefix (`P:*`), a SCAN page at
@@ -258,7 +263,7 @@ impl CursorStore for RedisStore {
 
 #[cfg(test)]
 mod tests {
-    use super::{glob_escape, listpack_advice, used_cpu_secs};
+    use super::{glob_escape, info_field, listpack_advice, used_cpu_secs};
 
     #[test]
     fn sums_system_and_user_cpu_of_info() {
@@ -266,6 +271,13 @@ mod tests {
             "# CPU\r\nused_cpu_sys:1.250000\r\nused_cpu_user:2.500000\r\nused_cpu_sys_children:9.0\r\n";
         assert_eq!(used_cpu_secs(info), Some(3.75));
         assert_eq!(used_cpu_secs("# CPU\r\nused_cpu_sys:1.0\r\n"), None);
+    }
+
+    #[test]
+    fn reads_the_process_id_of_info_server() {
+        let info = "# Server\r\nredis_version:7.0.15\r\nprocess_id:18656\r\nprocess_supervised:no\r\n";
+        assert_eq!(info_field::<u32>(info, "process_id"), Some(18656));
+        assert_eq!(info_field::<u32>("# Server\r\n", "process_id"), None);
     }
 
     #[test]
