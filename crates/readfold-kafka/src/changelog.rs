@@ -80,6 +80,21 @@ impl Restorer {
         })
     }
 
+    /// Connects the restore's readers to the broker that leads the
+    /// changelogs and caches where their partitions are, so that the first
+    /// restore's offset queries need not. Run beside a start's other
+    /// connects: a start whose restore came after the readers' bootstrap
+    /// connections had closed waited 20-30 ms longer for its settle (13-33
+    /// ms against 7-10 with the readers warmed up, in 1M catch-ups).
+    pub fn warm_up(&self) {
+        std::thread::scope(|scope| {
+            scope.spawn(|| self.public.reader.warm_up(&self.public.topic));
+            scope.spawn(|| self.member_state.reader.warm_up(&self.member_state.topic));
+            scope.spawn(|| self.uncommitted.warm_up(&self.public.topic));
+            self.uncommitted.warm_up(&self.member_state.topic);
+        });
+    }
+
     /// Waits until no transaction is open in the changelogs' `partitions`
     /// below their present end: until each one's last stable offset (the
     /// end a read_committed restore stops at) reaches the high watermark it

@@ -146,6 +146,14 @@ impl TopicReader {
             .fetch_watermarks(topic, partition, Duration::from_secs(10))?)
     }
 
+    /// Fetches `topic`'s metadata, which connects to the broker that
+    /// leads its partitions and caches where they are.
+    pub fn warm_up(&self, topic: &str) {
+        if let Err(e) = self.consumer.fetch_metadata(Some(topic), Duration::from_secs(10)) {
+            tracing::debug!(topic, error = %e, "warming up a reader");
+        }
+    }
+
     /// [`TopicReader::watermarks`] of several partitions, queried
     /// concurrently ([`watermarks_of`]).
     pub fn watermarks_many(&self, topic: &str, partitions: &[i32]) -> Result<Vec<(i64, i64)>> {

@@ -219,7 +219,21 @@ impl Processor {
             let transactions = init_producer(&settings).await?;
             Ok::<_, Error>((layout, transactions))
         };
-        let restorer = Restorer::new(&settings.kafka, &settings.topics, settings.input.max_id_bytes)?;
+        let restorer = Arc::new(Restorer::new(
+            &settings.kafka,
+            &settings.topics,
+            settings.input.max_id_bytes,
+        )?);
+        // A thread of its own, not the runtime's blocking pool: with the
+        // broker away it waits for its timeout, which must not hold back
+        // the process's exit.
+        let warming = std::thread::Builder::new().name("restore-warm-up".into()).spawn({
+            let restorer = Arc::clone(&restorer);
+            move || restorer.warm_up()
+        });
+        if let Err(e) = warming {
+            tracing::debug!(error = %e, "cannot start the restore readers' warm-up; the first restore connects them");
+        }
         let redis = async {
             if !settings.redis.enabled {
                 return Ok(None);
@@ -267,7 +281,7 @@ impl Processor {
             ),
             events,
             transactions,
-            restorer: Arc::new(restorer),
+            restorer,
             redis,
             cql,
             in_flight: None,
