@@ -665,30 +665,32 @@ fn priority_note(p: Priorities) -> String {
 /// "0.52 / 0.20 / 0.31 / 0.04 / 0.90", "-" for a server whose CPU is
 /// unknown.
 fn cores_text(c: &StepCores) -> String {
-    format!(
-        "{:.2} / {:.2} / {} / {} / {}",
-        c.readfold,
-        c.bench,
-        known(c.servers.broker),
-        known(c.servers.redis),
-        known(c.servers.cql)
-    )
+    figures_text([
+        Some(c.readfold),
+        Some(c.bench),
+        c.servers.broker,
+        c.servers.redis,
+        c.servers.cql,
+    ])
 }
 
 /// The waits in the order of [`cores_text`], "-" where unknown.
 fn waits_text(w: &StepWaits) -> String {
-    format!(
-        "{} / {} / {} / {} / {}",
-        known(w.readfold),
-        known(w.bench),
-        known(w.servers.broker),
-        known(w.servers.redis),
-        known(w.servers.cql)
-    )
+    figures_text([
+        w.readfold,
+        w.bench,
+        w.servers.broker,
+        w.servers.redis,
+        w.servers.cql,
+    ])
 }
 
-fn known(v: Option<f64>) -> String {
-    v.map_or("-".to_owned(), |v| format!("{v:.2}"))
+/// Readfold's, the bench's, the broker's, Redis's and the CQL server's
+/// figure, "-" where unknown.
+fn figures_text(figures: [Option<f64>; 5]) -> String {
+    figures
+        .map(|v| v.map_or("-".to_owned(), |v| format!("{v:.2}")))
+        .join(" / ")
 }
 
 #[cfg(test)]

@@ -87,7 +87,7 @@ impl ServerClocks {
             }
         };
         let redis_pid = match &redis {
-            Some(store) if redis_host(&config.redis.url).is_some_and(all_local) => store
+            Some(store) if redis_is_local(&config.redis.url) => store
                 .process_id()
                 .await
                 .ok()
@@ -187,15 +187,15 @@ fn stat_nice(stat: &str) -> Option<i32> {
     stat_field(stat, 16)?.parse().ok()
 }
 
-/// The host and port of a Redis URL ("redis://:pw@host:6379/0" gives
-/// "host:6379"); None for a Unix socket.
-fn redis_host(url: &str) -> Option<&str> {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    if url.starts_with("unix:") || url.starts_with("redis+unix:") {
-        return None;
+/// Whether the Redis of `url` (as the redis crate reads it, which the store
+/// connects with) listens on this machine over TCP; a Unix socket's server
+/// reports no CPU here.
+fn redis_is_local(url: &str) -> bool {
+    use redis::ConnectionAddr::{Tcp, TcpTls};
+    match redis::IntoConnectionInfo::into_connection_info(url).map(|info| info.addr().clone()) {
+        Ok(Tcp(host, _) | TcpTls { host, .. }) => is_local_host(&host),
+        _ => false,
     }
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    Some(rest.split(['/', '?']).next().unwrap_or(rest))
 }
 
 /// Whether every bootstrap server is this machine.
@@ -205,9 +205,15 @@ fn all_local(bootstrap_servers: &str) -> bool {
             Some((host, _port)) => host,
             None => server,
         };
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+        is_local_host(host)
     })
+}
+
+/// Whether `host` ("localhost", a loopback address, bracketed or not) is
+/// this machine.
+fn is_local_host(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The main classes of a Kafka server and of Cassandra.
@@ -217,10 +223,16 @@ const CASSANDRA_MAIN: &[u8] = b"org.apache.cassandra.service.CassandraDaemon";
 /// The one process on this machine whose command line runs `main_class`;
 /// None when there is none or more than one.
 fn local_java_pid(main_class: &[u8]) -> Option<u32> {
-    the_one_local_process(|pid| {
-        std::fs::read(format!("/proc/{pid}/cmdline"))
-            .is_ok_and(|cmdline| cmdline.split(|&b| b == 0).any(|arg| arg == main_class))
-    })
+    let mut found = std::fs::read_dir("/proc").ok()?.filter_map(|entry| {
+        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        cmdline
+            .split(|&b| b == 0)
+            .any(|arg| arg == main_class)
+            .then_some(pid)
+    });
+    let pid = found.next()?;
+    found.next().is_none().then_some(pid)
 }
 
 /// Whether this machine's process `pid` is a Redis server: the process
@@ -228,17 +240,6 @@ fn local_java_pid(main_class: &[u8]) -> Option<u32> {
 /// name some other process here.
 fn is_redis(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|comm| comm.trim_end() == "redis-server")
-}
-
-/// The one process on this machine that `is_it`; None when there is none
-/// or more than one.
-fn the_one_local_process(is_it: impl Fn(u32) -> bool) -> Option<u32> {
-    let mut found = std::fs::read_dir("/proc")
-        .ok()?
-        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|&pid| is_it(pid));
-    let pid = found.next()?;
-    found.next().is_none().then_some(pid)
 }
 
 #[cfg(test)]
@@ -286,15 +287,13 @@ mod tests {
     }
 
     #[test]
-    fn a_redis_urls_host_is_found_past_its_password() {
-        assert_eq!(redis_host("redis://127.0.0.1:6379/"), Some("127.0.0.1:6379"));
-        assert_eq!(
-            redis_host("rediss://:s3cr@t@cache-1:6380/0"),
-            Some("cache-1:6380")
-        );
-        assert_eq!(redis_host("redis://localhost?protocol=resp3"), Some("localhost"));
-        assert_eq!(redis_host("unix:///run/redis.sock"), None);
-        assert!(redis_host("redis://[::1]:6379").is_some_and(all_local));
+    fn a_redis_url_is_local_on_loopback_over_tcp() {
+        assert!(redis_is_local("redis://127.0.0.1:6379/"));
+        assert!(redis_is_local("redis://:s3cr@t@localhost:6380/0"));
+        assert!(redis_is_local("rediss://[::1]:6379"));
+        assert!(!redis_is_local("redis://cache-1:6379"));
+        assert!(!redis_is_local("redis+unix:///run/redis.sock"));
+        assert!(!redis_is_local("not a url"));
     }
 
     #[test]
