@@ -186,10 +186,10 @@ async fn time_to_ready(
         "readfold_restore_duration_seconds_sum",
     );
     let (watch, pid) = (config.clone(), child.pid());
-    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
+    let first = tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
         .await
-        .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
-    let first = started.elapsed().as_secs_f64();
+        .map_err(|e| Error::Run(format!("commit watch: {e}")))??
+        .as_secs_f64();
     let caught_up = if cql {
         Some(cql_caught_up(&ops, started, child.pid()).await?)
     } else {
