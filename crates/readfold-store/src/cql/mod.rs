@@ -113,16 +113,20 @@ impl CqlStore {
     pub async fn connect_writer(config: &CqlConfig) -> Result<Self> {
         let mut store = Self::connect(config).await?;
         let session = &store.session;
-        for statement in schema(&config.keyspace, &config.replication) {
-            // The driver also awaits agreement after each schema change.
-            session.query_unpaged(statement, &[]).await?;
+        // The metadata the driver fetched while connecting lists the
+        // keyspace's tables: at a restart every statement would be a round
+        // trip that changes nothing.
+        let present = session
+            .get_cluster_state()
+            .get_keyspace(&config.keyspace)
+            .is_some_and(|ks| TABLES.iter().all(|t| ks.tables.contains_key(*t)));
+        if !present {
+            for statement in schema(&config.keyspace, &config.replication) {
+                // The driver also awaits agreement after each schema change.
+                session.query_unpaged(statement, &[]).await?;
+            }
         }
         session.await_schema_agreement().await?;
-        let name = format!(
-            "{}#{}",
-            config.store_name(),
-            table_ids(session, &config.keyspace).await?
-        );
         let ks = &config.keyspace;
         let prepare = |cql: String| async move {
             let mut statement = session.prepare(cql).await?;
@@ -130,34 +134,38 @@ impl CqlStore {
             statement.set_is_idempotent(true);
             Ok::<_, Error>(statement)
         };
-        let statements = Statements {
-            cursor: prepare(format!(
+        // Side by side: each is a round trip.
+        let (ids, cursor, departure, conversation, private_cursor, mark) = tokio::try_join!(
+            table_ids(session, &config.keyspace),
+            prepare(format!(
                 "INSERT INTO {ks}.cursors (conversation_id, user_id, cursor, join_seq, updated_at) \
                  VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
-            ))
-            .await?,
-            departure: prepare(format!(
+            )),
+            prepare(format!(
                 "DELETE FROM {ks}.cursors USING TIMESTAMP ? WHERE conversation_id = ? AND user_id = ?"
-            ))
-            .await?,
-            conversation: prepare(format!(
+            )),
+            prepare(format!(
                 "INSERT INTO {ks}.conversations (conversation_id, latest_seq) \
                  VALUES (?, ?) USING TIMESTAMP ?"
-            ))
-            .await?,
-            private_cursor: prepare(format!(
+            )),
+            prepare(format!(
                 "UPDATE {ks}.user_cursors USING TIMESTAMP ? SET private_cursor = ? \
                  WHERE user_id = ? AND conversation_id = ?"
-            ))
-            .await?,
-            mark: prepare(format!(
+            )),
+            prepare(format!(
                 "UPDATE {ks}.user_cursors USING TIMESTAMP ? SET unread_mark = ? \
                  WHERE user_id = ? AND conversation_id = ?"
-            ))
-            .await?,
+            )),
+        )?;
+        let statements = Statements {
+            cursor,
+            departure,
+            conversation,
+            private_cursor,
+            mark,
         };
         store.statements = Some(Arc::new(statements));
-        store.store_name = Some(name);
+        store.store_name = Some(format!("{}#{ids}", config.store_name()));
         Ok(store)
     }
 
