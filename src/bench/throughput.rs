@@ -371,10 +371,11 @@ fn watcher(config: &Config) -> Result<BaseConsumer> {
 /// require_stable), and librdkafka asks again after a backoff that doubles
 /// up to retry.backoff.max.ms (1 s). A processor that commits transaction
 /// after transaction nearly always has one pending, so its last commit was
-/// seen 0.02-0.29 s late, which counted against it and not against the raw
-/// consumer, whose commits are plain. Asked with read_uncommitted, the
-/// broker answers at once with the offsets committed so far: a pending
-/// transaction's offsets are not among them until it commits.
+/// seen up to 0.2 s later than it landed, which counted against it and not
+/// against the raw consumer, whose commits are plain. Asked with
+/// read_uncommitted, the broker answers at once with the offsets committed
+/// so far: a pending transaction's offsets are not among them until it
+/// commits.
 fn commit_watcher_config(config: &Config) -> ClientConfig {
     let mut watch = config.kafka.client_config();
     watch
