@@ -356,13 +356,14 @@ async fn until_committed(
     Ok((child, secs))
 }
 
-fn watcher(config: &Config) -> Result<BaseConsumer> {
-    Ok(config
-        .kafka
-        .client_config()
+/// The settings of a consumer in `config`'s group that only asks for
+/// offsets, never commits.
+fn watcher_config(config: &Config) -> ClientConfig {
+    let mut watch = config.kafka.client_config();
+    watch
         .set("group.id", &config.kafka.group_id)
-        .set("enable.auto.commit", "false")
-        .create()?)
+        .set("enable.auto.commit", "false");
+    watch
 }
 
 /// The settings of the consumer that watches a group's commits. Asked with
@@ -377,17 +378,14 @@ fn watcher(config: &Config) -> Result<BaseConsumer> {
 /// so far: a pending transaction's offsets are not among them until it
 /// commits.
 fn commit_watcher_config(config: &Config) -> ClientConfig {
-    let mut watch = config.kafka.client_config();
-    watch
-        .set("group.id", &config.kafka.group_id)
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_uncommitted");
+    let mut watch = watcher_config(config);
+    watch.set("isolation.level", "read_uncommitted");
     watch
 }
 
 /// The next offset past the last record of every input partition.
 pub(super) fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
-    let consumer = watcher(config)?;
+    let consumer: BaseConsumer = watcher_config(config).create()?;
     let mut ends = TopicPartitionList::new();
     for topic in [&config.topics.read_reports, &config.topics.conversation_events] {
         let partitions = partition_ids(&consumer, topic)?;
