@@ -22,7 +22,7 @@ use readfold_kafka::producer::InputProducer;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use super::child::{config_vars, free_addr, http_get, peak_rss_of, scrape, spawn, ChildGuard};
-use super::throughput::{end_offsets, metric, wait_for_commits};
+use super::throughput::{end_offsets, metric, watch_commits};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
@@ -108,10 +108,7 @@ async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Res
         .await
         .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
     let (child, _) = start(&config, &warm, cql)?;
-    let (watch, started, pid) = (config.clone(), Instant::now(), child.pid());
-    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
-        .await
-        .map_err(|e| Error::Run(format!("commit watch: {e}")))??;
+    watch_commits(&config, ends, Instant::now(), child.pid()).await?;
     let stop_secs = stop(child)?.as_secs_f64();
     let checkpoint_bytes = dir_bytes(&warm);
 
@@ -185,10 +182,8 @@ async fn time_to_ready(
         &scrape(&ops).unwrap_or_default(),
         "readfold_restore_duration_seconds_sum",
     );
-    let (watch, pid) = (config.clone(), child.pid());
-    let first = tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
-        .await
-        .map_err(|e| Error::Run(format!("commit watch: {e}")))??
+    let first = watch_commits(config, ends, started, child.pid())
+        .await?
         .as_secs_f64();
     let caught_up = if cql {
         Some(cql_caught_up(&ops, started, child.pid()).await?)

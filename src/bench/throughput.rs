@@ -343,10 +343,8 @@ async fn until_committed(
     let started = Instant::now();
     let child = start()?;
     tracing::debug!(pid = child.pid(), group = %config.kafka.group_id, "child started");
-    let (watch, pid) = (config.clone(), child.pid());
-    let secs = tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
-        .await
-        .map_err(|e| Error::Run(format!("commit watch: {e}")))??
+    let secs = watch_commits(config, ends, started, child.pid())
+        .await?
         .as_secs_f64();
     tracing::debug!(
         pid = child.pid(),
@@ -401,13 +399,27 @@ pub(super) fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
 /// child exited, while the reads fail.
 const EXITED_READ_GRACE: Duration = Duration::from_secs(10);
 
+/// [`wait_for_commits`] on a blocking thread: its polls would hold up the
+/// runtime.
+pub(super) async fn watch_commits(
+    config: &Config,
+    ends: TopicPartitionList,
+    started: Instant,
+    pid: u32,
+) -> Result<Duration> {
+    let watch = config.clone();
+    tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
+        .await
+        .map_err(|e| Error::Run(format!("commit watch: {e}")))?
+}
+
 /// Polls the group's committed offsets until every one reached `ends`, and
 /// gives the time from `started` until it saw them there, or fails once the
 /// child process `pid`, which should commit them, has exited without doing
 /// so (a bad setting or a crash would otherwise leave the bench waiting
 /// 900 s). The time is taken before the watching consumer is dropped: its
 /// close took about 0.1 s, which would count against every process timed.
-pub(super) fn wait_for_commits(
+fn wait_for_commits(
     config: &Config,
     ends: &TopicPartitionList,
     started: Instant,
