@@ -295,7 +295,9 @@ async fn serve_page(config: &Config, group: &str) -> Result<()> {
     println!(
         "\nThe push gateway's demo page: http://{addr}/demo/?conversation={group}-live&members=alice,bob,carol\n  \
          (a group chat whose members each hold a WebSocket: send, read, read privately, and watch \"N read\" and the \
-         unread badges move)"
+         unread badges move)\n\
+         A big group of 302 whose \"N read\" the gateway pushes as read counts: \
+         http://{addr}/demo/?conversation={group}-big&members=alice,bob&crowd=300"
     );
     if std::io::stdin().is_terminal() && std::io::stdout().is_terminal() {
         println!("The processor and the gateway keep running; press Ctrl-C to stop.");

@@ -28,6 +28,7 @@ pub async fn build(config: &Config) -> Result<(Arc<Gateway>, StoreProbes)> {
         &config.kafka,
         &config.topics,
         config.input.max_id_bytes,
+        config.input.format,
         gateway.hub.clone(),
         std::time::Duration::from_millis(config.gateway.batch_interval_ms.max(1)),
         gateway.stop.clone(),

@@ -153,6 +153,38 @@ async fn a_receipt_is_acknowledged_once_the_broker_has_it_and_members_only() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_ahead_of_what_the_gateway_knows_waits_for_its_message() {
+    let env = TestEnv::new("gw-ahead", 2).await;
+    let mut reference = Reference::default();
+    let processor = env.spawn("a");
+    chat(&env, &mut reference, "G", &["A", "B"], 3).await;
+    let (gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__MAX_SEQ_AHEAD", "5")]).await;
+    let mut b = connect(&addr, "B").await;
+    assert_eq!(subscribe(&mut b, "G").await["latest_seq"], 3);
+    // B read message 20 on a screen that got it before this gateway did:
+    // the receipt waits for the message instead of being refused.
+    b.send(json!({ "type": "read", "conversation": "G", "seq": 20, "id": "early" }))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut feed = env.feed(&mut reference);
+    for seq in 4..=20 {
+        feed.event(sent("G", "A", seq)).await;
+    }
+    let answer = b
+        .until(Duration::from_secs(20), |f| {
+            f["type"] == "ack" || f["type"] == "error"
+        })
+        .await;
+    assert_eq!(answer.last().unwrap(), &json!({ "type": "ack", "id": "early" }));
+    // A seq that no message reaches in time is still refused.
+    b.send(json!({ "type": "read", "conversation": "G", "seq": 1_000, "id": "insane" }))
+        .await;
+    let answer = b.until(Duration::from_secs(20), |f| f["type"] == "error").await;
+    assert_eq!(answer.last().unwrap()["code"], "invalid_seq");
+    stop(gateway, processor);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_then_every_change_without_a_gap_across_a_processor_restart() {
     let env = TestEnv::new("gw-nogap", 2).await;
     let mut reference = Reference::default();
@@ -412,6 +444,127 @@ async fn a_big_group_sends_one_batch_per_interval_and_a_slow_client_the_latest()
     stop(gateway, processor);
 }
 
+/// Each seq's counts in a client's `read_counts` frames, in order.
+fn counts_by_seq(frames: &[Value]) -> std::collections::BTreeMap<u64, Vec<u64>> {
+    let mut seen: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
+    for frame in frames.iter().filter(|f| f["type"] == "read_counts") {
+        let first = frame["first_seq"].as_u64().unwrap();
+        for (i, count) in frame["counts"].as_array().unwrap().iter().enumerate() {
+            if let Some(count) = count.as_u64() {
+                seen.entry(first + i as u64).or_default().push(count);
+            }
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_groups_v2_clients_get_read_counts_that_converge_to_the_read_model() {
+    let env = TestEnv::new("gw-counts", 2).await;
+    let mut reference = Reference::default();
+    let processor = env.spawn("a");
+    let names: Vec<String> = (0..120).map(|i| format!("m{i:03}")).collect();
+    let members: Vec<&str> = names.iter().map(String::as_str).collect();
+    chat(&env, &mut reference, "BIG", &members, 2).await;
+    let interval_ms = 300;
+    let (gateway, addr) = spawn_gateway(
+        &env,
+        &[
+            ("READFOLD__GATEWAY__BATCH_FROM_MEMBERS", "100"),
+            ("READFOLD__GATEWAY__READ_COUNTS_INTERVAL_MS", "300"),
+        ],
+    )
+    .await;
+    let mut clients = Vec::new();
+    for user in ["m000", "m050", "m119"] {
+        let mut ws = WsClient::connect_v2(&addr, &format!("/ws?user={user}"))
+            .await
+            .unwrap();
+        let welcome = ws.next(Duration::from_secs(10)).await.unwrap();
+        assert_eq!(welcome["protocol"], "readfold.v2.json", "{welcome}");
+        ws.send(json!({ "type": "subscribe", "conversation": "BIG" }))
+            .await;
+        let frames = ws
+            .until(Duration::from_secs(20), |f| f["type"] == "read_counts")
+            .await;
+        let snapshot = frames.iter().find(|f| f["type"] == "snapshot").unwrap();
+        assert_eq!(
+            snapshot["members"],
+            json!([]),
+            "a v2 big-group snapshot names no members"
+        );
+        clients.push(ws);
+    }
+    // A v1 client in the same group still gets member batches.
+    let mut v1 = connect(&addr, "m001").await;
+    assert_eq!(
+        subscribe(&mut v1, "BIG").await["members"]
+            .as_array()
+            .unwrap()
+            .len(),
+        120
+    );
+
+    // Messages 3..=30 from many senders; every member reads up to a seq of
+    // its own, one of them through its WebSocket.
+    let subscribed = std::time::Instant::now();
+    let last = 30u64;
+    {
+        let mut feed = env.feed(&mut reference);
+        for seq in 3..=last {
+            feed.event(sent("BIG", members[seq as usize * 7 % 120], seq as i64))
+                .await;
+        }
+        for (i, m) in members.iter().enumerate().skip(1) {
+            feed.report(report("BIG", m, 3 + (i as i64 * 11 % 28))).await;
+        }
+    }
+    clients[0]
+        .send(json!({ "type": "read", "conversation": "BIG", "seq": last, "id": "r" }))
+        .await;
+    reference.report(&report("BIG", "m000", last as i64));
+    let expected: Vec<u64> = (3..=last)
+        .map(|seq| reference.read_count("BIG", seq, members[seq as usize * 7 % 120]) as u64)
+        .collect();
+    let converged = |frames: &[Value]| {
+        let seen = counts_by_seq(frames);
+        (3..=last).all(|seq| seen.get(&seq).and_then(|c| c.last()) == Some(&expected[(seq - 3) as usize]))
+    };
+    for ws in &mut clients {
+        let mut frames = Vec::new();
+        let started = std::time::Instant::now();
+        while !converged(&frames) && started.elapsed() < Duration::from_secs(60) {
+            frames.extend(ws.drain(Duration::from_millis(700)).await);
+        }
+        let seen = counts_by_seq(&frames);
+        assert!(
+            converged(&frames),
+            "expected {expected:?} from seq 3, saw {seen:?}"
+        );
+        assert!(
+            frames
+                .iter()
+                .all(|f| f["type"] != "cursor" && f["type"] != "cursors"),
+            "a v2 client of a big group gets no member frames"
+        );
+        for (seq, counts) in &seen {
+            assert!(
+                counts.windows(2).all(|w| w[0] <= w[1]),
+                "seq {seq}'s count went down with nobody leaving: {counts:?}"
+            );
+        }
+        let elapsed_ms = subscribed.elapsed().as_millis() as usize;
+        let sent = frames.iter().filter(|f| f["type"] == "read_counts").count();
+        assert!(
+            sent <= elapsed_ms / interval_ms + 1,
+            "{sent} read_counts frames in {elapsed_ms} ms: more than one per {interval_ms} ms"
+        );
+    }
+    let v1_frames = v1.drain(Duration::from_secs(1)).await;
+    assert!(v1_frames.iter().any(|f| f["type"] == "cursors"), "{v1_frames:?}");
+    stop(gateway, processor);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_device_of_a_user_gets_its_own_state_and_nobody_else_does() {
     let env = TestEnv::new("gw-devices", 2).await;
@@ -536,6 +689,73 @@ async fn the_demo_page_shows_a_read_on_another_members_screen() {
 /// read, never skipped. (librdkafka's own `Offset::End` is resolved some
 /// time after the assignment; a room loaded from the stores in between
 /// missed a join for good, and a demo page waited for it forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_page_shows_a_big_groups_n_read_live() {
+    let env = TestEnv::new("gw-browser-big", 2).await;
+    let processor = env.spawn("a");
+    let (gateway, addr) = spawn_gateway(
+        &env,
+        &[
+            ("READFOLD__GATEWAY__DEMO", "true"),
+            ("READFOLD__GATEWAY__BATCH_FROM_MEMBERS", "100"),
+        ],
+    )
+    .await;
+    let driver = Driver::start().await;
+    let conversation = unique("big");
+    let mut alice = driver.browser().await;
+    alice
+        .open(&format!(
+            "http://{addr}/demo/?conversation={conversation}&members=alice,bob&crowd=120&as=alice,bob"
+        ))
+        .await;
+    let started = std::time::Instant::now();
+    while !alice.text("#status-alice").await.starts_with("subscribed") {
+        assert!(
+            started.elapsed() < Duration::from_secs(90),
+            "alice never subscribed; the page says {:?} (setup: {:?})\nthe gateway's log ends:\n{}",
+            alice.text("#status-alice").await,
+            alice.text("#setup").await,
+            tail(&gateway.log_text(), 40)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    alice.click("#send-alice").await;
+    alice
+        .wait_for_text("#msg-alice-1 .read-count", "0 read", Duration::from_secs(30))
+        .await;
+    // The read counts are pushed: the status says so once one arrives.
+    let started = std::time::Instant::now();
+    while !alice.text("#status-alice").await.contains("big group of 122") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no read_counts frame: {:?}",
+            alice.text("#status-alice").await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Each click: the 25 crowd members furthest behind read everything.
+    for n in [25, 50] {
+        alice.click("#crowd-read").await;
+        alice
+            .wait_for_text(
+                "#msg-alice-1 .read-count",
+                &format!("{n} read"),
+                Duration::from_secs(30),
+            )
+            .await;
+    }
+    alice.click("#read-bob").await;
+    alice
+        .wait_for_text("#msg-alice-1 .read-count", "51 read", Duration::from_secs(30))
+        .await;
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-demo-big.png");
+    std::fs::write(&path, alice.screenshot().await).unwrap();
+    println!("screenshot: {}", path.display());
+    alice.close().await;
+    stop(gateway, processor);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_from_the_end_reads_what_is_committed_right_after_it_starts() {
     use readfold_kafka::reader::{TopicReader, Until};

@@ -5,6 +5,7 @@
 //! - [`domain`]: ids, sequence numbers, cursor keys.
 //! - [`fold`]: the max-merge fold of read reports and conversation events.
 //! - [`read_model`]: unread, read counts and who-read, from any store's cursors.
+//! - [`recent_reads`]: a big group's recent messages' read counts, kept as cursors move.
 //! - [`flush`]: what a flush publishes, planned from partition state.
 //! - [`backoff`]: the retry policy of flushes and connections.
 //! - [`pacing`]: how long a catch-up's next flush waits.
@@ -17,6 +18,7 @@ pub mod fold;
 pub mod pacing;
 pub mod partitioner;
 pub mod read_model;
+pub mod recent_reads;
 
 pub use domain::{ConversationId, CursorKey, IdError, Seq, UserId};
 pub use read_model::{ConversationView, MemberCursor, MessageRef, OwnCursor};

@@ -14,7 +14,7 @@ use readfold_core::UserId;
 use readfold_kafka::now_ms;
 use readfold_serve::error::ApiError;
 use readfold_serve::extract::ApiJson;
-use readfold_wire::codec::{ConversationEventRecord, EventRecord};
+use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
 use serde::{Deserialize, Serialize};
 
 use crate::Gateway;
@@ -41,6 +41,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/demo/api/setup", post(setup))
         .route("/demo/api/send", post(send))
         .route("/demo/api/messages", get(messages))
+        .route("/demo/api/crowd", post(crowd))
         .with_state(gateway)
 }
 
@@ -130,6 +131,58 @@ async fn send(
         .await
         .map_err(unavailable)?;
     Ok(Json(message))
+}
+
+#[derive(Deserialize)]
+struct Crowd {
+    conversation: String,
+    readers: usize,
+}
+
+/// Up to `readers` of the members furthest behind (the crowd of a big-group
+/// demo) read everything sent so far.
+async fn crowd(
+    State(g): State<Arc<Gateway>>,
+    ApiJson(c): ApiJson<Crowd>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let latest = {
+        let all = g.demo.messages.lock().expect("demo lock");
+        all.get(&c.conversation)
+            .and_then(|l| l.last())
+            .map_or(0, |m| m.seq)
+    };
+    let (view, _) = g
+        .source
+        .conversation(&c.conversation)
+        .await
+        .map_err(unavailable)?;
+    let mut behind: Vec<(u64, String)> = view
+        .map(|v| {
+            v.members
+                .iter()
+                .filter(|(u, m)| m.cursor.get() < latest && u.as_str().starts_with("crowd"))
+                .map(|(u, m)| (m.cursor.get(), u.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    behind.sort();
+    let mut reported = 0;
+    for (_, user) in behind.into_iter().take(c.readers.min(1000)) {
+        g.producer
+            .report(&ReadReportRecord {
+                conversation_id: c.conversation.clone(),
+                user_id: user,
+                seq: latest as i64,
+                device_id: None,
+                reported_at: now_ms(),
+                private: false,
+                action: ReadAction::Read,
+            })
+            .await
+            .map_err(unavailable)?;
+        reported += 1;
+    }
+    Ok(Json(serde_json::json!({ "reported": reported, "seq": latest })))
 }
 
 #[derive(Deserialize)]

@@ -1,16 +1,21 @@
 //! Follows both changelogs (read_committed, from their end) and routes every
 //! record to the connections that want it. Every gateway instance reads
 //! every partition and keeps only its own subscribers' keys (a broker
-//! fan-out, as Centrifugo does); see the README for where that stops
-//! scaling.
+//! fan-out, as Centrifugo does); see docs/gateway.md for where that stops
+//! scaling. It also follows the conversation-events input for the messages
+//! sent: their senders (a big group's read counts leave the sender out) and
+//! a latest seq that does not wait for the processor's flush.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::message::Message;
 use readfold_kafka::changelog::ChangelogReader;
+use readfold_kafka::reader::TopicReader;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+use readfold_wire::codec::{decode_conversation_event_view, Decoded, EventRecord, EventView, WireFormat};
 
 use crate::hub::{Hub, Member, MemberChange};
 use crate::protocol::ServerFrame;
@@ -71,12 +76,39 @@ pub fn route(hub: &Hub, entry: ChangelogEntry) {
     }
 }
 
-/// Starts one blocking thread per changelog, and one that sends the big
-/// groups' batches every `batch_interval`; they stop when `stop` is set.
+/// Routes a conversation-events record: a message's sender and seq.
+pub fn route_event(hub: &Hub, payload: &[u8], format: WireFormat) {
+    let Ok(decoded) = decode_conversation_event_view(payload, format) else {
+        // The processor sends it to the dead-letter topic; nothing to show.
+        return;
+    };
+    match decoded {
+        Decoded::Borrowed(view) => {
+            if let EventView::MessageSent { sender_id } = view.event {
+                hub.message_sent(view.conversation_id, view.seq.max(0) as u64, sender_id);
+            }
+        }
+        Decoded::Owned(record) => {
+            if let EventRecord::MessageSent { sender_id } = &record.event {
+                hub.message_sent(&record.conversation_id, record.seq.max(0) as u64, sender_id);
+            }
+        }
+    }
+}
+
+/// How often big groups' read counts are looked at: well under their
+/// interval, so that a quiet group's first change goes out soon.
+const READ_COUNTS_TICK: Duration = Duration::from_millis(20);
+
+/// Starts one blocking thread per changelog, one following the
+/// conversation events, and one that sends the big groups' batches every
+/// `batch_interval` and their read counts when due; they stop when `stop`
+/// is set.
 pub fn start(
     kafka: &KafkaConfig,
     topics: &TopicsConfig,
     max_id_bytes: usize,
+    input_format: WireFormat,
     hub: Arc<Hub>,
     batch_interval: Duration,
     stop: Arc<AtomicBool>,
@@ -86,14 +118,41 @@ pub fn start(
         std::thread::Builder::new()
             .name("send-batches".into())
             .spawn(move || {
+                let mut batches_at = std::time::Instant::now();
                 while !stop.load(Ordering::Relaxed) {
-                    std::thread::sleep(batch_interval);
-                    hub.send_batches();
+                    std::thread::sleep(READ_COUNTS_TICK.min(batch_interval));
+                    let now = std::time::Instant::now();
+                    hub.send_read_counts(now);
+                    if now.duration_since(batches_at) >= batch_interval {
+                        batches_at = now;
+                        hub.send_batches();
+                    }
                 }
             })
             .expect("spawn the batch sender");
     }
     let group = format!("{}-gateway", kafka.group_id);
+    {
+        let events = TopicReader::new(kafka, &group, true)?;
+        events.assign_from_end(&topics.conversation_events, None)?;
+        let (hub, stop, topic) = (hub.clone(), stop.clone(), topics.conversation_events.clone());
+        std::thread::Builder::new()
+            .name("follow-events".into())
+            .spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let read = events.poll_available(Duration::from_millis(100), |message| {
+                        if let Some(payload) = message.payload() {
+                            route_event(&hub, payload, input_format);
+                        }
+                    });
+                    if let Err(e) = read {
+                        tracing::warn!(%topic, error = %e, "conversation events read failed; retrying");
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            })
+            .expect("spawn the events follower");
+    }
     for (topic, kind) in [
         (&topics.read_cursors, ChangelogKind::ByConversation),
         (&topics.user_read_cursors, ChangelogKind::ByUser),

@@ -6,14 +6,15 @@
 //! subscriber comes, then kept current from the changelog by max-merge.
 //! Every later subscriber's snapshot comes from the room, taken under the
 //! same lock that registers the subscription, so that no change falls
-//! between the two; and a room never lowers a cursor, so that no connection
-//! is shown a lower value after a higher one.
+//! between the two; and a room never lowers a cursor.
 //!
 //! A conversation smaller than `batch_from_members` pushes each advance at
-//! once. A bigger one gathers its changes and sends one `cursors` frame per
-//! batch interval ([`Hub::send_batches`]), so that a 5,000-member group does
-//! not flood its members: each gets at most one frame per interval, however
-//! busy the group.
+//! once. A bigger one (a big group, for as long as its room lives) sends no
+//! frame per advance: a v1 connection gets one `cursors` frame of the
+//! changed members per batch interval ([`Hub::send_batches`]); a v2 one gets
+//! the read counts of the recent messages, kept as cursors move
+//! ([`RecentReadCounts`]), at most once per read-counts interval
+//! ([`Hub::send_read_counts`]), the same frame for all, serialized once.
 //!
 //! The outbox coalesces: cursors only grow, so only the latest value per
 //! (conversation, member) matters. Updates for a key replace each other
@@ -23,19 +24,24 @@
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
+use readfold_core::recent_reads::{read_by_all_through, RecentReadCounts};
+use readfold_core::{MemberCursor, Seq};
 use tokio::sync::Notify;
 
-use crate::protocol::{MemberState, OwnState, ServerFrame, Shared};
+use crate::protocol::{MemberState, OwnState, ReadCounts, ServerFrame, Shared, SharedFrame, Version};
 use crate::telemetry;
 
 /// What an update is about: a member of a conversation as others see them,
-/// the connected user's own view of a conversation, or a big group's batch.
+/// the connected user's own view of a conversation, a big group's batch, or
+/// a big group's read counts.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Key {
     Member { conversation: String, user: String },
     Own { conversation: String },
     Batch { conversation: String },
+    ReadCounts { conversation: String },
 }
 
 impl Key {
@@ -55,7 +61,19 @@ impl Key {
             ServerFrame::Cursors { conversation, .. } => Some(Key::Batch {
                 conversation: conversation.clone(),
             }),
+            ServerFrame::ReadCounts(counts) => Some(Key::ReadCounts {
+                conversation: counts.value.conversation.clone(),
+            }),
             _ => None,
+        }
+    }
+
+    fn conversation(&self) -> &str {
+        match self {
+            Key::Member { conversation, .. }
+            | Key::Own { conversation }
+            | Key::Batch { conversation }
+            | Key::ReadCounts { conversation } => conversation,
         }
     }
 }
@@ -75,11 +93,23 @@ struct Pending {
 /// One connection's frames waiting to be written.
 #[derive(Default)]
 pub struct Outbox {
+    version: Version,
     pending: Mutex<Pending>,
     notify: Notify,
 }
 
 impl Outbox {
+    pub fn new(version: Version) -> Self {
+        Outbox {
+            version,
+            ..Outbox::default()
+        }
+    }
+
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
         self.pending.lock().expect("outbox lock")
     }
@@ -196,10 +226,8 @@ impl Outbox {
             p.wanted.insert(conversation.to_owned());
         } else {
             p.wanted.remove(conversation);
-            p.updates.retain(|key, _| match key {
-                Key::Member { conversation: c, .. } | Key::Batch { conversation: c } => c != conversation,
-                Key::Own { .. } => true,
-            });
+            p.updates
+                .retain(|key, _| matches!(key, Key::Own { .. }) || key.conversation() != conversation);
         }
     }
 
@@ -271,6 +299,15 @@ pub struct Member {
     pub join_seq: u64,
 }
 
+impl Member {
+    fn read_model(self) -> MemberCursor {
+        MemberCursor {
+            cursor: Seq(self.cursor),
+            join_seq: Seq(self.join_seq),
+        }
+    }
+}
+
 /// A conversation's state as the stores have it, to start a room from.
 #[derive(Clone, Debug, Default)]
 pub struct LoadedConversation {
@@ -295,6 +332,37 @@ struct Waiter {
     own: Option<OwnState>,
 }
 
+/// How rooms send to their subscribers.
+#[derive(Clone, Copy, Debug)]
+pub struct HubConfig {
+    /// Conversations with at least this many present members are big groups.
+    pub batch_from_members: usize,
+    /// How many of a big group's newest seqs its read counts cover.
+    pub read_counts_window: usize,
+    /// At most one read-counts frame per big group per this interval.
+    pub read_counts_interval: Duration,
+}
+
+impl HubConfig {
+    pub fn new(batch_from_members: usize) -> Self {
+        HubConfig {
+            batch_from_members,
+            read_counts_window: 128,
+            read_counts_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+/// A big group's read counts and when they were last sent.
+struct BigGroup {
+    counts: RecentReadCounts<String>,
+    /// Something changed since the last frame was built.
+    dirty: bool,
+    /// The last frame built, for new v2 subscribers.
+    frame: Option<Arc<SharedFrame<ReadCounts>>>,
+    sent_at: Option<Instant>,
+}
+
 /// A watched conversation's live state and its subscribers here.
 #[derive(Default)]
 struct Room {
@@ -302,39 +370,109 @@ struct Room {
     /// Changes that came while the stores were being read; applied over
     /// what was read.
     buffered: Vec<MemberChange>,
+    /// Messages sent (seq, sender) while the stores were being read.
+    buffered_sent: Vec<(u64, String)>,
     waiting: Vec<Waiter>,
     latest_seq: u64,
+    /// The highest seq the input topic has shown here, which the changelog
+    /// may not have yet: the bound for read receipts.
+    input_latest: u64,
     members: BTreeMap<String, Member>,
     subscribers: HashMap<ConnId, Arc<Outbox>>,
+    /// Subscribers on v1, who get a big group's member batches.
+    v1_subscribers: usize,
     /// A big group's changes not yet sent (None: left), latest per member.
     unsent: BTreeMap<String, Option<Member>>,
     /// The member list snapshots share, until the next change.
     shared: Option<Shared<Vec<MemberState>>>,
+    /// Set once the room has `batch_from_members` members; it stays big.
+    big: Option<BigGroup>,
 }
 
 impl Room {
-    /// Max-merges a change; whether it changed anything.
-    fn apply(&mut self, change: &MemberChange) -> bool {
+    /// Max-merges a change; the member's state before and after, if it
+    /// changed.
+    fn apply(&mut self, change: &MemberChange) -> Option<(Option<Member>, Option<Member>)> {
         self.latest_seq = self.latest_seq.max(change.latest_seq);
-        let changed = match change.member {
-            Some(new) => match self.members.get_mut(&change.user) {
-                Some(m) if new.cursor <= m.cursor && new.join_seq == m.join_seq => false,
-                Some(m) => {
-                    m.cursor = m.cursor.max(new.cursor);
-                    m.join_seq = new.join_seq;
-                    true
-                }
-                None => {
-                    self.members.insert(change.user.clone(), new);
-                    true
-                }
-            },
-            None => self.members.remove(&change.user).is_some(),
+        let before = self.members.get(&change.user).copied();
+        let after = match (change.member, before) {
+            (Some(new), Some(m)) if new.cursor <= m.cursor && new.join_seq == m.join_seq => return None,
+            (Some(new), Some(m)) => Some(Member {
+                cursor: m.cursor.max(new.cursor),
+                join_seq: new.join_seq,
+            }),
+            (Some(new), None) => Some(new),
+            (None, None) => return None,
+            (None, Some(_)) => None,
         };
-        if changed {
-            self.shared = None;
+        match after {
+            Some(m) => self.members.insert(change.user.clone(), m),
+            None => self.members.remove(&change.user),
+        };
+        self.shared = None;
+        Some((before, after))
+    }
+
+    /// The highest seq known from either topic.
+    fn top(&self) -> u64 {
+        self.latest_seq.max(self.input_latest)
+    }
+
+    /// Becomes a big group once it has `config.batch_from_members` members.
+    fn grow(&mut self, config: &HubConfig) {
+        if self.big.is_none() && self.members.len() >= config.batch_from_members {
+            self.big = Some(BigGroup {
+                counts: RecentReadCounts::new(config.read_counts_window, self.latest_seq),
+                dirty: true,
+                frame: None,
+                sent_at: None,
+            });
+            self.extend_counts();
         }
-        changed
+    }
+
+    /// Counts every seq known, from the members' cursors.
+    fn extend_counts(&mut self) {
+        let top = self.top();
+        if let Some(big) = &mut self.big {
+            if top > big.counts.top() {
+                big.counts
+                    .extend_to(top, self.members.values().map(|m| m.read_model()));
+                big.dirty = true;
+            }
+        }
+    }
+
+    /// Message `seq` was sent by `sender`.
+    fn sent(&mut self, seq: u64, sender: String) {
+        self.input_latest = self.input_latest.max(seq);
+        self.extend_counts();
+        if let Some(big) = &mut self.big {
+            big.counts.sent(seq, sender);
+            big.dirty = true;
+        }
+    }
+
+    /// The read-counts frame of a big group's present state.
+    fn read_counts(&mut self, conversation: &str) -> Option<Arc<SharedFrame<ReadCounts>>> {
+        let big = self.big.as_mut()?;
+        if big.dirty || big.frame.is_none() {
+            let members = &self.members;
+            let counts = big.counts.read_counts(|u| members.get(u).map(|m| m.read_model()));
+            big.frame = Some(SharedFrame::new(ReadCounts {
+                conversation: conversation.to_owned(),
+                latest_seq: self.latest_seq,
+                member_count: members.len(),
+                first_seq: big.counts.first(),
+                counts,
+                read_by_all_through: read_by_all_through(
+                    self.latest_seq,
+                    members.values().map(|m| m.read_model()),
+                ),
+            }));
+            big.dirty = false;
+        }
+        big.frame.clone()
     }
 
     fn member_list(&mut self) -> Shared<Vec<MemberState>> {
@@ -368,30 +506,63 @@ impl Room {
             ));
             return;
         }
+        let digest = match waiter.outbox.version() {
+            Version::V2 => self.read_counts(conversation),
+            Version::V1 => None,
+        };
+        let members = match digest {
+            Some(_) => Shared(Arc::default()),
+            None => self.member_list(),
+        };
         waiter.outbox.push_control(ServerFrame::Snapshot {
             conversation: conversation.to_owned(),
             latest_seq: self.latest_seq,
-            members: self.member_list(),
+            members,
             own: waiter.own,
         });
-        self.subscribers.insert(waiter.id, waiter.outbox);
+        if let Some(frame) = digest {
+            waiter.outbox.push_update(
+                Key::ReadCounts {
+                    conversation: conversation.to_owned(),
+                },
+                ServerFrame::ReadCounts(frame),
+            );
+        }
+        if waiter.outbox.version() == Version::V1 {
+            self.v1_subscribers += 1;
+        }
+        if let Some(old) = self.subscribers.insert(waiter.id, waiter.outbox) {
+            self.forget(&old);
+        }
+    }
+
+    /// Takes a removed subscriber off the counts.
+    fn forget(&mut self, outbox: &Outbox) {
+        if outbox.version() == Version::V1 {
+            self.v1_subscribers -= 1;
+        }
     }
 }
 
 /// Routes changelog updates to the connections that want them, and keeps
 /// each watched conversation's state.
 pub struct Hub {
-    /// Conversations with at least this many present members send batches.
-    batch_from_members: usize,
+    config: HubConfig,
     next_id: AtomicU64,
     users: RwLock<HashMap<String, HashMap<ConnId, Arc<Outbox>>>>,
     rooms: Mutex<HashMap<String, Room>>,
 }
 
 impl Hub {
+    /// A hub whose big groups start at `batch_from_members`, with the
+    /// default read counts (the newest 128 seqs, 4 frames a second).
     pub fn new(batch_from_members: usize) -> Self {
+        Hub::with_config(HubConfig::new(batch_from_members))
+    }
+
+    pub fn with_config(config: HubConfig) -> Self {
         Hub {
-            batch_from_members,
+            config,
             next_id: AtomicU64::new(0),
             users: RwLock::default(),
             rooms: Mutex::default(),
@@ -402,9 +573,14 @@ impl Hub {
         self.rooms.lock().expect("rooms lock")
     }
 
-    /// A new connection of `user`; it receives the user's own channel.
+    /// A new v1 connection of `user`; it receives the user's own channel.
     pub fn connect(&self, user: &str) -> (ConnId, Arc<Outbox>) {
-        let outbox = Arc::new(Outbox::default());
+        self.connect_with(user, Version::V1)
+    }
+
+    /// A new connection of `user` speaking `version`.
+    pub fn connect_with(&self, user: &str, version: Version) -> (ConnId, Arc<Outbox>) {
+        let outbox = Arc::new(Outbox::new(version));
         let id = self.next_id.fetch_add(1, Ordering::Relaxed) + 1;
         self.users
             .write()
@@ -501,6 +677,10 @@ impl Hub {
                 }
                 room.loaded = true;
                 room.shared = None;
+                room.grow(&self.config);
+                for (seq, sender) in std::mem::take(&mut room.buffered_sent) {
+                    room.sent(seq, sender);
+                }
                 for waiter in std::mem::take(&mut room.waiting) {
                     room.admit(conversation, waiter);
                 }
@@ -515,7 +695,9 @@ impl Hub {
         outbox.want(conversation, false);
         let mut rooms = self.rooms();
         if let Some(room) = rooms.get_mut(conversation) {
-            room.subscribers.remove(&id);
+            if let Some(old) = room.subscribers.remove(&id) {
+                room.forget(&old);
+            }
             room.waiting.retain(|w| w.id != id);
             if room.loaded && room.subscribers.is_empty() {
                 rooms.remove(conversation);
@@ -524,7 +706,7 @@ impl Hub {
     }
 
     /// A member's change in `conversation`, for its subscribers: at once in
-    /// a small conversation, in the next batch in a big one.
+    /// a small conversation, in the next batch or read counts in a big one.
     pub fn route(&self, conversation: &str, change: MemberChange) {
         let mut rooms = self.rooms();
         let Some(room) = rooms.get_mut(conversation) else {
@@ -534,17 +716,25 @@ impl Hub {
             room.buffered.push(change);
             return;
         }
-        if !room.apply(&change) {
+        Self::route_in(&self.config, conversation, room, change);
+    }
+
+    fn route_in(config: &HubConfig, conversation: &str, room: &mut Room, change: MemberChange) {
+        let Some((before, after)) = room.apply(&change) else {
+            return;
+        };
+        room.grow(config);
+        if let Some(big) = &mut room.big {
+            big.counts
+                .moved(before.map(Member::read_model), after.map(Member::read_model));
+            big.dirty = true;
+            room.extend_counts();
+            if room.v1_subscribers > 0 {
+                room.unsent.insert(change.user, after);
+            }
             return;
         }
-        // Once a batch is pending, later changes join it, so that a single
-        // update never overtakes an older batch.
-        if room.members.len() >= self.batch_from_members || !room.unsent.is_empty() {
-            let now = room.members.get(&change.user).copied();
-            room.unsent.insert(change.user, now);
-            return;
-        }
-        let frame = match room.members.get(&change.user) {
+        let frame = match after {
             Some(m) => ServerFrame::Cursor {
                 conversation: conversation.to_owned(),
                 user: change.user.clone(),
@@ -566,8 +756,41 @@ impl Hub {
         }
     }
 
+    /// A public read receipt the broker took from `user`: the fold will
+    /// max-merge it into their cursor, so this gateway's room shows it now
+    /// rather than after the processor's flush.
+    pub fn receipt_taken(&self, conversation: &str, user: &str, seq: u64) {
+        let mut rooms = self.rooms();
+        let Some(room) = rooms.get_mut(conversation).filter(|r| r.loaded) else {
+            return;
+        };
+        let Some(m) = room.members.get(user).copied() else {
+            return;
+        };
+        let change = MemberChange {
+            user: user.to_owned(),
+            member: Some(Member { cursor: seq, ..m }),
+            latest_seq: 0,
+        };
+        Self::route_in(&self.config, conversation, room, change);
+    }
+
+    /// Message `seq` of `conversation` was sent by `sender` (from the input
+    /// topic): a big group counts its readers from now on.
+    pub fn message_sent(&self, conversation: &str, seq: u64, sender: &str) {
+        let mut rooms = self.rooms();
+        let Some(room) = rooms.get_mut(conversation) else {
+            return;
+        };
+        if room.loaded {
+            room.sent(seq, sender.to_owned());
+        } else {
+            room.buffered_sent.push((seq, sender.to_owned()));
+        }
+    }
+
     /// Sends each big group's gathered changes as one `cursors` frame to
-    /// each of its subscribers. Called once per batch interval.
+    /// each of its v1 subscribers. Called once per batch interval.
     pub fn send_batches(&self) {
         let mut rooms = self.rooms();
         for (conversation, room) in rooms.iter_mut().filter(|(_, r)| !r.unsent.is_empty()) {
@@ -588,18 +811,51 @@ impl Hub {
                 members,
                 left,
             };
-            for outbox in room.subscribers.values() {
+            for outbox in room.subscribers.values().filter(|o| o.version() == Version::V1) {
                 outbox.push_batch(frame.clone());
             }
         }
     }
 
-    /// Whether `user` is a present member of `conversation`, and its latest
-    /// seq, if a room here knows (someone here subscribes to it).
+    /// Sends each big group whose read counts changed, and whose last frame
+    /// is at least the read-counts interval old, one `read_counts` frame to
+    /// each v2 subscriber. Called often (every few tens of ms), so that a
+    /// quiet group's first change goes out soon.
+    pub fn send_read_counts(&self, now: Instant) {
+        let interval = self.config.read_counts_interval;
+        let mut rooms = self.rooms();
+        for (conversation, room) in rooms.iter_mut() {
+            let due = room.big.as_ref().is_some_and(|big| {
+                big.dirty
+                    && big
+                        .sent_at
+                        .is_none_or(|at| now.saturating_duration_since(at) >= interval)
+            });
+            if !due || room.subscribers.len() == room.v1_subscribers {
+                continue;
+            }
+            let Some(frame) = room.read_counts(conversation) else {
+                continue;
+            };
+            if let Some(big) = &mut room.big {
+                big.sent_at = Some(now);
+            }
+            let key = Key::ReadCounts {
+                conversation: conversation.clone(),
+            };
+            for outbox in room.subscribers.values().filter(|o| o.version() == Version::V2) {
+                outbox.push_update(key.clone(), ServerFrame::ReadCounts(frame.clone()));
+            }
+        }
+    }
+
+    /// Whether `user` is a present member of `conversation`, and the
+    /// highest seq known there, if a room here knows (someone here
+    /// subscribes to it).
     pub fn membership(&self, conversation: &str, user: &str) -> Option<(bool, u64)> {
         let rooms = self.rooms();
         let room = rooms.get(conversation).filter(|r| r.loaded)?;
-        Some((room.members.contains_key(user), room.latest_seq))
+        Some((room.members.contains_key(user), room.top()))
     }
 
     /// An update for every connection of `user`.
@@ -617,30 +873,82 @@ impl Hub {
     }
 }
 
-/// What a connection has shown of its own state in each conversation, so
-/// that it never shows a lower cursor after a higher one (a snapshot's own
-/// part and the user channel may overlap). Members' cursors need no such
-/// record: they come from the rooms, which never lower one.
-#[derive(Default)]
+/// What a connection has shown, so that no frame shows a lower value than
+/// one shown before: every frame's `latest_seq` in each conversation, its
+/// own cursors, and the members' cursors of small conversations (a
+/// resubscription's snapshot, read from stores that may lag the changelog,
+/// or updates queued at different times and sent in key order, could
+/// otherwise go back). A member's cursor is kept per membership: a rejoin
+/// (a higher `join_seq`) starts a new one.
 pub struct Shown {
+    /// Member cursors are kept for conversations below this many members.
+    small_below: usize,
+    latest: HashMap<String, u64>,
     own: HashMap<String, (u64, u64, bool)>,
+    members: HashMap<(String, String), Member>,
+}
+
+impl Default for Shown {
+    fn default() -> Self {
+        Shown::new(usize::MAX)
+    }
 }
 
 impl Shown {
-    /// Whether `frame` shows something new; records it if so, and raises an
-    /// own frame's cursors to what was shown already.
+    pub fn new(small_below: usize) -> Self {
+        Shown {
+            small_below,
+            latest: HashMap::new(),
+            own: HashMap::new(),
+            members: HashMap::new(),
+        }
+    }
+
+    /// Whether `frame` shows something new; records it if so, and raises
+    /// what it shows to what was shown already.
     pub fn admit(&mut self, frame: &mut ServerFrame) -> bool {
+        let mut fresh = true;
+        if let Some((conversation, latest_seq)) = frame.latest_seq() {
+            match self.latest.get_mut(conversation) {
+                Some(shown) if *shown > latest_seq => frame.set_latest_seq(*shown),
+                Some(shown) => *shown = latest_seq,
+                None => {
+                    self.latest.insert(conversation.to_owned(), latest_seq);
+                }
+            }
+        }
         match frame {
             ServerFrame::Snapshot {
                 conversation,
-                own: Some(o),
+                own,
+                members,
                 ..
             } => {
-                let shown = self.own.entry(conversation.clone()).or_insert((0, 0, false));
-                o.cursor = o.cursor.max(shown.0);
-                o.private_cursor = o.private_cursor.max(shown.1);
-                *shown = (o.cursor, o.private_cursor, o.unread_mark);
-                true
+                if let Some(o) = own {
+                    let shown = self.own.entry(conversation.clone()).or_insert((0, 0, false));
+                    o.cursor = o.cursor.max(shown.0);
+                    o.private_cursor = o.private_cursor.max(shown.1);
+                    *shown = (o.cursor, o.private_cursor, o.unread_mark);
+                }
+                if members.0.len() < self.small_below {
+                    let mut list = (*members.0).clone();
+                    let mut raised = false;
+                    for m in &mut list {
+                        let key = (conversation.clone(), m.user.clone());
+                        let mut member = Member {
+                            cursor: m.cursor,
+                            join_seq: m.join_seq,
+                        };
+                        self.raise_member(key, &mut member);
+                        if member.cursor != m.cursor {
+                            m.cursor = member.cursor;
+                            raised = true;
+                        }
+                    }
+                    if raised {
+                        *members = Shared(Arc::new(list));
+                    }
+                }
             }
             ServerFrame::Own {
                 conversation,
@@ -650,13 +958,48 @@ impl Shown {
                 ..
             } => {
                 let shown = self.own.entry(conversation.clone()).or_insert((0, 0, false));
-                let fresh = *cursor > shown.0 || *private_cursor > shown.1 || *unread_mark != shown.2;
+                fresh = *cursor > shown.0 || *private_cursor > shown.1 || *unread_mark != shown.2;
                 *cursor = (*cursor).max(shown.0);
                 *private_cursor = (*private_cursor).max(shown.1);
                 *shown = (*cursor, *private_cursor, *unread_mark);
+            }
+            ServerFrame::Cursor {
+                conversation,
+                user,
+                cursor,
+                join_seq,
+                ..
+            } => {
+                let mut member = Member {
+                    cursor: *cursor,
+                    join_seq: *join_seq,
+                };
+                fresh = self.raise_member((conversation.clone(), user.clone()), &mut member);
+                *cursor = member.cursor;
+            }
+            ServerFrame::Left { conversation, user } => {
+                self.members.remove(&(conversation.clone(), user.clone()));
+            }
+            _ => {}
+        }
+        fresh
+    }
+
+    /// Raises a member's cursor to what was shown of the same membership;
+    /// whether it shows something new (false for an older membership).
+    fn raise_member(&mut self, key: (String, String), member: &mut Member) -> bool {
+        match self.members.get_mut(&key) {
+            Some(shown) if member.join_seq < shown.join_seq => false,
+            Some(shown) if member.join_seq == shown.join_seq => {
+                let fresh = member.cursor > shown.cursor;
+                member.cursor = member.cursor.max(shown.cursor);
+                shown.cursor = member.cursor;
                 fresh
             }
-            _ => true,
+            _ => {
+                self.members.insert(key, *member);
+                true
+            }
         }
     }
 }
@@ -664,6 +1007,7 @@ impl Shown {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::ReadCounts;
 
     fn cursor(c: &str, u: &str, n: u64) -> ServerFrame {
         ServerFrame::Cursor {
@@ -957,6 +1301,232 @@ mod tests {
         let mut marked = own(1, 3, true);
         assert!(shown.admit(&mut marked), "a mark is news");
         assert_eq!(marked, own(2, 4, true), "but the cursors shown never go down");
+    }
+
+    /// Frames as a session writes them: through its [`Shown`].
+    async fn shown_frames(outbox: &Outbox, shown: &mut Shown) -> Vec<ServerFrame> {
+        let mut frames = outbox.take().await.unwrap();
+        frames.retain_mut(|f| shown.admit(f));
+        frames
+    }
+
+    #[tokio::test]
+    async fn latest_seq_never_goes_back_across_updates_sent_in_key_order() {
+        let hub = Hub::new(100);
+        let (_, alice, _) = join(&hub, "alice", "G");
+        hub.loaded("G", loaded(&[("alice", 1), ("amy", 1), ("zed", 1)]));
+        let mut shown = Shown::new(100);
+        shown_frames(&alice, &mut shown).await;
+        // zed's message 20, then amy's 21: queued in that order, sent in
+        // user-id order.
+        hub.route("G", change("zed", 20));
+        hub.route("G", change("amy", 21));
+        let frames = shown_frames(&alice, &mut shown).await;
+        let latest: Vec<u64> = frames
+            .iter()
+            .filter_map(|f| f.latest_seq())
+            .map(|l| l.1)
+            .collect();
+        assert_eq!(latest, [21, 21], "{frames:?}");
+        // An own frame queued earlier does not take it back either.
+        hub.to_user(
+            "alice",
+            ServerFrame::Own {
+                conversation: "G".into(),
+                cursor: 19,
+                private_cursor: 19,
+                unread_mark: false,
+                latest_seq: 19,
+            },
+        );
+        let frames = shown_frames(&alice, &mut shown).await;
+        assert!(
+            matches!(&frames[..], [ServerFrame::Own { latest_seq: 21, .. }]),
+            "{frames:?}"
+        );
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        /// A member's cursor and the latest seq the changelog gives with it.
+        Change(u8, u64, u64),
+        Own(u64, u64),
+        Write,
+        /// Unsubscribe and subscribe again over stores that lag by this much.
+        Resubscribe(u64),
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => (0..4u8, 1..40u64, 0..40u64).prop_map(|(u, c, l)| Step::Change(u, c, l)),
+            1 => (0..40u64, 0..40u64).prop_map(|(c, l)| Step::Own(c, l)),
+            2 => Just(Step::Write),
+            1 => (0..20u64).prop_map(Step::Resubscribe),
+        ]
+    }
+
+    /// Plays `steps` and checks that no written frame shows a lower latest
+    /// seq, member cursor or own cursor than one written before.
+    async fn never_lower(steps: Vec<Step>) {
+        let users = ["alice", "bob", "carol", "dave"];
+        let hub = Hub::new(100);
+        let (id, alice, _) = join(&hub, "alice", "G");
+        let stores = |lag: u64, truth: &BTreeMap<String, u64>, latest: u64| LoadedConversation {
+            latest_seq: latest.saturating_sub(lag),
+            members: users
+                .iter()
+                .map(|u| {
+                    let cursor = truth.get(*u).copied().unwrap_or(0).saturating_sub(lag);
+                    (u.to_string(), Member { cursor, join_seq: 1 })
+                })
+                .collect(),
+        };
+        let (mut truth, mut latest) = (BTreeMap::new(), 0);
+        hub.loaded("G", Ok(Some(stores(0, &truth, latest))));
+        let mut shown = Shown::new(100);
+        let (mut seen_latest, mut seen_member, mut seen_own) = (0, HashMap::new(), 0);
+        for step in steps.into_iter().chain([Step::Write]) {
+            match step {
+                Step::Change(u, cursor, l) => {
+                    let user = users[u as usize].to_string();
+                    let c = truth.entry(user.clone()).or_insert(0);
+                    *c = (*c).max(cursor);
+                    latest = latest.max(l);
+                    hub.route(
+                        "G",
+                        MemberChange {
+                            user,
+                            member: Some(Member { cursor, join_seq: 1 }),
+                            latest_seq: l,
+                        },
+                    );
+                }
+                Step::Own(cursor, l) => hub.to_user(
+                    "alice",
+                    ServerFrame::Own {
+                        conversation: "G".into(),
+                        cursor,
+                        private_cursor: 0,
+                        unread_mark: false,
+                        latest_seq: l,
+                    },
+                ),
+                Step::Resubscribe(lag) => {
+                    hub.unsubscribe(id, "G", &alice);
+                    alice.want("G", true);
+                    if hub.subscribe(id, "G", "alice", &alice, None) {
+                        hub.loaded("G", Ok(Some(stores(lag, &truth, latest))));
+                    }
+                }
+                Step::Write => {
+                    if alice.pending_updates() == 0 && alice.lock().control.is_empty() {
+                        continue;
+                    }
+                    for frame in shown_frames(&alice, &mut shown).await {
+                        if let Some((_, l)) = frame.latest_seq() {
+                            assert!(l >= seen_latest, "latest {l} after {seen_latest}: {frame:?}");
+                            seen_latest = l;
+                        }
+                        let mut members = Vec::new();
+                        match &frame {
+                            ServerFrame::Cursor { user, cursor, .. } => members.push((user.clone(), *cursor)),
+                            ServerFrame::Snapshot { members: list, .. } => {
+                                members.extend(list.0.iter().map(|m| (m.user.clone(), m.cursor)))
+                            }
+                            ServerFrame::Own { cursor, .. } => {
+                                assert!(*cursor >= seen_own, "own {cursor} after {seen_own}");
+                                seen_own = *cursor;
+                            }
+                            _ => {}
+                        }
+                        for (user, cursor) in members {
+                            let seen = seen_member.entry(user.clone()).or_insert(0);
+                            assert!(cursor >= *seen, "{user}: {cursor} after {seen}");
+                            *seen = cursor;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn no_frame_shows_a_lower_value_than_one_shown(steps in proptest::collection::vec(step(), 0..60)) {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(never_lower(steps));
+        }
+    }
+
+    fn read_counts_of(frames: &[ServerFrame]) -> Option<ReadCounts> {
+        frames.iter().find_map(|f| match f {
+            ServerFrame::ReadCounts(shared) => Some(shared.value.clone()),
+            _ => None,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_big_group_sends_v2_clients_read_counts_and_v1_clients_cursors() {
+        let hub = Hub::new(3);
+        let (_, alice) = hub.connect_with("alice", Version::V2);
+        alice.want("G", true);
+        assert!(hub.subscribe(1, "G", "alice", &alice, None));
+        let (bob_id, bob) = hub.connect("bob");
+        bob.want("G", true);
+        hub.subscribe(bob_id, "G", "bob", &bob, None);
+        hub.loaded("G", loaded(&[("alice", 0), ("bob", 0), ("carol", 0)]));
+        // v2: a snapshot without members, and the read counts (none yet).
+        let frames = alice.take().await.unwrap();
+        assert!(matches!(&frames[0], ServerFrame::Snapshot { members, .. } if members.0.is_empty()));
+        assert_eq!(read_counts_of(&frames).unwrap().counts, []);
+        assert_eq!(snapshot_members(&bob.take().await.unwrap()[0]).len(), 3);
+
+        // carol sends 1 and 2 (the input topic first, her cursor after),
+        // bob reads 1 through the changelog, alice's receipt for 2 is taken.
+        hub.message_sent("G", 1, "carol");
+        hub.message_sent("G", 2, "carol");
+        hub.route("G", change("carol", 2));
+        hub.route("G", change("bob", 1));
+        hub.receipt_taken("G", "alice", 2);
+        let t0 = Instant::now();
+        hub.send_read_counts(t0);
+        hub.send_batches();
+        let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
+        assert_eq!(
+            (
+                counts.first_seq,
+                counts.counts,
+                counts.read_by_all_through,
+                counts.member_count
+            ),
+            (1, vec![Some(2), Some(1)], 1, 3)
+        );
+        assert!(
+            matches!(&bob.take().await.unwrap()[..], [ServerFrame::Cursors { members, .. }] if members.len() == 3),
+            "v1 gets the members that moved"
+        );
+
+        // At most one frame per interval; a change waits for the next one.
+        hub.route("G", change("bob", 2));
+        hub.send_read_counts(t0 + Duration::from_millis(100));
+        assert_eq!(alice.pending_updates(), 0);
+        hub.send_read_counts(t0 + Duration::from_millis(250));
+        let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
+        assert_eq!(
+            (counts.counts, counts.read_by_all_through),
+            (vec![Some(2), Some(2)], 2)
+        );
+        // Nothing changed: nothing sent.
+        hub.send_read_counts(t0 + Duration::from_millis(600));
+        assert_eq!(alice.pending_updates(), 0);
+        // A departure lowers a count: bob no longer reads anything here.
+        hub.route("G", left("bob"));
+        hub.send_read_counts(t0 + Duration::from_millis(900));
+        let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
+        assert_eq!((counts.counts, counts.member_count), (vec![Some(1), Some(1)], 2));
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! `readfold gateway`: the reference push gateway. Clients hold a WebSocket
-//! (subprotocol `readfold.v1.json`): they send read receipts, which the
+//! (subprotocol `readfold.v2.json` or `readfold.v1.json`): they send read
+//! receipts, which the
 //! gateway checks and produces to the read-reports topic, and receive the
 //! cursor advances of the conversations they subscribe to and their own
 //! state on all their devices, from the changelogs, coalesced per
@@ -38,8 +39,8 @@ use readfold_serve::error::ApiError;
 use readfold_serve::{AppState, ReadSource};
 
 pub use config::GatewayConfig;
-pub use hub::Hub;
-pub use protocol::PROTOCOL;
+pub use hub::{Hub, HubConfig};
+pub use protocol::{Version, PROTOCOL, PROTOCOL_V2};
 
 /// What every connection shares.
 pub struct Gateway {
@@ -59,7 +60,11 @@ impl Gateway {
     /// `api` is the query API's state (stores, access control, limits), shared.
     pub fn new(config: GatewayConfig, api: AppState, producer: InputProducer, max_seq: u64) -> Self {
         Gateway {
-            hub: Arc::new(Hub::new(config.batch_from_members)),
+            hub: Arc::new(Hub::with_config(HubConfig {
+                batch_from_members: config.batch_from_members,
+                read_counts_window: config.read_counts_window,
+                read_counts_interval: std::time::Duration::from_millis(config.read_counts_interval_ms),
+            })),
             source: api.source.clone(),
             max_id_bytes: api.limits.max_id_bytes,
             producer,
@@ -127,22 +132,27 @@ async fn upgrade(
         Ok(user) => user,
         Err(e) => return e.into_response(),
     };
-    let ws = ws.protocols([PROTOCOL]);
-    if ws.selected_protocol().is_none() {
+    // v2 when the client offers it.
+    let ws = ws.protocols([PROTOCOL_V2, PROTOCOL]);
+    let Some(version) = ws
+        .selected_protocol()
+        .and_then(|p| p.to_str().ok())
+        .and_then(Version::from_name)
+    else {
         return ApiError::new(
             StatusCode::BAD_REQUEST,
             "unsupported_protocol",
-            format!("ask for the WebSocket subprotocol {PROTOCOL}"),
+            format!("ask for the WebSocket subprotocol {PROTOCOL_V2} or {PROTOCOL}"),
         )
         .into_response();
-    }
+    };
     // Small buffers: client messages are tiny, frames are written one at a
     // time, and a gateway holds tens of thousands of connections (the
     // defaults are 128 KiB each way per connection).
     ws.max_message_size(64 * 1024)
         .read_buffer_size(4 * 1024)
         .write_buffer_size(0)
-        .on_upgrade(move |socket| session::run(socket, gateway, user))
+        .on_upgrade(move |socket| session::run(socket, gateway, user, version))
 }
 
 /// Binds `listen` and serves until `shutdown` completes.
@@ -170,7 +180,7 @@ pub async fn serve(
     let listener = socket.listen(4096)?;
     let addr = listener.local_addr()?;
     bound(addr);
-    tracing::info!(%addr, protocol = PROTOCOL, "gateway listening (WebSocket at /ws)");
+    tracing::info!(%addr, protocols = %format!("{PROTOCOL_V2}, {PROTOCOL}"), "gateway listening (WebSocket at /ws)");
     axum::serve(listener.tap_io(readfold_serve::no_delay), gateway.router())
         .with_graceful_shutdown(shutdown)
         .await

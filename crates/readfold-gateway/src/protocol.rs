@@ -1,12 +1,45 @@
-//! The gateway's WebSocket protocol, `readfold.v1.json`: JSON text frames,
-//! one message each, tagged by `type`. Documented in the README.
+//! The gateway's WebSocket protocol: JSON text frames, one message each,
+//! tagged by `type`. Documented in docs/gateway.md.
+//!
+//! `readfold.v2.json` is v1 with one difference: in a big group (at least
+//! `gateway.batch_from_members` members) a v2 connection is sent the read
+//! counts of the recent messages (`read_counts`, at most one per
+//! `gateway.read_counts_interval_ms`) instead of every member's cursor, so
+//! that what it receives does not grow with the group.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::{Deserialize, Serialize, Serializer};
 
-/// The subprotocol a client asks for (`Sec-WebSocket-Protocol`).
+/// The first subprotocol (`Sec-WebSocket-Protocol`).
 pub const PROTOCOL: &str = "readfold.v1.json";
+/// The subprotocol with big groups' read counts.
+pub const PROTOCOL_V2: &str = "readfold.v2.json";
+
+/// Which subprotocol a connection speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Version {
+    #[default]
+    V1,
+    V2,
+}
+
+impl Version {
+    pub fn name(self) -> &'static str {
+        match self {
+            Version::V1 => PROTOCOL,
+            Version::V2 => PROTOCOL_V2,
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            PROTOCOL => Some(Version::V1),
+            PROTOCOL_V2 => Some(Version::V2),
+            _ => None,
+        }
+    }
+}
 
 /// What a client sends.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -61,6 +94,47 @@ impl<T: Serialize> Serialize for Shared<T> {
     }
 }
 
+/// A big group's recent messages' read counts, as v2 connections get them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ReadCounts {
+    pub conversation: String,
+    pub latest_seq: u64,
+    /// Present members.
+    pub member_count: usize,
+    /// The seq of `counts[0]`.
+    pub first_seq: u64,
+    /// How many members other than the sender read each seq from
+    /// `first_seq` on; `null` where the gateway does not know the sender.
+    pub counts: Vec<Option<u32>>,
+    /// Every message at or below this seq is read by every member who
+    /// could see it.
+    pub read_by_all_through: u64,
+}
+
+/// A frame every subscriber of a big group is sent, serialized once.
+#[derive(Debug)]
+pub struct SharedFrame<T> {
+    pub value: T,
+    json: OnceLock<String>,
+}
+
+impl<T> SharedFrame<T> {
+    pub fn new(value: T) -> Arc<Self> {
+        Arc::new(SharedFrame {
+            value,
+            json: OnceLock::new(),
+        })
+    }
+}
+
+impl PartialEq for SharedFrame<ReadCounts> {
+    fn eq(&self, other: &Self) -> bool {
+        self.value == other.value
+    }
+}
+
+impl Eq for SharedFrame<ReadCounts> {}
+
 /// The connected user's own view of a conversation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct OwnState {
@@ -94,6 +168,9 @@ pub enum ServerFrame {
         members: Vec<MemberState>,
         left: Vec<String>,
     },
+    /// v2, a big group: its recent messages' read counts, at most one per
+    /// `gateway.read_counts_interval_ms`. Replaces member frames there.
+    ReadCounts(Arc<SharedFrame<ReadCounts>>),
     /// A member's public cursor advanced (or they joined), in a conversation
     /// smaller than `gateway.batch_from_members`.
     Cursor {
@@ -142,6 +219,66 @@ impl ServerFrame {
 
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("frames serialize")
+    }
+
+    /// The frame as sent; a shared frame is serialized once for all.
+    pub fn json(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            ServerFrame::ReadCounts(shared) => shared.json.get_or_init(|| self.to_json()).as_str().into(),
+            _ => self.to_json().into(),
+        }
+    }
+
+    /// The conversation a frame is about and its `latest_seq`, if it has one.
+    pub fn latest_seq(&self) -> Option<(&str, u64)> {
+        match self {
+            ServerFrame::Snapshot {
+                conversation,
+                latest_seq,
+                ..
+            }
+            | ServerFrame::Cursors {
+                conversation,
+                latest_seq,
+                ..
+            }
+            | ServerFrame::Cursor {
+                conversation,
+                latest_seq,
+                ..
+            }
+            | ServerFrame::Own {
+                conversation,
+                latest_seq,
+                ..
+            } => Some((conversation.as_str(), *latest_seq)),
+            ServerFrame::ReadCounts(shared) => {
+                Some((shared.value.conversation.as_str(), shared.value.latest_seq))
+            }
+            _ => None,
+        }
+    }
+
+    /// Sets the frame's `latest_seq` (a shared frame is copied first).
+    pub fn set_latest_seq(&mut self, to: u64) {
+        match self {
+            ServerFrame::Snapshot { latest_seq, .. }
+            | ServerFrame::Cursors { latest_seq, .. }
+            | ServerFrame::Cursor { latest_seq, .. }
+            | ServerFrame::Own { latest_seq, .. } => *latest_seq = to,
+            ServerFrame::ReadCounts(shared) => {
+                let mut value = shared.value.clone();
+                value.latest_seq = to;
+                *shared = SharedFrame::new(value);
+            }
+            _ => {}
+        }
+    }
+}
+
+impl Serialize for SharedFrame<ReadCounts> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.value.serialize(serializer)
     }
 }
 

@@ -2,7 +2,7 @@
 //! receipts it sends, and the frames it is sent.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::ws::{Message, WebSocket};
 use readfold_core::{ConversationId, UserId};
@@ -10,17 +10,17 @@ use readfold_kafka::now_ms;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use crate::hub::{ConnId, LoadedConversation, Member, Outbox, Shown};
-use crate::protocol::{ClientMessage, OwnState, ServerFrame, PROTOCOL};
+use crate::protocol::{ClientMessage, OwnState, ServerFrame, Version};
 use crate::{telemetry, Gateway};
 
 /// Runs a connection until the client goes away.
-pub async fn run(mut socket: WebSocket, gateway: Arc<Gateway>, user: UserId) {
-    let (id, outbox) = gateway.hub.connect(user.as_str());
+pub async fn run(mut socket: WebSocket, gateway: Arc<Gateway>, user: UserId, version: Version) {
+    let (id, outbox) = gateway.hub.connect_with(user.as_str(), version);
     outbox.push_control(ServerFrame::Welcome {
         user: user.to_string(),
-        protocol: PROTOCOL,
+        protocol: version.name(),
     });
-    let mut shown = Shown::default();
+    let mut shown = Shown::new(gateway.config.batch_from_members);
     loop {
         tokio::select! {
             incoming = socket.recv() => match incoming {
@@ -48,7 +48,8 @@ async fn write(socket: &mut WebSocket, shown: &mut Shown, frames: Vec<ServerFram
         if !shown.admit(&mut frame) {
             continue;
         }
-        if socket.send(Message::Text(frame.to_json().into())).await.is_err() {
+        let json = frame.json();
+        if socket.send(Message::Text(json.as_ref().into())).await.is_err() {
             return false;
         }
         telemetry::frame_sent();
@@ -210,50 +211,62 @@ async fn receipt(
     request: Option<String>,
 ) {
     let seq = record.seq as u64;
-    // A room here (someone subscribes) knows; otherwise ask the stores.
-    let known = gateway.hub.membership(conversation.as_str(), user.as_str());
-    let (member, latest_seq) = match known {
-        Some(known) => known,
-        None => match gateway.source.conversation(conversation.as_str()).await {
-            Ok((view, _)) => view.map_or((false, 0), |v| {
-                (v.members.contains_key(&user), v.latest_seq.get())
-            }),
+    // What this gateway knows may lag: a receipt it would refuse is looked
+    // at again until `gateway.receipt_wait_ms` has passed, so that a valid
+    // one is never refused for the gateway being behind.
+    let deadline = Instant::now() + Duration::from_millis(gateway.config.receipt_wait_ms);
+    loop {
+        let (member, latest_seq) = match known_membership(&gateway, &conversation, &user).await {
+            Ok(known) => known,
             Err(e) => {
-                outbox.push_control(ServerFrame::error("unavailable", e.to_string(), request));
+                outbox.push_control(ServerFrame::error("unavailable", e, request));
                 return;
             }
-        },
-    };
-    if !member {
-        outbox.push_control(ServerFrame::error(
-            "not_a_member",
-            format!(
-                "{} is not a present member of {:?}",
-                user.as_str(),
-                conversation.as_str()
-            ),
-            request,
-        ));
-        return;
-    };
-    let ceiling = latest_seq
-        .saturating_add(gateway.config.max_seq_ahead)
-        .min(gateway.max_seq);
-    if seq < min_seq || seq > ceiling {
-        outbox.push_control(ServerFrame::error(
-            "invalid_seq",
-            format!(
-                "seq {seq} is outside {min_seq}..={ceiling} (the latest seq is {latest_seq}; gateway.max_seq_ahead {})",
-                gateway.config.max_seq_ahead
-            ),
-            request,
-        ));
-        return;
+        };
+        let ceiling = latest_seq
+            .saturating_add(gateway.config.max_seq_ahead)
+            .min(gateway.max_seq);
+        let refusal = if !member {
+            Some((
+                "not_a_member",
+                format!(
+                    "{} is not a present member of {:?}",
+                    user.as_str(),
+                    conversation.as_str()
+                ),
+            ))
+        } else if seq < min_seq || seq > ceiling {
+            Some((
+                "invalid_seq",
+                format!(
+                    "seq {seq} is outside {min_seq}..={ceiling} (the latest seq is {latest_seq}; gateway.max_seq_ahead {})",
+                    gateway.config.max_seq_ahead
+                ),
+            ))
+        } else {
+            None
+        };
+        match refusal {
+            None => break,
+            // A seq below the floor, or past the global bound, never gets valid.
+            Some((code, message))
+                if Instant::now() >= deadline || (member && (seq < min_seq || seq > gateway.max_seq)) =>
+            {
+                outbox.push_control(ServerFrame::error(code, message, request));
+                return;
+            }
+            Some(_) => tokio::time::sleep(Duration::from_millis(RECHECK_MS)).await,
+        }
     }
     let started = Instant::now();
     match gateway.producer.report(&record).await {
         Ok(()) => {
             telemetry::produced("ok", started.elapsed().as_secs_f64());
+            if record.action == ReadAction::Read && !record.private {
+                gateway
+                    .hub
+                    .receipt_taken(conversation.as_str(), user.as_str(), seq);
+            }
             outbox.push_control(ServerFrame::Ack { id: request });
         }
         Err(e) => {
@@ -264,6 +277,25 @@ async fn receipt(
                 request,
             ));
         }
+    }
+}
+
+/// How often a receipt the gateway would refuse is looked at again.
+const RECHECK_MS: u64 = 50;
+
+/// Whether `user` is a present member of `conversation` and its latest seq:
+/// from a room here if one is loaded, else from the stores.
+async fn known_membership(
+    gateway: &Gateway,
+    conversation: &ConversationId,
+    user: &UserId,
+) -> Result<(bool, u64), String> {
+    if let Some(known) = gateway.hub.membership(conversation.as_str(), user.as_str()) {
+        return Ok(known);
+    }
+    match gateway.source.conversation(conversation.as_str()).await {
+        Ok((view, _)) => Ok(view.map_or((false, 0), |v| (v.members.contains_key(user), v.latest_seq.get()))),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -27,20 +27,30 @@ impl WsClient {
     /// As `connect`, on a socket with a receive buffer of `recv_buffer`
     /// bytes (a small one makes a client that does not read slow for real).
     pub async fn connect_with(addr: &str, path: &str, recv_buffer: Option<u32>) -> Result<WsClient, u16> {
-        Self::open(addr, path, recv_buffer, true).await
+        Self::open(addr, path, recv_buffer, Some(PROTOCOL)).await
+    }
+
+    /// As `connect`, asking for `readfold.v2.json` (and v1 after it).
+    pub async fn connect_v2(addr: &str, path: &str) -> Result<WsClient, u16> {
+        Self::open(addr, path, None, Some("readfold.v2.json, readfold.v1.json")).await
     }
 
     /// As `connect`, without asking for the subprotocol.
     pub async fn connect_without_protocol(addr: &str, path: &str) -> Result<WsClient, u16> {
-        Self::open(addr, path, None, false).await
+        Self::open(addr, path, None, None).await
     }
 
-    async fn open(addr: &str, path: &str, recv_buffer: Option<u32>, protocol: bool) -> Result<WsClient, u16> {
+    async fn open(
+        addr: &str,
+        path: &str,
+        recv_buffer: Option<u32>,
+        protocol: Option<&'static str>,
+    ) -> Result<WsClient, u16> {
         let mut request = format!("ws://{addr}{path}").into_client_request().unwrap();
-        if protocol {
+        if let Some(protocol) = protocol {
             request
                 .headers_mut()
-                .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(PROTOCOL));
+                .insert("Sec-WebSocket-Protocol", HeaderValue::from_static(protocol));
         }
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         if let Some(size) = recv_buffer {
