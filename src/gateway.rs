@@ -38,6 +38,9 @@ pub async fn build(config: &Config) -> Result<(Arc<Gateway>, StoreProbes)> {
 
 /// Serves until SIGTERM or SIGINT.
 pub async fn gateway(config: Config) -> Result<()> {
+    // A connection is a file: take all the hard limit allows.
+    let files = raise_fd_limit(u64::MAX, false);
+    tracing::debug!(files, "open-file limit");
     let ops = crate::ops::start(&config).await?;
     let (gateway, probes) = build(&config).await?;
     ops.set_readiness(probes);
@@ -73,4 +76,41 @@ pub async fn spawn(config: &Config, listen: &str) -> Result<(Arc<Gateway>, Socke
         .await
         .map_err(|_| Error::Run("the gateway could not bind its address".into()))?;
     Ok((gateway, addr))
+}
+
+/// Raises this process's open-file limit towards `want` (children inherit
+/// it): past the hard limit only when `beyond_hard` and allowed (root).
+/// Returns the soft limit in force.
+pub fn raise_fd_limit(want: u64, beyond_hard: bool) -> u64 {
+    // SAFETY: getrlimit and setrlimit only read and write the struct given.
+    unsafe {
+        let mut limit = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 0;
+        }
+        if limit.rlim_cur >= want {
+            return limit.rlim_cur;
+        }
+        if beyond_hard && want > limit.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: want,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return want;
+            }
+        }
+        let soft = libc::rlimit {
+            rlim_cur: want.min(limit.rlim_max),
+            rlim_max: limit.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &soft) == 0 {
+            soft.rlim_cur
+        } else {
+            limit.rlim_cur
+        }
+    }
 }

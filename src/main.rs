@@ -160,6 +160,8 @@ enum Command {
         /// 5,000-member group, to see what each client receives).
         #[arg(long, default_value_t = 10)]
         gateway_group: usize,
+        #[command(flatten)]
+        hot_group: readfold::bench::HotGroupArgs,
         /// Also time `readfold replay` of this many records produced onto
         /// fresh topics on the configured broker, next to a raw read (0: skip).
         #[arg(long, default_value_t = 0)]
@@ -297,6 +299,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             gateway_rate,
             gateway_seconds,
             gateway_group,
+            hot_group,
             replay_records,
             replay_runs,
             throughput_records,
@@ -351,6 +354,10 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
                     gateway_seconds,
                 ))?;
                 readfold::bench::print_gateway(&figures);
+            }
+            if hot_group.hot_group_seconds > 0 {
+                let figures = runtime.block_on(readfold::bench::hot_group(&config, &hot_group))?;
+                readfold::bench::print_hot_group(&figures);
             }
             if replay_records > 0 {
                 let rows = runtime.block_on(readfold::bench::replay(&config, replay_records, replay_runs))?;

@@ -6,6 +6,7 @@
 mod checkpoint;
 mod child;
 mod gateway;
+mod hot_group;
 mod kstreams_peer;
 mod latency;
 mod memory;
@@ -30,6 +31,7 @@ pub(crate) use readfold_kafka::now_ms;
 
 pub use checkpoint::{checkpoint_codec, print_checkpoint_codec, CheckpointRow};
 pub use gateway::{gateway, print_gateway, GatewayFigures};
+pub use hot_group::{hot_group, print_hot_group, HotGroupArgs, HotGroupFigures};
 pub use latency::{
     latency, latency_runs, print_latency, print_latency_runs, LatencyFigures, LatencyRow, MaxFrom,
     MaxRateFrom,

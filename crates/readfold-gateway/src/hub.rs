@@ -61,8 +61,8 @@ impl Key {
             ServerFrame::Cursors { conversation, .. } => Some(Key::Batch {
                 conversation: conversation.clone(),
             }),
-            ServerFrame::ReadCounts(counts) => Some(Key::ReadCounts {
-                conversation: counts.value.conversation.clone(),
+            ServerFrame::ReadCounts { shared, .. } => Some(Key::ReadCounts {
+                conversation: shared.value.conversation.clone(),
             }),
             _ => None,
         }
@@ -87,7 +87,58 @@ struct Pending {
     /// Conversations the session wants; a subscription that completes after
     /// the client unsubscribed is not registered.
     wanted: HashSet<String>,
+    /// v2 big groups: own updates there ride on the next read counts.
+    own_on_read_counts: HashSet<String>,
     closed: bool,
+}
+
+impl Pending {
+    /// An own update that waits for its conversation's read counts.
+    fn waits(&self, key: &Key) -> bool {
+        matches!(key, Key::Own { conversation } if self.own_on_read_counts.contains(conversation))
+    }
+
+    /// Whether anything can be written now.
+    fn ready(&self) -> bool {
+        !self.control.is_empty() || self.updates.keys().any(|k| !self.waits(k))
+    }
+
+    /// The frames to write: control frames first, then updates; an own
+    /// update that waits goes into its read counts, or stays.
+    fn take(&mut self) -> Vec<ServerFrame> {
+        let mut frames: Vec<ServerFrame> = self.control.drain(..).collect();
+        let updates = std::mem::take(&mut self.updates);
+        let mut held = BTreeMap::new();
+        for (key, frame) in updates {
+            if self.waits(&key) {
+                held.insert(key, frame);
+            } else {
+                frames.push(frame);
+            }
+        }
+        for frame in &mut frames {
+            if let ServerFrame::ReadCounts { shared, own } = frame {
+                let key = Key::Own {
+                    conversation: shared.value.conversation.clone(),
+                };
+                if let Some(ServerFrame::Own {
+                    cursor,
+                    private_cursor,
+                    unread_mark,
+                    ..
+                }) = held.remove(&key)
+                {
+                    *own = Some(OwnState {
+                        cursor,
+                        private_cursor,
+                        unread_mark,
+                    });
+                }
+            }
+        }
+        self.updates = held;
+        frames
+    }
 }
 
 /// One connection's frames waiting to be written.
@@ -226,9 +277,19 @@ impl Outbox {
             p.wanted.insert(conversation.to_owned());
         } else {
             p.wanted.remove(conversation);
+            p.own_on_read_counts.remove(conversation);
             p.updates
                 .retain(|key, _| matches!(key, Key::Own { .. }) || key.conversation() != conversation);
         }
+        drop(p);
+        // A held own update may be free to go now.
+        self.notify.notify_one();
+    }
+
+    /// Own updates in `conversation` (a v2 big group) wait for its next
+    /// read counts and go out in them.
+    fn own_on_read_counts(&self, conversation: &str) {
+        self.lock().own_on_read_counts.insert(conversation.to_owned());
     }
 
     fn wants(&self, conversation: &str) -> bool {
@@ -256,10 +317,8 @@ impl Outbox {
                 if p.closed {
                     return None;
                 }
-                if !p.control.is_empty() || !p.updates.is_empty() {
-                    let mut frames: Vec<ServerFrame> = p.control.drain(..).collect();
-                    frames.extend(std::mem::take(&mut p.updates).into_values());
-                    return Some(frames);
+                if p.ready() {
+                    return Some(p.take());
                 }
             }
             self.notify.notified().await;
@@ -520,12 +579,13 @@ impl Room {
             members,
             own: waiter.own,
         });
-        if let Some(frame) = digest {
+        if let Some(shared) = digest {
+            waiter.outbox.own_on_read_counts(conversation);
             waiter.outbox.push_update(
                 Key::ReadCounts {
                     conversation: conversation.to_owned(),
                 },
-                ServerFrame::ReadCounts(frame),
+                ServerFrame::ReadCounts { shared, own: None },
             );
         }
         if waiter.outbox.version() == Version::V1 {
@@ -844,7 +904,11 @@ impl Hub {
                 conversation: conversation.clone(),
             };
             for outbox in room.subscribers.values().filter(|o| o.version() == Version::V2) {
-                outbox.push_update(key.clone(), ServerFrame::ReadCounts(frame.clone()));
+                let frame = ServerFrame::ReadCounts {
+                    shared: frame.clone(),
+                    own: None,
+                };
+                outbox.push_update(key.clone(), frame);
             }
         }
     }
@@ -861,6 +925,12 @@ impl Hub {
     /// An update for every connection of `user`.
     pub fn to_user(&self, user: &str, frame: ServerFrame) {
         let Some(key) = Key::of(&frame) else { return };
+        if let Key::Own { conversation } = &key {
+            // Its v2 subscribers take it with the next read counts: one is due.
+            if let Some(big) = self.rooms().get_mut(conversation).and_then(|r| r.big.as_mut()) {
+                big.dirty = true;
+            }
+        }
         let users = self.users.read().expect("users lock");
         for outbox in users.get(user).into_iter().flat_map(HashMap::values) {
             outbox.push_update(key.clone(), frame.clone());
@@ -979,6 +1049,15 @@ impl Shown {
             }
             ServerFrame::Left { conversation, user } => {
                 self.members.remove(&(conversation.clone(), user.clone()));
+            }
+            ServerFrame::ReadCounts { shared, own: Some(o) } => {
+                let shown = self
+                    .own
+                    .entry(shared.value.conversation.clone())
+                    .or_insert((0, 0, false));
+                o.cursor = o.cursor.max(shown.0);
+                o.private_cursor = o.private_cursor.max(shown.1);
+                *shown = (o.cursor, o.private_cursor, o.unread_mark);
             }
             _ => {}
         }
@@ -1463,7 +1542,7 @@ mod tests {
 
     fn read_counts_of(frames: &[ServerFrame]) -> Option<ReadCounts> {
         frames.iter().find_map(|f| match f {
-            ServerFrame::ReadCounts(shared) => Some(shared.value.clone()),
+            ServerFrame::ReadCounts { shared, .. } => Some(shared.value.clone()),
             _ => None,
         })
     }
@@ -1527,6 +1606,45 @@ mod tests {
         hub.send_read_counts(t0 + Duration::from_millis(900));
         let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
         assert_eq!((counts.counts, counts.member_count), (vec![Some(1), Some(1)], 2));
+    }
+
+    #[tokio::test]
+    async fn a_v2_big_groups_own_updates_ride_on_its_read_counts() {
+        let hub = Hub::new(3);
+        let (id, alice) = hub.connect_with("alice", Version::V2);
+        alice.want("G", true);
+        hub.subscribe(id, "G", "alice", &alice, None);
+        hub.loaded("G", loaded(&[("alice", 0), ("bob", 0), ("carol", 0)]));
+        alice.take().await.unwrap();
+        let own = |conversation: &str, private_cursor| ServerFrame::Own {
+            conversation: conversation.into(),
+            cursor: 0,
+            private_cursor,
+            unread_mark: false,
+            latest_seq: 0,
+        };
+        // A private receipt changes no count, yet its read counts go out.
+        hub.to_user("alice", own("G", 4));
+        hub.to_user("alice", own("DM", 1));
+        let frames = alice.take().await.unwrap();
+        assert_eq!(
+            frames,
+            [own("DM", 1)],
+            "another conversation's own frame goes at once"
+        );
+        hub.send_read_counts(Instant::now());
+        let frames = alice.take().await.unwrap();
+        let [frame] = &frames[..] else {
+            panic!("{frames:?}")
+        };
+        let json: serde_json::Value = serde_json::from_str(&frame.json()).unwrap();
+        assert_eq!(json["type"], "read_counts");
+        assert_eq!(json["member_count"], 3);
+        assert_eq!(json["own"]["private_cursor"], 4, "{json}");
+        // Once unsubscribed, own frames go on their own again.
+        hub.unsubscribe(id, "G", &alice);
+        hub.to_user("alice", own("G", 5));
+        assert_eq!(alice.take().await.unwrap(), [own("G", 5)]);
     }
 
     #[tokio::test]

@@ -169,8 +169,15 @@ pub enum ServerFrame {
         left: Vec<String>,
     },
     /// v2, a big group: its recent messages' read counts, at most one per
-    /// `gateway.read_counts_interval_ms`. Replaces member frames there.
-    ReadCounts(Arc<SharedFrame<ReadCounts>>),
+    /// `gateway.read_counts_interval_ms`. Replaces member frames there, and
+    /// carries the connection's own state there when it changed (no `own`
+    /// frame for it), so that a client gets one frame per interval.
+    ReadCounts {
+        #[serde(flatten)]
+        shared: Arc<SharedFrame<ReadCounts>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        own: Option<OwnState>,
+    },
     /// A member's public cursor advanced (or they joined), in a conversation
     /// smaller than `gateway.batch_from_members`.
     Cursor {
@@ -224,7 +231,25 @@ impl ServerFrame {
     /// The frame as sent; a shared frame is serialized once for all.
     pub fn json(&self) -> std::borrow::Cow<'_, str> {
         match self {
-            ServerFrame::ReadCounts(shared) => shared.json.get_or_init(|| self.to_json()).as_str().into(),
+            ServerFrame::ReadCounts { shared, own } => {
+                let base = shared.json.get_or_init(|| {
+                    ServerFrame::ReadCounts {
+                        shared: shared.clone(),
+                        own: None,
+                    }
+                    .to_json()
+                });
+                match own {
+                    None => base.as_str().into(),
+                    // The shared part, then this connection's own.
+                    Some(own) => format!(
+                        "{},\"own\":{}}}",
+                        &base[..base.len() - 1],
+                        serde_json::to_string(own).expect("frames serialize")
+                    )
+                    .into(),
+                }
+            }
             _ => self.to_json().into(),
         }
     }
@@ -252,7 +277,7 @@ impl ServerFrame {
                 latest_seq,
                 ..
             } => Some((conversation.as_str(), *latest_seq)),
-            ServerFrame::ReadCounts(shared) => {
+            ServerFrame::ReadCounts { shared, .. } => {
                 Some((shared.value.conversation.as_str(), shared.value.latest_seq))
             }
             _ => None,
@@ -266,7 +291,7 @@ impl ServerFrame {
             | ServerFrame::Cursors { latest_seq, .. }
             | ServerFrame::Cursor { latest_seq, .. }
             | ServerFrame::Own { latest_seq, .. } => *latest_seq = to,
-            ServerFrame::ReadCounts(shared) => {
+            ServerFrame::ReadCounts { shared, .. } => {
                 let mut value = shared.value.clone();
                 value.latest_seq = to;
                 *shared = SharedFrame::new(value);
