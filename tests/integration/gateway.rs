@@ -745,9 +745,16 @@ async fn the_demo_page_shows_a_big_groups_n_read_live() {
             )
             .await;
     }
+    alice
+        .wait_for_text("#badge-bob", "1", Duration::from_secs(30))
+        .await;
     alice.click("#read-bob").await;
     alice
         .wait_for_text("#msg-alice-1 .read-count", "51 read", Duration::from_secs(30))
+        .await;
+    // Bob's own state rides on the read counts: his badge clears.
+    alice
+        .wait_for_text("#badge-bob", "0", Duration::from_secs(30))
         .await;
     let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-demo-big.png");
     std::fs::write(&path, alice.screenshot().await).unwrap();

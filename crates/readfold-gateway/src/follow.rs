@@ -98,7 +98,7 @@ pub fn route_event(hub: &Hub, payload: &[u8], format: WireFormat) {
 
 /// How often big groups' read counts are looked at: well under their
 /// interval, so that a quiet group's first change goes out soon.
-const READ_COUNTS_TICK: Duration = Duration::from_millis(20);
+const READ_COUNTS_TICK: Duration = Duration::from_millis(5);
 
 /// Starts one blocking thread per changelog, one following the
 /// conversation events, and one that sends the big groups' batches every

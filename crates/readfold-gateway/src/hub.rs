@@ -406,10 +406,24 @@ impl HubConfig {
     pub fn new(batch_from_members: usize) -> Self {
         HubConfig {
             batch_from_members,
-            read_counts_window: 128,
+            read_counts_window: 512,
             read_counts_interval: Duration::from_millis(250),
         }
     }
+}
+
+/// A big group's v2 subscribers are sent their read counts in this many
+/// phases, an interval's fraction apart: each still gets at most one frame
+/// per interval, and the gateway writes a fifth of them at a time rather
+/// than all at once (a write burst that late subscribers would wait for).
+const PHASES: usize = 5;
+
+/// The subscribers of one phase: whether they have a change to be sent,
+/// and when they were last sent one.
+#[derive(Clone, Copy, Default)]
+struct Phase {
+    pending: bool,
+    sent_at: Option<Instant>,
 }
 
 /// A big group's read counts and when they were last sent.
@@ -419,7 +433,32 @@ struct BigGroup {
     dirty: bool,
     /// The last frame built, for new v2 subscribers.
     frame: Option<Arc<SharedFrame<ReadCounts>>>,
-    sent_at: Option<Instant>,
+    phases: [Phase; PHASES],
+    /// When any phase was last sent.
+    phase_sent_at: Option<Instant>,
+}
+
+impl BigGroup {
+    fn changed(&mut self) {
+        self.dirty = true;
+        for phase in &mut self.phases {
+            phase.pending = true;
+        }
+    }
+
+    /// The phase to send now, if one is due: pending, an interval after its
+    /// last frame, a fraction of it after any phase's; the longest waiting.
+    fn due_phase(&self, now: Instant, interval: Duration) -> Option<usize> {
+        let since = |at: Option<Instant>| at.map(|at| now.saturating_duration_since(at));
+        if since(self.phase_sent_at).is_some_and(|d| d < interval / PHASES as u32) {
+            return None;
+        }
+        (0..PHASES)
+            .filter(|&p| {
+                self.phases[p].pending && since(self.phases[p].sent_at).is_none_or(|d| d >= interval)
+            })
+            .min_by_key(|&p| self.phases[p].sent_at)
+    }
 }
 
 /// A watched conversation's live state and its subscribers here.
@@ -484,7 +523,11 @@ impl Room {
                 counts: RecentReadCounts::new(config.read_counts_window, self.latest_seq),
                 dirty: true,
                 frame: None,
-                sent_at: None,
+                phases: [Phase {
+                    pending: true,
+                    sent_at: None,
+                }; PHASES],
+                phase_sent_at: None,
             });
             self.extend_counts();
         }
@@ -497,7 +540,7 @@ impl Room {
             if top > big.counts.top() {
                 big.counts
                     .extend_to(top, self.members.values().map(|m| m.read_model()));
-                big.dirty = true;
+                big.changed();
             }
         }
     }
@@ -508,7 +551,7 @@ impl Room {
         self.extend_counts();
         if let Some(big) = &mut self.big {
             big.counts.sent(seq, sender);
-            big.dirty = true;
+            big.changed();
         }
     }
 
@@ -615,7 +658,7 @@ pub struct Hub {
 
 impl Hub {
     /// A hub whose big groups start at `batch_from_members`, with the
-    /// default read counts (the newest 128 seqs, 4 frames a second).
+    /// default read counts (the newest 512 seqs, 4 frames a second).
     pub fn new(batch_from_members: usize) -> Self {
         Hub::with_config(HubConfig::new(batch_from_members))
     }
@@ -787,7 +830,7 @@ impl Hub {
         if let Some(big) = &mut room.big {
             big.counts
                 .moved(before.map(Member::read_model), after.map(Member::read_model));
-            big.dirty = true;
+            big.changed();
             room.extend_counts();
             if room.v1_subscribers > 0 {
                 room.unsent.insert(change.user, after);
@@ -877,33 +920,39 @@ impl Hub {
         }
     }
 
-    /// Sends each big group whose read counts changed, and whose last frame
-    /// is at least the read-counts interval old, one `read_counts` frame to
-    /// each v2 subscriber. Called often (every few tens of ms), so that a
-    /// quiet group's first change goes out soon.
+    /// Sends each big group's v2 subscribers of a due phase (see
+    /// [`PHASES`]) the group's read counts, when they changed since that
+    /// phase's last frame, at least the read-counts interval ago. Called
+    /// often (every few ms), so that a quiet group's first change goes out
+    /// soon.
     pub fn send_read_counts(&self, now: Instant) {
         let interval = self.config.read_counts_interval;
         let mut rooms = self.rooms();
         for (conversation, room) in rooms.iter_mut() {
-            let due = room.big.as_ref().is_some_and(|big| {
-                big.dirty
-                    && big
-                        .sent_at
-                        .is_none_or(|at| now.saturating_duration_since(at) >= interval)
-            });
-            if !due || room.subscribers.len() == room.v1_subscribers {
+            let Some(phase) = room.big.as_ref().and_then(|big| big.due_phase(now, interval)) else {
+                continue;
+            };
+            if room.subscribers.len() == room.v1_subscribers {
                 continue;
             }
             let Some(frame) = room.read_counts(conversation) else {
                 continue;
             };
             if let Some(big) = &mut room.big {
-                big.sent_at = Some(now);
+                big.phases[phase] = Phase {
+                    pending: false,
+                    sent_at: Some(now),
+                };
+                big.phase_sent_at = Some(now);
             }
             let key = Key::ReadCounts {
                 conversation: conversation.clone(),
             };
-            for outbox in room.subscribers.values().filter(|o| o.version() == Version::V2) {
+            let in_phase = room
+                .subscribers
+                .iter()
+                .filter(|(id, o)| **id as usize % PHASES == phase && o.version() == Version::V2);
+            for (_, outbox) in in_phase {
                 let frame = ServerFrame::ReadCounts {
                     shared: frame.clone(),
                     own: None,
@@ -928,7 +977,7 @@ impl Hub {
         if let Key::Own { conversation } = &key {
             // Its v2 subscribers take it with the next read counts: one is due.
             if let Some(big) = self.rooms().get_mut(conversation).and_then(|r| r.big.as_mut()) {
-                big.dirty = true;
+                big.changed();
             }
         }
         let users = self.users.read().expect("users lock");
@@ -1571,7 +1620,7 @@ mod tests {
         hub.route("G", change("bob", 1));
         hub.receipt_taken("G", "alice", 2);
         let t0 = Instant::now();
-        hub.send_read_counts(t0);
+        let mut now = tick(&hub, t0, 250);
         hub.send_batches();
         let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
         assert_eq!(
@@ -1588,24 +1637,50 @@ mod tests {
             "v1 gets the members that moved"
         );
 
-        // At most one frame per interval; a change waits for the next one.
-        hub.route("G", change("bob", 2));
-        hub.send_read_counts(t0 + Duration::from_millis(100));
-        assert_eq!(alice.pending_updates(), 0);
-        hub.send_read_counts(t0 + Duration::from_millis(250));
-        let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
-        assert_eq!(
-            (counts.counts, counts.read_by_all_through),
-            (vec![Some(2), Some(2)], 2)
-        );
+        // However busy the group, at most one frame per interval, and the
+        // last change shows.
+        let mut frames = 0;
+        for step in 0..100 {
+            // bob's cursor runs ahead of the latest seq the changelog gave.
+            let ahead = MemberChange {
+                latest_seq: 2,
+                ..change("bob", 2 + step)
+            };
+            hub.route("G", ahead);
+            now = tick(&hub, now, 10);
+            if alice.pending_updates() > 0 {
+                alice.take().await.unwrap();
+                frames += 1;
+            }
+        }
+        assert!((3..=5).contains(&frames), "{frames} frames in 1 s");
+        now = tick(&hub, now, 300);
+        if alice.pending_updates() > 0 {
+            let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
+            assert_eq!(
+                (counts.counts, counts.read_by_all_through),
+                (vec![Some(2), Some(2)], 2)
+            );
+        }
         // Nothing changed: nothing sent.
-        hub.send_read_counts(t0 + Duration::from_millis(600));
+        now = tick(&hub, now, 600);
         assert_eq!(alice.pending_updates(), 0);
         // A departure lowers a count: bob no longer reads anything here.
         hub.route("G", left("bob"));
-        hub.send_read_counts(t0 + Duration::from_millis(900));
+        tick(&hub, now, 300);
         let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
         assert_eq!((counts.counts, counts.member_count), (vec![Some(1), Some(1)], 2));
+    }
+
+    /// Ticks the read counts every 5 ms for `ms` from `from`, as the
+    /// gateway's sender thread does; returns the time reached.
+    fn tick(hub: &Hub, from: Instant, ms: u64) -> Instant {
+        let mut now = from;
+        while now < from + Duration::from_millis(ms) {
+            hub.send_read_counts(now);
+            now += Duration::from_millis(5);
+        }
+        now
     }
 
     #[tokio::test]
@@ -1632,7 +1707,7 @@ mod tests {
             [own("DM", 1)],
             "another conversation's own frame goes at once"
         );
-        hub.send_read_counts(Instant::now());
+        tick(&hub, Instant::now(), 250);
         let frames = alice.take().await.unwrap();
         let [frame] = &frames[..] else {
             panic!("{frames:?}")
