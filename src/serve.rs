@@ -4,9 +4,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use readfold_processor::connect_with_retry;
 use readfold_serve::cache::ViewCache;
 use readfold_serve::{ApiLimits, Authenticator, ReadSource};
+use readfold_store::connect_with_retry;
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::RedisStore;
 

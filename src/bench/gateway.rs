@@ -26,7 +26,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::child::{config_vars, free_addr, rss_of, spawn};
+use super::child::{config_vars, free_addr, rss_of, spawn, ChildGuard};
 use super::{now_ms, percentile};
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -67,6 +67,23 @@ async fn open(addr: &str, user: &str) -> Result<WebSocketStream<MaybeTlsStream<T
     Ok(stream)
 }
 
+/// Starts `readfold run` and `readfold gateway` (listening on `addr`) on
+/// `config`'s topics, with CQL, metrics and access control off.
+pub(super) fn spawn_pipeline(config: &Config, addr: &str) -> Result<(ChildGuard, ChildGuard)> {
+    let mut vars = config_vars(config);
+    vars.extend(
+        [
+            ("READFOLD__CQL__ENABLED", "false".to_owned()),
+            ("READFOLD__METRICS__LISTEN", String::new()),
+            ("READFOLD__AUTH__MODE", "none".into()),
+            ("READFOLD__GATEWAY__LISTEN", addr.to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v)),
+    );
+    Ok((spawn("run", &vars)?, spawn("gateway", &vars)?))
+}
+
 /// `group` members per conversation (the last one may have fewer).
 pub async fn gateway(
     config: &Config,
@@ -79,19 +96,7 @@ pub async fn gateway(
     let config = super::on_fresh_topics(config, "gateway");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let addr = free_addr()?;
-    let mut vars = config_vars(&config);
-    vars.extend(
-        [
-            ("READFOLD__CQL__ENABLED", "false".to_owned()),
-            ("READFOLD__METRICS__LISTEN", String::new()),
-            ("READFOLD__AUTH__MODE", "none".into()),
-            ("READFOLD__GATEWAY__LISTEN", addr.clone()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v)),
-    );
-    let _processor = spawn("run", &vars)?;
-    let gateway = spawn("gateway", &vars)?;
+    let (_processor, gateway) = spawn_pipeline(&config, &addr)?;
 
     // Members: `group` per conversation, joined through the pipeline.
     // With a group larger than the clients, the first `connections`

@@ -32,7 +32,7 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::child::{config_vars, cpu_secs_of, free_addr, rss_of, spawn};
+use super::child::{cpu_secs_of, free_addr, rss_of};
 use super::server_cpu::{ServerClocks, ServerCpu};
 use super::{now_ms, percentile};
 use crate::config::Config;
@@ -380,19 +380,7 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
     let addr: SocketAddr = free_addr()?
         .parse()
         .map_err(|e: std::net::AddrParseError| Error::Run(e.to_string()))?;
-    let mut vars = config_vars(&config);
-    vars.extend(
-        [
-            ("READFOLD__CQL__ENABLED", "false".to_owned()),
-            ("READFOLD__METRICS__LISTEN", String::new()),
-            ("READFOLD__AUTH__MODE", "none".into()),
-            ("READFOLD__GATEWAY__LISTEN", addr.to_string()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v)),
-    );
-    let processor = spawn("run", &vars)?;
-    let gateway = spawn("gateway", &vars)?;
+    let (processor, gateway) = super::gateway::spawn_pipeline(&config, &addr.to_string())?;
 
     // Everyone joins through the pipeline.
     let producer = Arc::new(InputProducer::new(

@@ -238,7 +238,9 @@ impl Processor {
             if !settings.redis.enabled {
                 return Ok(None);
             }
-            let store = connect_with_retry("redis", || RedisStore::connect_writer(&settings.redis)).await?;
+            let store =
+                readfold_store::connect_with_retry("redis", || RedisStore::connect_writer(&settings.redis))
+                    .await?;
             tracing::info!(url = %settings.redis.url_for_logs(), "redis store ready");
             Ok::<_, Error>(Some(Arc::new(store)))
         };
@@ -246,7 +248,8 @@ impl Processor {
             if !settings.cql.enabled {
                 return Ok(None);
             }
-            let store = connect_with_retry("cql", || CqlStore::connect_writer(&settings.cql)).await?;
+            let store =
+                readfold_store::connect_with_retry("cql", || CqlStore::connect_writer(&settings.cql)).await?;
             tracing::info!(contact_points = %settings.cql.contact_points, keyspace = %settings.cql.keyspace, "cql store ready");
             Ok::<_, Error>(Some(Arc::new(store)))
         };
@@ -1373,7 +1376,7 @@ fn restore_blocking(
 /// Creates the transactional producers on a blocking thread, retrying while
 /// the brokers are away.
 async fn init_producer(settings: &Settings) -> Result<Transactions> {
-    connect_with_retry("kafka", || {
+    let attempt = || {
         let kafka = settings.kafka.clone();
         async move {
             match tokio::task::spawn_blocking(move || Transactions::init(&kafka)).await {
@@ -1381,6 +1384,9 @@ async fn init_producer(settings: &Settings) -> Result<Transactions> {
                 Err(e) => Err(Error::Task(e)),
             }
         }
+    };
+    retrying(attempt, |e, delay| {
+        tracing::warn!(sink = "kafka", error = %e, retry_in_ms = delay.as_millis() as u64, "sink unreachable at start; retrying");
     })
     .await
 }
@@ -1406,19 +1412,4 @@ where
             other => return other,
         }
     }
-}
-
-/// Connects a store, retrying with backoff while the error is retriable: a
-/// processor without its stores cannot flush anyway, and exiting would only
-/// churn restarts. Configuration errors fail at once.
-pub async fn connect_with_retry<T, E, F, Fut>(store: &'static str, connect: F) -> Result<T>
-where
-    F: Fn() -> Fut,
-    Fut: Future<Output = std::result::Result<T, E>>,
-    E: Into<Error>,
-{
-    retrying(connect, |e, delay| {
-        tracing::warn!(sink = store, error = %e, retry_in_ms = delay.as_millis() as u64, "sink unreachable at start; retrying");
-    })
-    .await
 }

@@ -18,6 +18,28 @@ pub mod redis;
 
 pub use error::{Error, Result};
 
+/// Connects a store, retrying with backoff while the error is retriable: a
+/// process without its stores cannot flush or answer anyway, and exiting
+/// would only churn restarts. Configuration errors fail at once.
+pub async fn connect_with_retry<T, F, Fut>(store: &'static str, connect: F) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T>>,
+{
+    let mut failures = 0;
+    loop {
+        match connect().await {
+            Err(e) if e.is_retriable() => {
+                failures += 1;
+                let delay = readfold_core::backoff::delay(failures);
+                tracing::warn!(sink = store, error = %e, retry_in_ms = delay.as_millis() as u64, "sink unreachable at start; retrying");
+                tokio::time::sleep(delay).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 /// How a secret shows in `Debug` output: whether it is set, never what.
 pub(crate) fn redacted(secret: &str) -> &'static str {
     if secret.is_empty() {
