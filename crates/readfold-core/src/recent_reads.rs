@@ -28,7 +28,6 @@ pub struct RecentReadCounts<U> {
     /// The seq of `slots[0]`.
     first: u64,
     slots: VecDeque<Slot<U>>,
-    changed: bool,
 }
 
 impl<U: Eq + Clone> RecentReadCounts<U> {
@@ -39,7 +38,6 @@ impl<U: Eq + Clone> RecentReadCounts<U> {
             capacity: capacity.max(1),
             first: latest_seq + 1,
             slots: VecDeque::new(),
-            changed: false,
         }
     }
 
@@ -88,7 +86,6 @@ impl<U: Eq + Clone> RecentReadCounts<U> {
             self.slots.pop_front();
             self.first += 1;
         }
-        self.changed = true;
     }
 
     /// A member's state changed (`None`: not a present member); both are
@@ -117,7 +114,6 @@ impl<U: Eq + Clone> RecentReadCounts<U> {
         {
             slot.readers = slot.readers.saturating_add_signed(by);
         }
-        self.changed = true;
     }
 
     /// Message `seq` was sent by `sender`; counted once the counts reach it
@@ -128,7 +124,6 @@ impl<U: Eq + Clone> RecentReadCounts<U> {
             .and_then(|i| self.slots.get_mut(i as usize))
         {
             slot.sender = Some(sender);
-            self.changed = true;
         }
     }
 
@@ -147,11 +142,6 @@ impl<U: Eq + Clone> RecentReadCounts<U> {
         (self.first..=self.top())
             .map(|seq| self.read_count(seq, &member))
             .collect()
-    }
-
-    /// Whether anything changed since the last call.
-    pub fn take_changed(&mut self) -> bool {
-        std::mem::take(&mut self.changed)
     }
 }
 
@@ -305,8 +295,6 @@ mod tests {
         assert_eq!(counts.read_counts(none), [Some(1), Some(0), Some(1), Some(1)]);
         counts.moved(Some(member(12, 1)), Some(member(14, 1)));
         assert_eq!(counts.read_counts(none), [Some(1), Some(1), Some(2), Some(1)]);
-        assert!(counts.take_changed());
-        assert!(!counts.take_changed());
         // A sender is not a reader of their own message.
         let sender = |u: &&str| (*u == "s").then(|| member(15, 1));
         assert_eq!(counts.read_count(15, sender), Some(0));
