@@ -429,9 +429,7 @@ struct Phase {
 /// A big group's read counts and when they were last sent.
 struct BigGroup {
     counts: RecentReadCounts<String>,
-    /// Something changed since the last frame was built.
-    dirty: bool,
-    /// The last frame built, for new v2 subscribers.
+    /// The frame of the present state, once built; a change drops it.
     frame: Option<Arc<SharedFrame<ReadCounts>>>,
     phases: [Phase; PHASES],
     /// When any phase was last sent.
@@ -440,7 +438,7 @@ struct BigGroup {
 
 impl BigGroup {
     fn changed(&mut self) {
-        self.dirty = true;
+        self.frame = None;
         for phase in &mut self.phases {
             phase.pending = true;
         }
@@ -521,7 +519,6 @@ impl Room {
         if self.big.is_none() && self.members.len() >= config.batch_from_members {
             self.big = Some(BigGroup {
                 counts: RecentReadCounts::new(config.read_counts_window, self.latest_seq),
-                dirty: true,
                 frame: None,
                 phases: [Phase {
                     pending: true,
@@ -558,7 +555,7 @@ impl Room {
     /// The read-counts frame of a big group's present state.
     fn read_counts(&mut self, conversation: &str) -> Option<Arc<SharedFrame<ReadCounts>>> {
         let big = self.big.as_mut()?;
-        if big.dirty || big.frame.is_none() {
+        if big.frame.is_none() {
             let members = &self.members;
             let counts = big.counts.read_counts(|u| members.get(u).map(|m| m.read_model()));
             big.frame = Some(SharedFrame::new(ReadCounts {
@@ -572,7 +569,6 @@ impl Room {
                     members.values().map(|m| m.read_model()),
                 ),
             }));
-            big.dirty = false;
         }
         big.frame.clone()
     }
@@ -1003,7 +999,7 @@ pub struct Shown {
     /// Member cursors are kept for conversations below this many members.
     small_below: usize,
     latest: HashMap<String, u64>,
-    own: HashMap<String, (u64, u64, bool)>,
+    own: HashMap<String, OwnState>,
     members: HashMap<(String, String), Member>,
 }
 
@@ -1044,15 +1040,12 @@ impl Shown {
                 ..
             } => {
                 if let Some(o) = own {
-                    let shown = self.own.entry(conversation.clone()).or_insert((0, 0, false));
-                    o.cursor = o.cursor.max(shown.0);
-                    o.private_cursor = o.private_cursor.max(shown.1);
-                    *shown = (o.cursor, o.private_cursor, o.unread_mark);
+                    self.raise_own(conversation, o);
                 }
                 if members.0.len() < self.small_below {
-                    let mut list = (*members.0).clone();
-                    let mut raised = false;
-                    for m in &mut list {
+                    // The shared list is copied only when a cursor is raised.
+                    let mut raised = Vec::new();
+                    for (i, m) in members.0.iter().enumerate() {
                         let key = (conversation.clone(), m.user.clone());
                         let mut member = Member {
                             cursor: m.cursor,
@@ -1060,11 +1053,14 @@ impl Shown {
                         };
                         self.raise_member(key, &mut member);
                         if member.cursor != m.cursor {
-                            m.cursor = member.cursor;
-                            raised = true;
+                            raised.push((i, member.cursor));
                         }
                     }
-                    if raised {
+                    if !raised.is_empty() {
+                        let mut list = (*members.0).clone();
+                        for (i, cursor) in raised {
+                            list[i].cursor = cursor;
+                        }
                         *members = Shared(Arc::new(list));
                     }
                 }
@@ -1076,11 +1072,13 @@ impl Shown {
                 unread_mark,
                 ..
             } => {
-                let shown = self.own.entry(conversation.clone()).or_insert((0, 0, false));
-                fresh = *cursor > shown.0 || *private_cursor > shown.1 || *unread_mark != shown.2;
-                *cursor = (*cursor).max(shown.0);
-                *private_cursor = (*private_cursor).max(shown.1);
-                *shown = (*cursor, *private_cursor, *unread_mark);
+                let mut o = OwnState {
+                    cursor: *cursor,
+                    private_cursor: *private_cursor,
+                    unread_mark: *unread_mark,
+                };
+                fresh = self.raise_own(conversation, &mut o);
+                (*cursor, *private_cursor) = (o.cursor, o.private_cursor);
             }
             ServerFrame::Cursor {
                 conversation,
@@ -1100,16 +1098,27 @@ impl Shown {
                 self.members.remove(&(conversation.clone(), user.clone()));
             }
             ServerFrame::ReadCounts { shared, own: Some(o) } => {
-                let shown = self
-                    .own
-                    .entry(shared.value.conversation.clone())
-                    .or_insert((0, 0, false));
-                o.cursor = o.cursor.max(shown.0);
-                o.private_cursor = o.private_cursor.max(shown.1);
-                *shown = (o.cursor, o.private_cursor, o.unread_mark);
+                self.raise_own(&shared.value.conversation, o);
             }
             _ => {}
         }
+        fresh
+    }
+
+    /// Raises own cursors to what was shown in `conversation` and records
+    /// them; whether they show something new (the mark may go either way).
+    fn raise_own(&mut self, conversation: &str, own: &mut OwnState) -> bool {
+        let shown = self.own.entry(conversation.to_owned()).or_insert(OwnState {
+            cursor: 0,
+            private_cursor: 0,
+            unread_mark: false,
+        });
+        let fresh = own.cursor > shown.cursor
+            || own.private_cursor > shown.private_cursor
+            || own.unread_mark != shown.unread_mark;
+        own.cursor = own.cursor.max(shown.cursor);
+        own.private_cursor = own.private_cursor.max(shown.private_cursor);
+        *shown = *own;
         fresh
     }
 

@@ -127,13 +127,13 @@ impl<T> SharedFrame<T> {
     }
 }
 
-impl PartialEq for SharedFrame<ReadCounts> {
+impl<T: PartialEq> PartialEq for SharedFrame<T> {
     fn eq(&self, other: &Self) -> bool {
         self.value == other.value
     }
 }
 
-impl Eq for SharedFrame<ReadCounts> {}
+impl<T: Eq> Eq for SharedFrame<T> {}
 
 /// The connected user's own view of a conversation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -301,7 +301,7 @@ impl ServerFrame {
     }
 }
 
-impl Serialize for SharedFrame<ReadCounts> {
+impl<T: Serialize> Serialize for SharedFrame<T> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         self.value.serialize(serializer)
     }
