@@ -132,48 +132,47 @@ pub fn start(
             .expect("spawn the batch sender");
     }
     let group = format!("{}-gateway", kafka.group_id);
-    {
-        let events = TopicReader::new(kafka, &group, true)?;
-        events.assign_from_end(&topics.conversation_events, None)?;
-        let (hub, stop, topic) = (hub.clone(), stop.clone(), topics.conversation_events.clone());
-        std::thread::Builder::new()
-            .name("follow-events".into())
-            .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let read = events.poll_available(Duration::from_millis(100), |message| {
-                        if let Some(payload) = message.payload() {
-                            route_event(&hub, payload, input_format);
-                        }
-                    });
-                    if let Err(e) = read {
-                        tracing::warn!(%topic, error = %e, "conversation events read failed; retrying");
-                        std::thread::sleep(Duration::from_secs(1));
-                    }
-                }
-            })
-            .expect("spawn the events follower");
-    }
+    let events = TopicReader::new(kafka, &group, true)?;
+    events.assign_from_end(&topics.conversation_events, None)?;
+    let events_hub = hub.clone();
+    follow_on_thread(&topics.conversation_events, stop.clone(), move |wait| {
+        events.poll_available(wait, |message| {
+            if let Some(payload) = message.payload() {
+                route_event(&events_hub, payload, input_format);
+            }
+        })
+    });
     for (topic, kind) in [
         (&topics.read_cursors, ChangelogKind::ByConversation),
         (&topics.user_read_cursors, ChangelogKind::ByUser),
     ] {
         let reader = ChangelogReader::new(kafka, &group, topic, kind, max_id_bytes)?;
         reader.follow_from_end(None)?;
-        let (hub, stop) = (hub.clone(), stop.clone());
-        std::thread::Builder::new()
-            .name(format!("follow-{topic}"))
-            .spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    match reader.poll_entries(Duration::from_millis(100)) {
-                        Ok(entries) => entries.into_iter().for_each(|e| route(&hub, e)),
-                        Err(e) => {
-                            tracing::warn!(topic = %reader.topic(), error = %e, "changelog read failed; retrying");
-                            std::thread::sleep(Duration::from_secs(1));
-                        }
-                    }
-                }
-            })
-            .expect("spawn a changelog follower");
+        let hub = hub.clone();
+        follow_on_thread(topic, stop.clone(), move |wait| {
+            reader.for_each_available(wait, |entry| route(&hub, entry))
+        });
     }
     Ok(())
+}
+
+/// Polls `topic` with `poll` on a thread of its own until `stop` is set; a
+/// failed read is logged and tried again a second later.
+fn follow_on_thread(
+    topic: &str,
+    stop: Arc<AtomicBool>,
+    mut poll: impl FnMut(Duration) -> readfold_kafka::Result<u64> + Send + 'static,
+) {
+    let topic = topic.to_owned();
+    std::thread::Builder::new()
+        .name(format!("follow-{topic}"))
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if let Err(e) = poll(Duration::from_millis(100)) {
+                    tracing::warn!(%topic, error = %e, "read failed; retrying");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        })
+        .expect("spawn a follower");
 }
