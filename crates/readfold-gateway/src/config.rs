@@ -26,6 +26,6 @@ pub struct GatewayConfig {
     pub batch_interval_ms: u64,
     /// v2: how many of a big group's newest seqs its `read_counts` cover.
     pub read_counts_window: usize,
-    /// v2: at most one `read_counts` frame per big group per this interval.
+    /// v2: at most one `read_counts` frame per connection per this interval.
     pub read_counts_interval_ms: u64,
 }

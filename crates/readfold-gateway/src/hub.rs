@@ -398,7 +398,7 @@ pub struct HubConfig {
     pub batch_from_members: usize,
     /// How many of a big group's newest seqs its read counts cover.
     pub read_counts_window: usize,
-    /// At most one read-counts frame per big group per this interval.
+    /// At most one read-counts frame per connection per this interval.
     pub read_counts_interval: Duration,
 }
 
