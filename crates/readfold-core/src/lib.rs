@@ -9,6 +9,7 @@
 //! - [`flush`]: what a flush publishes, planned from partition state.
 //! - [`backoff`]: the retry policy of flushes and connections.
 //! - [`pacing`]: how long a catch-up's next flush waits.
+//! - [`schedule`]: when the processor flushes, snapshots, pauses and resumes.
 //! - [`partitioner`]: Kafka's murmur2 partitioner, which places conversations.
 
 pub mod backoff;
@@ -19,6 +20,7 @@ pub mod pacing;
 pub mod partitioner;
 pub mod read_model;
 pub mod recent_reads;
+pub mod schedule;
 
 pub use domain::{ConversationId, CursorKey, IdError, Seq, UserId};
 pub use read_model::{ConversationView, MemberCursor, MessageRef, OwnCursor};

@@ -10,7 +10,7 @@
 //! which starts as soon as this one settles, or, while the fold is behind
 //! a backlog, a while after this one began: `flush.catch_up_interval_ms`,
 //! growing with the backlog's age up to `flush.catch_up_max_interval_ms`
-//! (see `Processor::flush_after_commit` and `readfold_core::pacing`), and
+//! (see `readfold_core::schedule` and `readfold_core::pacing`), and
 //! in either case no sooner than `flush.min_interval_ms` (0 by default)
 //! after the last flush that wrote anything began. So flushes follow the
 //! load: under a light one a change is published within
@@ -23,7 +23,7 @@
 //! past that (a snapshot failing or stuck), flushes wait for one to succeed.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::{Offset, TopicPartitionList};
@@ -54,9 +54,9 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// How long ago it began.
-    pub(crate) fn age(&self) -> Duration {
-        self.started.elapsed()
+    /// When it began.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
     }
 
     /// Waits for the flush's writes and transaction.
@@ -89,30 +89,19 @@ impl Processor {
         self.partitions.slots.values().any(|s| s.has_work())
     }
 
-    /// Whether CQL keeps up closely enough for the changelog to go further.
-    pub(crate) fn cql_keeps_up(&self) -> bool {
-        self.cql.is_none() || self.cql_covered_at.elapsed() <= self.snapshot_interval * 2
-    }
-
     /// Starts a flush of every partition's pending changes, dead letters
     /// and input offsets. Call only with no flush in flight.
     pub(crate) fn start_flush(&mut self) {
         debug_assert!(self.in_flight.is_none(), "one flush at a time");
-        self.flush_at = None;
         // A state over a damaged checkpoint may hold wrong cursors: none
         // goes out, and the run loop starts over (`drop_damaged_state`).
         if self.partitions.any_stored_fault() {
             return;
         }
-        self.catching_up = false;
-        self.caught_up = false;
-        self.taken_since_flush = 0;
-        self.flush_started = Instant::now();
         telemetry::dirty_keys(self.partitions.dirty_len());
         telemetry::cursors_held(self.partitions.cursor_count());
         let plan = flush::begin(&mut self.partitions.slots);
         if !plan.is_empty() {
-            self.last_flush_launched = Some(self.flush_started);
             self.in_flight = Some(self.launch(plan));
         }
     }
@@ -127,9 +116,7 @@ impl Processor {
             return;
         }
         let plan = flush::begin_snapshot(&mut self.partitions.slots, KEYS_PER_SNAPSHOT, KEYS_PER_SNAPSHOT);
-        if plan.opens_pass {
-            self.pass_began = Instant::now();
-        }
+        self.schedule.snapshot_began(Instant::now(), plan.opens_pass);
         if plan.is_empty() {
             self.snapshot_done();
         } else {
@@ -137,21 +124,12 @@ impl Processor {
         }
     }
 
-    /// A snapshot was written. When it ended its pass, everything
-    /// published before the pass began is in CQL, and the next pass starts
-    /// one interval after this one began, so that CQL's lag stays under the
-    /// interval plus one pass's duration. The next share starts at once
-    /// while the pass goes on or restored keys are owed: they go out as
-    /// fast as CQL takes them, a share per snapshot.
+    /// A snapshot was written: the schedule learns whether its pass is
+    /// done and restored keys are still owed.
     fn snapshot_done(&mut self) {
         let pass_done = flush::pass_done(&self.partitions.slots);
-        if pass_done {
-            self.cql_covered_at = self.pass_began;
-            self.next_snapshot = self.pass_began + self.snapshot_interval;
-        }
-        if !pass_done || self.partitions.slots.values().any(|s| s.resnapshot.is_some()) {
-            self.next_snapshot = Instant::now();
-        }
+        let owed = self.partitions.slots.values().any(|s| s.resnapshot.is_some());
+        self.schedule.snapshot_written(Instant::now(), pass_done, owed);
     }
 
     fn launch(&self, plan: FlushPlan<OutRecord>) -> InFlight {

@@ -1,0 +1,329 @@
+//! Restores and checkpoints: an owned partition's state rebuilt from its
+//! checkpoint and the changelogs before any of its records is folded, the
+//! checkpoints written at a clean stop, and the CQL snapshot marks that
+//! tell a checkpoint whether CQL still holds what it names.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::Consumer;
+use rdkafka::TopicPartitionList;
+use readfold_core::flush::SnapshotDue;
+use readfold_kafka::changelog::{RestoreStats, Restored, Restorer};
+
+use crate::checkpoint::{self, Checkpoints};
+use crate::partitions::Slot;
+use crate::recovery::retrying;
+use crate::{group, telemetry, Error, Processor, Result};
+
+/// The blocking part of a restore of `wanted`: their trusted checkpoints
+/// opened, the changelogs read from there (or whole), and with `snapshots`
+/// (CQL on) a state that owes CQL every key taken in whole, unless its
+/// checkpoint names the CQL store with a mark that `cql_marks` lists for
+/// the partition (then it owes only what the tails changed). A partition
+/// whose checkpoint turns out damaged already is set aside and restored
+/// again from its changelog. Returns the states, the restore's figures and
+/// how long opening the checkpoints took.
+fn restore_blocking(
+    restorer: &Restorer,
+    checkpoints: Option<&Checkpoints>,
+    wanted: &[i32],
+    snapshots: bool,
+    cql_marks: &BTreeMap<i32, String>,
+) -> readfold_kafka::Result<(BTreeMap<i32, Restored>, RestoreStats, Duration)> {
+    let loading = Instant::now();
+    let loaded = checkpoints
+        .iter()
+        .flat_map(|c| c.load(wanted, restorer, cql_marks))
+        .collect();
+    let load = loading.elapsed();
+    let (mut states, mut stats) = restorer.restore_many_from(wanted, loaded)?;
+    // A snapshot of every key needs every conversation in memory; one from
+    // a checkpoint CQL held whole snapshots only what the tails changed,
+    // which the tails took in.
+    let mut damaged = Vec::new();
+    for (&p, restored) in states.iter_mut() {
+        let whole = if snapshots && restored.cql_may_lack.is_none() {
+            restored.state.take_all()
+        } else {
+            Ok(())
+        };
+        if let Some(fault) = restored.state.stored_fault().or(whole.err()) {
+            damaged.push((p, fault));
+        }
+    }
+    if damaged.is_empty() {
+        return Ok((states, stats, load));
+    }
+    for (p, fault) in &damaged {
+        if let Some(checkpoints) = checkpoints {
+            checkpoints.set_aside_corrupt(*p, fault);
+        }
+    }
+    let again: Vec<i32> = damaged.iter().map(|(p, _)| *p).collect();
+    let (restored, more) = restorer.restore_many_from(&again, BTreeMap::new())?;
+    states.extend(restored);
+    stats.records += more.records;
+    stats.skipped += more.skipped;
+    stats.elapsed += more.elapsed;
+    stats.cursors = states.values().map(|r| r.state.cursor_count()).sum();
+    stats.from_checkpoint = states
+        .iter()
+        .filter(|(p, _)| !again.contains(p))
+        .map(|(_, r)| r.state.cursor_count())
+        .sum();
+    Ok((states, stats, load))
+}
+
+impl Processor {
+    /// At a clean stop, with everything flushed: a checkpoint of every
+    /// owned partition. A failure only costs the next start a full restore.
+    pub(crate) async fn write_checkpoints(&self) {
+        let Some(checkpoints) = &self.checkpoints else {
+            return;
+        };
+        if self.partitions.suspended || self.has_pending() {
+            tracing::warn!("not everything is flushed: no checkpoint written");
+            return;
+        }
+        let marks = self.mark_snapshots().await;
+        let states = self
+            .partitions
+            .slots
+            .iter()
+            .map(|(&partition, slot)| checkpoint::Saved {
+                partition,
+                state: &slot.state,
+                cql_mark: marks.get(&partition),
+            });
+        checkpoints.save(states, &self.restorer);
+    }
+
+    /// For the checkpoints of a stop: a fresh snapshot mark at the head of
+    /// the list in CQL of each partition that CQL holds whole (no snapshot
+    /// owes any of its keys), written only if CQL still holds the list its
+    /// restore found (a conditional write, all partitions side by side, so
+    /// a slow CQL costs the stop one request's timeout). One whose list CQL
+    /// lost or replaced was truncated or restored from a backup while this
+    /// instance ran: its checkpoint names no CQL store, so the next start
+    /// snapshots every key again.
+    async fn mark_snapshots(&self) -> BTreeMap<i32, String> {
+        let mut marked = BTreeMap::new();
+        let Some(cql) = &self.cql else {
+            return marked;
+        };
+        let swaps: Vec<(i32, &String, String, String)> = self
+            .partitions
+            .slots
+            .iter()
+            .filter(|(_, slot)| slot.in_cql())
+            .filter_map(|(p, _)| {
+                let seen = self.cql_marks.get(p)?;
+                let mark = readfold_store::cql::new_mark();
+                let list = readfold_store::cql::MarkList::parse(seen).with_newest(&mark);
+                Some((*p, seen, list.as_str().to_owned(), mark))
+            })
+            .collect();
+        if swaps.is_empty() {
+            return marked;
+        }
+        let asked: Vec<(i32, Option<&str>, &str)> = swaps
+            .iter()
+            .map(|(p, seen, list, _)| (*p, Some(seen.as_str()), list.as_str()))
+            .collect();
+        let group = &self.settings.kafka.group_id;
+        for ((partition, outcome), (_, _, _, mark)) in cql
+            .swap_snapshot_marks(group, &asked)
+            .await
+            .into_iter()
+            .zip(swaps)
+        {
+            match outcome {
+                Ok(true) => {
+                    marked.insert(partition, mark);
+                }
+                Ok(false) => tracing::warn!(
+                    partition,
+                    "the CQL store's snapshot marks of this partition changed since its restore (its tables truncated or \
+                     restored from a backup?): the checkpoint names no CQL store, and the next start snapshots every key"
+                ),
+                Err(e) => {
+                    tracing::warn!(partition, error = %e, "cannot write a snapshot mark: the checkpoint names no CQL store")
+                }
+            }
+        }
+        marked
+    }
+
+    /// Before a restore of `partitions`: the CQL store's snapshot marks,
+    /// which a checkpoint that names the store must match. Empty with CQL
+    /// off or without checkpoints; `None` when CQL does not answer (the
+    /// restored partitions then snapshot every key, and their checkpoints
+    /// at the next stop name no store).
+    async fn read_snapshot_marks(&self) -> Option<BTreeMap<i32, String>> {
+        let (Some(cql), Some(_)) = (&self.cql, &self.checkpoints) else {
+            return Some(BTreeMap::new());
+        };
+        match cql.snapshot_marks(&self.settings.kafka.group_id).await {
+            Ok(marks) => Some(marks),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the CQL store's snapshot marks: restored partitions snapshot every key");
+                None
+            }
+        }
+    }
+
+    /// After a restore: the list of snapshot marks each partition's stop
+    /// checks later, as the restore found it. A partition with none gets a
+    /// list of one fresh mark now (unless one appeared meanwhile), so that
+    /// CQL losing its tables while this instance runs shows at the stop, as
+    /// the list gone.
+    async fn renew_snapshot_marks(&mut self, restored: &[i32], found: Option<&BTreeMap<i32, String>>) {
+        let (Some(cql), Some(_)) = (&self.cql, &self.checkpoints) else {
+            return;
+        };
+        // Unknown: writing a list now could replace one CQL holds.
+        let Some(found) = found else {
+            for partition in restored {
+                self.cql_marks.remove(partition);
+            }
+            return;
+        };
+        let mut fresh = Vec::new();
+        for &partition in restored {
+            match found.get(&partition) {
+                Some(list) if !list.is_empty() => {
+                    self.cql_marks.insert(partition, list.clone());
+                }
+                _ => {
+                    self.cql_marks.remove(&partition);
+                    fresh.push((partition, readfold_store::cql::new_mark()));
+                }
+            }
+        }
+        if fresh.is_empty() {
+            return;
+        }
+        let asked: Vec<(i32, Option<&str>, &str)> =
+            fresh.iter().map(|(p, mark)| (*p, None, mark.as_str())).collect();
+        let outcomes = cql
+            .swap_snapshot_marks(&self.settings.kafka.group_id, &asked)
+            .await;
+        for ((partition, outcome), (_, mark)) in outcomes.into_iter().zip(fresh) {
+            match outcome {
+                Ok(true) => {
+                    self.cql_marks.insert(partition, mark);
+                }
+                Ok(false) => tracing::info!(
+                    partition,
+                    "another instance wrote this partition's first snapshot mark meanwhile: its next checkpoint names no CQL store"
+                ),
+                Err(e) => {
+                    tracing::warn!(partition, error = %e, "cannot write a snapshot mark: this partition's next checkpoint names no CQL store")
+                }
+            }
+        }
+    }
+
+    /// Restores the owned partitions that have no state yet, all in one
+    /// read of the changelogs, before any of their records is folded.
+    pub(crate) async fn restore_assigned(&mut self) -> Result<()> {
+        let partitions = self.partitions.unrestored();
+        if partitions.is_empty() {
+            return Ok(());
+        }
+        if !self.offsets_stable {
+            self.wait_for_stable_offsets(&partitions);
+        }
+        for (partition, slot) in self.restore(&partitions).await? {
+            self.partitions.slots.insert(partition, slot);
+        }
+        // Before readiness: whoever sees ready sees the restored backlog.
+        self.report_snapshot_backlog();
+        self.report_partitions();
+        Ok(())
+    }
+
+    /// Waits until no transaction holds offsets of `partitions` pending
+    /// (when the assignment could not, [`group`]'s `start_at_committed`): the
+    /// previous owner may still be committing its last flush, and a restore
+    /// must see it (read_committed reads stop at an open transaction).
+    /// librdkafka asks for stable offsets under read_committed (KIP-447), so
+    /// fetching the committed offsets waits for exactly that. It blocks the
+    /// calling worker, but only at a rebalance, and briefly. The changelogs
+    /// may settle later than the offsets: the restore waits for them too
+    /// (`Restorer::wait_for_settled`).
+    fn wait_for_stable_offsets(&self, partitions: &[i32]) {
+        let mut tpl = TopicPartitionList::new();
+        for topic in [
+            &self.settings.topics.read_reports,
+            &self.settings.topics.conversation_events,
+        ] {
+            for &p in partitions {
+                tpl.add_partition(topic, p);
+            }
+        }
+        let started = Instant::now();
+        let wait = group::stable_offsets_wait(&self.settings.kafka);
+        if let Err(e) = self.consumer.committed_offsets(tpl, wait) {
+            tracing::warn!(error = %e, "could not fetch the committed offsets before restoring; restoring anyway");
+        }
+        tracing::debug!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "committed offsets stable"
+        );
+    }
+
+    /// Rebuilds `partitions`' state from the changelogs, on a blocking
+    /// thread; a restore that fails for a reason that may pass (a broker
+    /// away) is tried again with backoff.
+    pub(crate) async fn restore(&mut self, partitions: &[i32]) -> Result<Vec<(i32, Slot)>> {
+        let snapshots = self.cql.is_some();
+        let found = self.read_snapshot_marks().await.map(Arc::new);
+        let marks = found.clone().unwrap_or_default();
+        let attempt = || {
+            let restorer = Arc::clone(&self.restorer);
+            let checkpoints = self.checkpoints.clone();
+            let wanted = partitions.to_vec();
+            let marks = Arc::clone(&marks);
+            let restore =
+                move || restore_blocking(&restorer, checkpoints.as_deref(), &wanted, snapshots, &marks);
+            async move { Ok::<_, Error>(tokio::task::spawn_blocking(restore).await??) }
+        };
+        let (states, stats, load) = retrying(attempt, |e, delay| {
+            tracing::warn!(?partitions, error = %e, retry_in_ms = delay.as_millis() as u64, "restore failed; retrying");
+        })
+        .await?;
+        // Opening the checkpoints (their headers and pages' checksums) is part
+        // of the restore: what a restart waits for.
+        let elapsed = load + stats.elapsed;
+        telemetry::restored(stats.records, elapsed);
+        tracing::info!(
+            ?partitions,
+            records = stats.records,
+            cursors = stats.cursors,
+            from_checkpoint = stats.from_checkpoint,
+            skipped = stats.skipped,
+            checkpoint_load_ms = load.as_millis() as u64,
+            settle_ms = stats.settle.as_millis() as u64,
+            public_read_ms = stats.public_read.as_millis() as u64,
+            member_state_read_ms = stats.member_state_read.as_millis() as u64,
+            elapsed_ms = elapsed.as_millis() as u64,
+            "restored partition state from the changelog"
+        );
+        let restored: Vec<i32> = states.keys().copied().collect();
+        self.renew_snapshot_marks(&restored, found.as_deref()).await;
+        Ok(states
+            .into_iter()
+            .map(|(p, restored)| {
+                let due = match (snapshots, restored.cql_may_lack) {
+                    (false, _) => SnapshotDue::Nothing,
+                    (true, Some(keys)) => SnapshotDue::Keys(keys),
+                    (true, None) => SnapshotDue::Everything,
+                };
+                (p, Slot::restored(restored.state, due))
+            })
+            .collect())
+    }
+}
