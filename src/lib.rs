@@ -4,7 +4,6 @@
 //! `readfold-processor`. This crate holds what only the application needs:
 //! the whole configuration and the commands.
 
-pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod error;

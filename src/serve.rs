@@ -73,7 +73,7 @@ pub async fn serve(config: Config) -> Result<()> {
 }
 
 /// Serves in the background on `listen` (port 0: any free port); for the
-/// demo and the benches. Returns the bound address.
+/// demo. Returns the bound address.
 pub async fn spawn(config: &Config, listen: &str) -> Result<SocketAddr> {
     let (state, _) = state(config).await?;
     let (tx, rx) = tokio::sync::oneshot::channel();

@@ -1,4 +1,4 @@
-//! The Kafka Streams peer of `--throughput-records`: the Maven project in
+//! The Kafka Streams peer of the throughput bench: the Maven project in
 //! `bench/kstreams-peer` (the same max-fold of read reports, Processor API,
 //! no repartition, EOS v2, one thread, changed keys in a logged store),
 //! built here with `mvn`, run as a child JVM on the bench's reports topic,
@@ -15,13 +15,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use readfold::config::Config;
 use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use super::child::{cpu_secs_of, peak_rss_of, ChildGuard};
-use super::throughput::ThroughputRow;
-use crate::config::Config;
+use crate::child::{cpu_secs_of, peak_rss_of, ChildGuard};
 use crate::error::{Error, Result};
+use crate::throughput::ThroughputRow;
 
 /// The peer's commit interval, and so its emit interval: Kafka Streams'
 /// default under exactly-once.
@@ -41,12 +41,15 @@ pub fn expect(expected: &mut Expected, r: &ReadReportRecord) {
 }
 
 /// The repository's `bench/kstreams-peer` and `schemas`: from the working
-/// directory, else from where this binary was built.
+/// directory, else from the repository this binary was built in.
 fn project_dirs() -> Option<(PathBuf, PathBuf)> {
-    [PathBuf::from("."), PathBuf::from(env!("CARGO_MANIFEST_DIR"))]
-        .into_iter()
-        .map(|root| (root.join("bench/kstreams-peer"), root.join("schemas")))
-        .find(|(peer, schemas)| peer.join("pom.xml").is_file() && schemas.is_dir())
+    [
+        PathBuf::from("."),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+    ]
+    .into_iter()
+    .map(|root| (root.join("bench/kstreams-peer"), root.join("schemas")))
+    .find(|(peer, schemas)| peer.join("pom.xml").is_file() && schemas.is_dir())
 }
 
 /// Why the peer cannot run here, if it cannot.
@@ -83,13 +86,18 @@ fn build(peer: &Path) -> Result<String> {
         .args(["-q", "-B", "clean", "package"])
         .current_dir(peer)
         .output()
-        .map_err(|e| Error::Run(format!("kstreams peer: mvn: {e}")))?;
+        .map_err(|source| Error::Spawn {
+            command: "mvn (the kstreams peer's build)".into(),
+            source,
+        })?;
     if !out.status.success() {
-        return Err(Error::Run(format!(
-            "kstreams peer: mvn package failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )));
+        return Err(Error::PeerBuild {
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        });
     }
     tracing::info!(secs = started.elapsed().as_secs_f64(), "kstreams peer built");
     let target = peer.join("target");
@@ -103,15 +111,14 @@ fn build(peer: &Path) -> Result<String> {
 /// Runs the peer on `config`'s reports topic into `config`'s two cursor
 /// topics until they hold `expected`, and measures it.
 pub fn kstreams_peer(config: &Config, expected: Expected, reports: u64) -> Result<ThroughputRow> {
-    let (peer, schemas) = project_dirs().ok_or_else(|| Error::Run("bench/kstreams-peer not found".into()))?;
+    let (peer, schemas) = project_dirs().ok_or(Error::PeerNotFound)?;
     let class_path = build(&peer)?;
     let state_dir = std::env::temp_dir().join(format!("readfold-kstreams-peer-{}", std::process::id()));
-    let reader = super::changelog_watcher(config)?;
+    let reader = crate::fresh::changelog_watcher(config)?;
     reader.follow(None)?;
 
     let log_path = state_dir.with_extension("log");
-    let log =
-        std::fs::File::create(&log_path).map_err(|e| Error::Run(format!("{}: {e}", log_path.display())))?;
+    let log = std::fs::File::create(&log_path).map_err(Error::io(log_path.display().to_string()))?;
     let started = Instant::now();
     let child = Command::new("java")
         .args(["-cp", &class_path, "readfold.peer.Peer"])
@@ -127,7 +134,10 @@ pub fn kstreams_peer(config: &Config, expected: Expected, reports: u64) -> Resul
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .map_err(|e| Error::Run(format!("cannot start the kstreams peer: {e}")))?;
+        .map_err(|source| Error::Spawn {
+            command: "the kstreams peer".into(),
+            source,
+        })?;
     let mut child = ChildGuard(child);
     let pid = child.pid();
 
@@ -136,17 +146,17 @@ pub fn kstreams_peer(config: &Config, expected: Expected, reports: u64) -> Resul
         if let Some(status) = child.exited() {
             let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let tail: Vec<&str> = log.lines().rev().take(30).collect();
-            return Err(Error::Run(format!(
-                "the kstreams peer exited early ({status}); the end of {}:\n{}",
-                log_path.display(),
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            )));
+            return Err(Error::PeerExited {
+                status,
+                log: log_path,
+                tail: tail.into_iter().rev().collect::<Vec<_>>().join("\n"),
+            });
         }
         if started.elapsed() > Duration::from_secs(900) {
-            return Err(Error::Run(format!(
-                "the kstreams peer still misses {} cursors after 900 s",
-                missing.len()
-            )));
+            return Err(Error::timeout(
+                format!("the kstreams peer did not publish {} cursors", missing.len()),
+                900,
+            ));
         }
         reader.for_each_available(Duration::from_millis(200), |entry| {
             if let ChangelogEntry::Upsert(update) = entry {

@@ -1,4 +1,4 @@
-//! `readfold bench --replay-records N`: replay throughput from the
+//! `readfold-bench replay --records N`: replay throughput from the
 //! configured broker. Produces N records (a chat workload: a few large
 //! groups and many 1:1 chats, one message event per six reports) onto fresh
 //! topics, then times a raw read of them (replay's own consumer and
@@ -8,17 +8,30 @@
 
 use std::time::{Duration, Instant};
 
+use readfold::config::Config;
 use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_replay::source::{sources, KafkaInputs, Polled};
 use readfold_replay::{Format, ProgressMode, ReplayOptions, TableKind};
 use readfold_wire::codec::ReadReportRecord;
 
-use super::child::cpu_secs_of;
-use super::now_ms;
-use super::workload::{ChatWorkload, Generated};
-use crate::config::Config;
+use crate::child::cpu_secs_of;
 use crate::error::{Error, Result};
+use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::stats::median_run;
+use crate::workload::{ChatWorkload, Generated};
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Records produced to fresh topics and read back.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub records: u64,
+    /// Times each way of reading the records, taking turns; the median run
+    /// is shown, with the slowest and fastest.
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+}
 
 /// The timed reads of the bench topics of one kind.
 #[derive(Clone, Debug)]
@@ -30,9 +43,9 @@ pub struct ReplayRow {
 }
 
 impl ReplayRow {
-    /// The run with the median rate (see [`super::median_run`]).
+    /// The run with the median rate (see [`median_run`]).
     pub fn median(&self) -> (f64, f64) {
-        super::median_run(&self.runs, |run| run.0).unwrap_or((0.0, 0.0))
+        median_run(&self.runs, |run| run.0).unwrap_or((0.0, 0.0))
     }
 
     fn rate(&self, secs: f64) -> f64 {
@@ -42,8 +55,9 @@ impl ReplayRow {
 
 /// Produces `records` records, then reads them `runs` times in each way,
 /// the ways taking turns so that a slow spell of the box hits each alike.
-pub async fn replay(config: &Config, records: u64, runs: usize) -> Result<Vec<ReplayRow>> {
-    let config = super::on_fresh_topics(config, "replay");
+pub async fn replay(config: &Config, args: &Args) -> Result<Vec<ReplayRow>> {
+    let (records, runs) = (args.records, args.runs);
+    let config = on_fresh_topics(config, "replay");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
     produce(&producer, records).await?;
@@ -78,17 +92,17 @@ pub async fn replay(config: &Config, records: u64, runs: usize) -> Result<Vec<Re
         Ok(rows)
     })
     .await
-    .map_err(|e| Error::Run(format!("replay bench: {e}")))??;
-    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
-    super::delete_bench_keys(&config.redis).await;
+    .map_err(Error::task("replay bench"))??;
+    delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    delete_bench_keys(&config.redis).await;
     Ok(rows)
 }
 
 /// Every record of both topics through replay's own consumer and partition
 /// queues, without decoding: what the broker and librdkafka allow here.
-pub(super) fn raw_read(config: &Config) -> Result<u64> {
-    let fail = |e: readfold_replay::Error| Error::Run(format!("raw read: {e}"));
-    let mut inputs = KafkaInputs::open(&config.kafka, &sources(&config.topics, false), &[]).map_err(fail)?;
+pub fn raw_read(config: &Config) -> Result<u64> {
+    let fail = Error::replay("raw read");
+    let mut inputs = KafkaInputs::open(&config.kafka, &sources(&config.topics, false), &[]).map_err(&fail)?;
     let n = inputs.partitions().len();
     let mut done = vec![false; n];
     let (mut records, mut bytes) = (0u64, 0usize);
@@ -98,7 +112,7 @@ pub(super) fn raw_read(config: &Config) -> Result<u64> {
             while !*finished {
                 match inputs
                     .poll_next(i, Duration::ZERO, |_, r| r.value.map_or(0, <[u8]>::len))
-                    .map_err(fail)?
+                    .map_err(&fail)?
                 {
                     Polled::Record(len) => {
                         records += 1;
@@ -132,19 +146,19 @@ fn replay_once(config: &Config, table: TableKind) -> Result<u64> {
         progress: ProgressMode::Off,
     };
     let summary = readfold_replay::replay(&config.kafka, &config.topics, &config.input, &options)
-        .map_err(|e| Error::Run(format!("replay: {e}")))?;
+        .map_err(Error::replay("replay"))?;
     let _ = std::fs::remove_file(output);
     Ok(summary.records)
 }
 
 /// `records` records of the [`ChatWorkload`], stamped 100 apart per ms.
 /// Returns how many reports and events it produced.
-pub(super) async fn produce(producer: &InputProducer, records: u64) -> Result<(u64, u64)> {
+pub async fn produce(producer: &InputProducer, records: u64) -> Result<(u64, u64)> {
     produce_seeing(producer, records, |_| {}).await
 }
 
 /// [`produce`], showing each report to `seen` as it goes.
-pub(super) async fn produce_seeing(
+pub async fn produce_seeing(
     producer: &InputProducer,
     records: u64,
     mut seen: impl FnMut(&ReadReportRecord),

@@ -1,37 +1,57 @@
-//! `readfold bench --throughput-records N`: how fast readfold catches up on
+//! `readfold-bench throughput --records N`: how fast readfold catches up on
 //! a backlog, next to a raw read of the same topics. Produces N records (the
 //! replay bench's chat workload) onto fresh input topics, then times:
 //! - a raw read of both inputs with librdkafka, no decode (the ceiling):
 //!   in this process, batched, no group, timed from its first read to its
 //!   last;
 //! - the same read as a plain group consumer in a process of its own
-//!   ([`super::raw_consumer`], as `kcat -G` would), timed as `readfold run`
+//!   ([`crate::raw_consumer`], as `kcat -G` would), timed as `readfold run`
 //!   is: the like-for-like reference;
 //! - `readfold run` as a child process, Redis and CQL off, then on, each
 //!   with its own group and output topics, from the start of the process
 //!   until the group's committed offsets reach the end of both inputs;
-//! - the seed design's consumer ([`super::seed_design`]): a Redis EVALSHA
+//! - the seed design's consumer ([`crate::seed_design`]): a Redis EVALSHA
 //!   per report, then pipelined per poll.
 //!
 //! The child's CPU time and peak RSS come from /proc, and the sink calls
 //! from its own /metrics. Each row also shows what Redis and a local broker
-//! spent meanwhile ([`super::server_cpu`]): they share the machine.
+//! spent meanwhile ([`crate::server_cpu`]): they share the machine.
 
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use readfold::config::Config;
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 use readfold_kafka::reader::{partition_ids, watermarks_of};
 
-use super::child::{
-    config_vars, cpu_secs_of, free_addr, peak_rss_of, scrape, spawn, spawn_piped, ChildGuard,
+use crate::child::{
+    config_vars, cpu_secs_of, free_addr, peak_rss_of, scrape, spawn, spawn_own_piped, ChildGuard,
 };
-use super::kstreams_peer;
-use super::server_cpu::{ServerClocks, ServerCpu};
-use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::kstreams_peer;
+use crate::server_cpu::{ServerClocks, ServerCpu};
+use crate::stats::median_run;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Records (reports and conversation events) of the backlog.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub records: u64,
+    /// Times the raw consumer process and readfold rows run, taking turns,
+    /// each on its own group, output topics and Redis keys; each row shows
+    /// its median run, and the lines below every run's rate and share of
+    /// the raw consumer process.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+    /// Whether the peers run too: the seed design's consumer (per report,
+    /// and pipelined) and the Kafka Streams peer. Without them it shows the
+    /// raw reads and readfold.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub peers: bool,
+}
 
 /// One timed pass over the backlog.
 #[derive(Clone, Debug)]
@@ -75,10 +95,10 @@ const READFOLD_ROWS: [(&str, &str, bool); 2] = [
 /// The rate (records/s over both inputs) at which `readfold run`, Redis and
 /// CQL on, catches up on a backlog of `records`: the latency bench's 100%.
 pub async fn readfold_max_rate(config: &Config, records: u64) -> Result<f64> {
-    let config = super::on_fresh_topics(config, "max-rate");
+    let config = on_fresh_topics(config, "max-rate");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
-    let (reports, events) = super::replay::produce(&producer, records).await?;
+    let (reports, events) = crate::replay::produce(&producer, records).await?;
     drop(producer);
     let (what, tag, sinks) = READFOLD_ROWS[1];
     let run = with_own_outputs(&config, tag);
@@ -88,8 +108,8 @@ pub async fn readfold_max_rate(config: &Config, records: u64) -> Result<f64> {
     topics_made.extend(run.topics.names().into_iter().cloned());
     topics_made.sort();
     topics_made.dedup();
-    super::delete_bench_topics(&config.kafka, &topics_made).await?;
-    super::delete_bench_keys(&config.redis).await;
+    delete_bench_topics(&config.kafka, &topics_made).await?;
+    delete_bench_keys(&config.redis).await;
     let row = row?;
     Ok(row.records as f64 / row.secs.max(1e-9))
 }
@@ -117,18 +137,14 @@ fn with_own_outputs(config: &Config, tag: &str) -> Config {
 /// Produces `records` records, then times each way of reading them; the raw
 /// consumer process and readfold `runs` times each, taking turns, so that a
 /// slow spell of the box hits each alike. The peers run once, if `peers`.
-pub async fn throughput(
-    config: &Config,
-    records: u64,
-    runs: usize,
-    peers: bool,
-) -> Result<ThroughputFigures> {
-    let config = super::on_fresh_topics(config, "throughput");
+pub async fn throughput(config: &Config, args: &Args) -> Result<ThroughputFigures> {
+    let (records, runs, peers) = (args.records, args.runs, args.peers);
+    let config = on_fresh_topics(config, "throughput");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
     let mut expected = kstreams_peer::Expected::new();
     let (reports, events) =
-        super::replay::produce_seeing(&producer, records, |r| kstreams_peer::expect(&mut expected, r))
+        crate::replay::produce_seeing(&producer, records, |r| kstreams_peer::expect(&mut expected, r))
             .await?;
     drop(producer);
     let total = reports + events;
@@ -139,7 +155,7 @@ pub async fn throughput(
         timed(&clocks, async move {
             tokio::task::spawn_blocking(move || -> Result<ThroughputRow> {
                 let (cpu, started) = (cpu_secs_of("self"), Instant::now());
-                let read = super::replay::raw_read(&raw)?;
+                let read = crate::replay::raw_read(&raw)?;
                 Ok(ThroughputRow {
                     what: "raw read (librdkafka, no decode)",
                     records: read,
@@ -153,7 +169,7 @@ pub async fn throughput(
                 })
             })
             .await
-            .map_err(|e| Error::Run(format!("raw read: {e}")))?
+            .map_err(Error::task("raw read"))?
         })
         .await?,
     ];
@@ -179,7 +195,7 @@ pub async fn throughput(
     }
     for i in 0..turns[0].len() {
         let runs: Vec<ThroughputRow> = turns.iter().map(|turn| turn[i].clone()).collect();
-        rows.extend(super::median_run(&runs, |run| run.secs));
+        rows.extend(median_run(&runs, |run| run.secs));
     }
     let mut notes = Vec::new();
     if peers {
@@ -188,12 +204,12 @@ pub async fn throughput(
         topics_made.extend(ran.topics);
         notes.extend(ran.notes);
     } else {
-        notes.push("peers skipped (--throughput-peers false)".to_owned());
+        notes.push("peers skipped (--peers false)".to_owned());
     }
     topics_made.sort();
     topics_made.dedup();
-    super::delete_bench_topics(&config.kafka, &topics_made).await?;
-    super::delete_bench_keys(&config.redis).await;
+    delete_bench_topics(&config.kafka, &topics_made).await?;
+    delete_bench_keys(&config.redis).await;
     Ok(ThroughputFigures {
         reports,
         events,
@@ -227,9 +243,9 @@ async fn peer_rows(
     for pipelined in [false, true] {
         let run = config.clone();
         let row = timed(clocks, async move {
-            tokio::task::spawn_blocking(move || super::seed_design::seed_design(&run, pipelined, reports))
+            tokio::task::spawn_blocking(move || crate::seed_design::seed_design(&run, pipelined, reports))
                 .await
-                .map_err(|e| Error::Run(format!("seed design: {e}")))?
+                .map_err(Error::task("seed design"))?
         });
         peers.rows.push(row.await?);
     }
@@ -247,7 +263,7 @@ async fn peer_rows(
             let row = timed(clocks, async move {
                 tokio::task::spawn_blocking(move || kstreams_peer::kstreams_peer(&run, expected, reports))
                     .await
-                    .map_err(|e| Error::Run(format!("kstreams peer: {e}")))?
+                    .map_err(Error::task("kstreams peer"))?
             });
             peers.rows.push(row.await?);
         }
@@ -269,7 +285,7 @@ async fn timed(
 /// Runs `readfold run` on `config` until its group committed every input
 /// record.
 async fn catch_up(config: &Config, what: &'static str, sinks: bool, records: u64) -> Result<ThroughputRow> {
-    let metrics = free_addr()?;
+    let metrics = free_addr()?.to_string();
     let mut vars = config_vars(config);
     vars.extend(
         [
@@ -299,11 +315,11 @@ async fn catch_up(config: &Config, what: &'static str, sinks: bool, records: u64
     })
 }
 
-/// Runs `readfold raw-consume` ([`super::raw_consumer`]) on `config`, timed
+/// Runs `readfold-bench raw-consume` ([`crate::raw_consumer`]) on `config`, timed
 /// as [`catch_up`] times `readfold run`.
 async fn raw_consumer_process(config: &Config, records: u64) -> Result<ThroughputRow> {
     let vars = config_vars(config);
-    let (mut child, secs) = until_committed(config, || spawn_piped("raw-consume", &vars)).await?;
+    let (mut child, secs) = until_committed(config, || spawn_own_piped("raw-consume", &vars)).await?;
     // It exits right after its commit; it prints its own usage first.
     let usage = tokio::task::spawn_blocking(move || {
         use std::io::Read;
@@ -312,11 +328,11 @@ async fn raw_consumer_process(config: &Config, records: u64) -> Result<Throughpu
             let _ = out.read_to_string(&mut line);
         }
         let _ = child.0.wait();
-        super::raw_consumer::parse_usage(&line)
+        crate::raw_consumer::parse_usage(&line).ok_or(Error::NoUsage { output: line })
     })
     .await
-    .map_err(|e| Error::Run(format!("raw consumer: {e}")))?;
-    let (cpu_secs, peak_rss) = usage.ok_or_else(|| Error::Run("raw consumer: no usage line".into()))?;
+    .map_err(Error::task("raw consumer"))??;
+    let (cpu_secs, peak_rss) = usage;
     Ok(ThroughputRow {
         what: "raw consumer process (librdkafka)",
         records,
@@ -339,7 +355,7 @@ async fn until_committed(
     let watch = config.clone();
     let ends = tokio::task::spawn_blocking(move || end_offsets(&watch))
         .await
-        .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
+        .map_err(Error::task("end offsets"))??;
     let started = Instant::now();
     let child = start()?;
     tracing::debug!(pid = child.pid(), group = %config.kafka.group_id, "child started");
@@ -382,7 +398,7 @@ fn commit_watcher_config(config: &Config) -> ClientConfig {
 }
 
 /// The next offset past the last record of every input partition.
-pub(super) fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
+pub fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
     let consumer: BaseConsumer = watcher_config(config).create()?;
     let mut ends = TopicPartitionList::new();
     for topic in [&config.topics.read_reports, &config.topics.conversation_events] {
@@ -401,7 +417,7 @@ const EXITED_READ_GRACE: Duration = Duration::from_secs(10);
 
 /// [`wait_for_commits`] on a blocking thread: its polls would hold up the
 /// runtime.
-pub(super) async fn watch_commits(
+pub async fn watch_commits(
     config: &Config,
     ends: TopicPartitionList,
     started: Instant,
@@ -410,7 +426,7 @@ pub(super) async fn watch_commits(
     let watch = config.clone();
     tokio::task::spawn_blocking(move || wait_for_commits(&watch, &ends, started, pid))
         .await
-        .map_err(|e| Error::Run(format!("commit watch: {e}")))?
+        .map_err(Error::task("commit watch"))?
 }
 
 /// Polls the group's committed offsets until every one reached `ends`, and
@@ -436,10 +452,10 @@ fn wait_for_commits(
         // consumer does), is seen to have committed.
         let exited = has_exited(pid);
         if started.elapsed() > Duration::from_secs(900) {
-            return Err(Error::Run(format!(
-                "{} has not committed the whole backlog after 900 s",
-                config.kafka.group_id
-            )));
+            return Err(Error::timeout(
+                format!("group {} did not commit the whole backlog", config.kafka.group_id),
+                900,
+            ));
         }
         let read = consumer.committed_offsets(wanted.clone(), Duration::from_secs(5));
         if let Ok(committed) = &read {
@@ -462,15 +478,11 @@ fn wait_for_commits(
             // for a while before calling the child's run failed.
             let since = *exited_at.get_or_insert_with(Instant::now);
             if read.is_ok() || since.elapsed() > EXITED_READ_GRACE {
-                let unread = read
-                    .err()
-                    .map(|e| format!(" (its offsets could not be read: {e})"));
-                return Err(Error::Run(format!(
-                    "the process of group {} (pid {pid}) exited before committing the whole backlog{}; \
-                     READFOLD_BENCH_CHILD_LOG=info shows why",
-                    config.kafka.group_id,
-                    unread.unwrap_or_default()
-                )));
+                return Err(Error::ExitedUncommitted {
+                    group: config.kafka.group_id.clone(),
+                    pid,
+                    unread: read.err(),
+                });
             }
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -481,13 +493,13 @@ fn wait_for_commits(
 /// zombie its parent has not reaped yet.
 fn has_exited(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => super::child::stat_field(&stat, 0).is_some_and(|state| state == "Z" || state == "X"),
+        Ok(stat) => crate::child::stat_field(&stat, 0).is_some_and(|state| state == "Z" || state == "X"),
         Err(_) => true,
     }
 }
 
 /// The value of the Prometheus sample named `series` (0 when absent).
-pub(super) fn metric(scraped: &str, series: &str) -> f64 {
+pub fn metric(scraped: &str, series: &str) -> f64 {
     scraped
         .lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
@@ -641,7 +653,7 @@ mod tests {
     fn the_median_run_is_the_middle_one_or_the_slower_middle_one() {
         let median = |secs: &[f64]| {
             let runs: Vec<ThroughputRow> = secs.iter().map(|&s| row(s)).collect();
-            super::super::median_run(&runs, |run| run.secs).unwrap().secs
+            median_run(&runs, |run| run.secs).unwrap().secs
         };
         assert_eq!(median(&[2.0]), 2.0);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);

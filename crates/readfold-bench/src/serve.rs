@@ -1,20 +1,33 @@
-//! `readfold bench --serve-seconds N`: the query API's throughput and
-//! latency on this machine, against the configured Redis (seeded directly
-//! through the store's write half, under a key prefix of its own), with the
-//! client load generated in the same process.
+//! `readfold-bench serve --seconds N`: the query API's throughput and
+//! latency on this machine, `readfold serve` as a child process against the
+//! configured Redis (seeded directly through the store's write half, under a
+//! key prefix of its own), with the client load generated in this process.
 
 use std::time::{Duration, Instant};
 
+use readfold::config::Config;
 use readfold_core::flush::{ConversationBatch, MemberWrite, PrivateWrite, UserBatch};
 use readfold_core::Seq;
+use readfold_kafka::now_ms;
 use readfold_serve::client::HttpClient;
 use readfold_store::redis::RedisStore;
 use readfold_store::CursorStore;
 use serde_json::{json, Value};
 
-use super::percentile;
-use crate::config::Config;
+use crate::child::{free_addr, readfold_exe, ChildGuard};
 use crate::error::{Error, Result};
+use crate::fresh::delete_bench_keys;
+use crate::stats::percentile;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Seconds per scenario, at the maximum and again paced at half of it.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seconds: u64,
+    /// Keep-alive connections the client sends on.
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+}
 
 /// One scenario's figures.
 #[derive(Clone, Debug)]
@@ -159,7 +172,8 @@ async fn drive_apart(
             .map_err(Error::Runtime)?
             .block_on(drive(&addr, &request, connections, duration, interval))
     })
-    .await?
+    .await
+    .map_err(Error::task("query API client"))?
 }
 
 async fn drive(
@@ -211,13 +225,17 @@ async fn drive(
     }
     let mut all = Vec::new();
     while let Some(done) = tasks.join_next().await {
-        all.extend(done?.map_err(|e| Error::Run(format!("query API bench: {e}")))?);
+        all.extend(
+            done.map_err(Error::task("query API client"))?
+                .map_err(Error::io("query API bench"))?,
+        );
     }
     Ok((all.len() as u64, all))
 }
 
-pub async fn serve(config: &Config, seconds: u64, connections: usize) -> Result<Vec<ServeRow>> {
-    let run = format!("bench-serve-{}", super::now_ms());
+pub async fn serve(config: &Config, args: &Args) -> Result<Vec<ServeRow>> {
+    let (seconds, connections) = (args.seconds, args.connections.max(1));
+    let run = format!("bench-serve-{}", now_ms());
     let mut config = config.clone();
     config.redis.key_prefix = run.clone();
     config.cql.enabled = false;
@@ -250,19 +268,15 @@ pub async fn serve(config: &Config, seconds: u64, connections: usize) -> Result<
             p999_ms: percentile(&latencies, 0.999),
         });
     }
-    super::delete_bench_keys(&config.redis).await;
+    delete_bench_keys(&config.redis).await;
     Ok(rows)
 }
 
 /// Runs `readfold serve` as a child process, as it runs in production, on
 /// this run's key prefix; returns it (killed when dropped) and its address.
 async fn serve_apart(config: &Config) -> Result<(ChildGuard, String)> {
-    let addr = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map_err(|e| Error::Run(e.to_string()))?
-        .to_string();
-    let exe = std::env::current_exe().map_err(|e| Error::Run(e.to_string()))?;
-    let child = std::process::Command::new(exe)
+    let addr = free_addr()?.to_string();
+    let child = std::process::Command::new(readfold_exe()?)
         .arg("serve")
         .env("READFOLD__REDIS__URL", &config.redis.url)
         .env("READFOLD__REDIS__KEY_PREFIX", &config.redis.key_prefix)
@@ -274,29 +288,23 @@ async fn serve_apart(config: &Config) -> Result<(ChildGuard, String)> {
         .env("READFOLD_LOG", "error")
         .stdin(std::process::Stdio::null())
         .spawn()
-        .map_err(|e| Error::Run(format!("cannot start readfold serve: {e}")))?;
+        .map_err(|source| Error::Spawn {
+            command: "readfold serve".into(),
+            source,
+        })?;
     let guard = ChildGuard(child);
     let started = Instant::now();
     while HttpClient::new(addr.clone()).get("/healthz").await.is_err() {
         if started.elapsed() > Duration::from_secs(30) {
-            return Err(Error::Run("readfold serve did not start".into()));
+            return Err(Error::timeout("readfold serve did not answer /healthz", 30));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok((guard, addr))
 }
 
-/// A child process, killed when dropped.
-struct ChildGuard(std::process::Child);
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-pub fn print_serve(rows: &[ServeRow], connections: usize) {
+pub fn print_serve(rows: &[ServeRow], args: &Args) {
+    let connections = args.connections.max(1);
     println!(
         "query API (readfold serve as a process of its own, Redis on the configured host, {connections} keep-alive connections from a one-thread client):"
     );

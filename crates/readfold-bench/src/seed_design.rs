@@ -1,4 +1,4 @@
-//! The seed design's consumer, as a baseline for `--throughput-records`:
+//! The seed design's consumer, as a baseline for the throughput bench:
 //! for each read report, one Redis EVALSHA that max-merges the cursor into
 //! the conversation's hash, then, if it moved, one event produced to a
 //! topic for push. Pipelined, the EVALSHAs of one poll go in one round
@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 use rdkafka::error::KafkaError;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::types::RDKafkaErrorCode;
+use readfold::config::Config;
 use readfold_replay::source::{sources, KafkaInputs, Polled};
 use readfold_wire::codec::{self, WireFormat};
 
-use super::child::cpu_secs_of;
-use super::throughput::ThroughputRow;
-use crate::config::Config;
+use crate::child::cpu_secs_of;
 use crate::error::{Error, Result};
+use crate::throughput::ThroughputRow;
 
 /// Max-merge of one member's cursor into the conversation's hash.
 const MAX_MERGE: &str = r"
@@ -37,16 +37,17 @@ return 0
 /// of a Java consumer is 500).
 const POLL_BATCH: usize = 500;
 
-pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Result<ThroughputRow> {
-    let fail = |what: &str, e: &dyn std::fmt::Display| Error::Run(format!("seed design: {what}: {e}"));
+pub fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Result<ThroughputRow> {
+    let fail = |what: &'static str| move |source| Error::SeedDesign { what, source };
+    let consumer = Error::replay("seed design: consumer");
     let redis_url = config.redis.url.clone();
-    let client = redis::Client::open(redis_url.as_str()).map_err(|e| fail("redis", &e))?;
-    let mut redis = client.get_connection().map_err(|e| fail("redis", &e))?;
+    let client = redis::Client::open(redis_url.as_str()).map_err(fail("redis"))?;
+    let mut redis = client.get_connection().map_err(fail("redis"))?;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(MAX_MERGE)
         .query(&mut redis)
-        .map_err(|e| fail("script load", &e))?;
+        .map_err(fail("script load"))?;
     let prefix = format!("{}:seed-{}:", config.redis.key_prefix, pipelined);
     let events_topic = format!("{}.seed-events", config.topics.read_reports);
 
@@ -61,8 +62,7 @@ pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Res
         .into_iter()
         .filter(|(_, topic)| *topic == config.topics.read_reports)
         .collect();
-    let mut inputs =
-        KafkaInputs::open(&config.kafka, &reports_only, &[]).map_err(|e| fail("consumer", &e))?;
+    let mut inputs = KafkaInputs::open(&config.kafka, &reports_only, &[]).map_err(&consumer)?;
     let partitions = inputs.partitions().len();
     let mut done = vec![false; partitions];
 
@@ -71,9 +71,9 @@ pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Res
     let mut batch: Vec<(String, String, i64)> = Vec::with_capacity(POLL_BATCH);
     while handled < reports {
         if started.elapsed() > Duration::from_secs(900) {
-            return Err(fail(
-                "timeout",
-                &format!("{handled} of {reports} reports after 900 s"),
+            return Err(Error::timeout(
+                format!("the seed design's consumer handled only {handled} of {reports} reports"),
+                900,
             ));
         }
         batch.clear();
@@ -87,7 +87,7 @@ pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Res
                         r.value
                             .and_then(|v| codec::decode_read_report(v, WireFormat::Plain).ok())
                     })
-                    .map_err(|e| fail("consumer", &e))?;
+                    .map_err(&consumer)?;
                 match polled {
                     Polled::Record(report) => {
                         handled += 1;
@@ -128,7 +128,7 @@ pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Res
                 .map(|report| evalsha(report).query(&mut redis))
                 .collect()
         }
-        .map_err(|e| fail("evalsha", &e))?;
+        .map_err(fail("evalsha"))?;
         calls += batch.len() as u64;
         for ((conversation, user, seq), moved) in batch.iter().zip(moved) {
             if moved == 0 {
@@ -145,7 +145,7 @@ pub(super) fn seed_design(config: &Config, pipelined: bool, reports: u64) -> Res
                         record = back;
                         producer.poll(Duration::from_millis(1));
                     }
-                    Err((e, _)) => return Err(fail("produce", &e)),
+                    Err((e, _)) => return Err(e.into()),
                 }
             }
         }

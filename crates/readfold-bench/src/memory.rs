@@ -1,15 +1,33 @@
-//! `readfold bench --memory-cursors N`: resident memory per cursor of one
+//! `readfold-bench memory --cursors N`: resident memory per cursor of one
 //! partition's state holding N cursors, in the shapes a partition takes.
 //! No I/O. Each shape is built in a process of its own (this binary again,
-//! with a hidden `--memory-shape`), so that memory freed by one shape does
+//! with the hidden `memory-shape`), so that memory freed by one shape does
 //! not hide the growth of the next; each figure is the growth of resident
 //! memory the state causes, divided by its cursors.
 
 use readfold_core::fold::{ConversationEvent, CursorUpdate, EventKind, PartitionState, ReadReport};
 use readfold_core::{ConversationId, Seq, UserId};
 
-use super::resident_bytes;
+use crate::child::resident_bytes;
 use crate::error::{Error, Result};
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Cursors of the partition's state, in each shape (and in the
+    /// checkpoint's).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub cursors: u64,
+}
+
+/// One shape, for the memory bench's child.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ShapeArgs {
+    #[arg(long)]
+    pub cursors: u64,
+    /// The shape's index in the bench's list.
+    #[arg(long)]
+    pub shape: usize,
+}
 
 /// One shape's figure.
 pub struct MemoryRow {
@@ -20,7 +38,7 @@ pub struct MemoryRow {
 
 /// How the state is built.
 #[derive(Clone, Copy)]
-pub(crate) enum Build {
+pub enum Build {
     /// From changelog records, then shrunk, as a restore leaves it.
     Restored,
     /// Joins then reads through the fold, as a live partition grows.
@@ -43,23 +61,25 @@ const SHAPES: [(&str, u64, Build); 4] = [
 const CONVERSATIONS_PER_USER: u64 = 10;
 
 pub fn memory(cursors: u64) -> Result<Vec<MemoryRow>> {
-    let failed = |what: String| Error::Run(format!("the memory bench: {what}"));
-    let exe = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
+    let exe = std::env::current_exe().map_err(Error::io("cannot find this executable"))?;
     let mut rows = Vec::new();
     for (i, &(shape, _, _)) in SHAPES.iter().enumerate() {
         let output = std::process::Command::new(&exe)
-            .args(["bench", "--memory-cursors", &cursors.to_string()])
-            .args(["--memory-shape", &i.to_string()])
+            .args(["memory-shape", "--cursors", &cursors.to_string()])
+            .args(["--shape", &i.to_string()])
             .output()
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|source| Error::Spawn {
+                command: "readfold-bench memory-shape".into(),
+                source,
+            })?;
         let text = String::from_utf8_lossy(&output.stdout);
         let mut figures = text.split_whitespace().map(str::parse::<f64>);
         let (Some(Ok(held)), Some(Ok(bytes))) = (figures.next(), figures.next()) else {
-            return Err(failed(format!(
-                "the child for {shape:?} failed ({}): {text}{}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            )));
+            return Err(Error::MemoryChild {
+                shape,
+                status: output.status,
+                output: format!("{text}{}", String::from_utf8_lossy(&output.stderr)),
+            });
         };
         rows.push(MemoryRow {
             shape,
@@ -85,7 +105,7 @@ pub fn memory_shape(cursors: u64, index: usize) -> String {
 
 /// A state of `cursors` cursors, `members` per conversation; members are
 /// drawn so that each user is in about [`CONVERSATIONS_PER_USER`] of them.
-pub(crate) fn build_state(cursors: u64, members: u64, build: Build) -> PartitionState {
+pub fn build_state(cursors: u64, members: u64, build: Build) -> PartitionState {
     let conversations = (cursors / members).max(1);
     let users = (cursors / CONVERSATIONS_PER_USER).max(members);
     let stride = users / members;

@@ -1,15 +1,23 @@
-//! `readfold bench --restore-cursors N`: writes N changelog records to a
+//! `readfold-bench restore --cursors N`: writes N changelog records to a
 //! fresh one-partition compacted topic on the configured broker, then times
 //! a restore of it. Talks to Kafka.
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
+use readfold::config::Config;
 use readfold_kafka::admin::{create_topic, delete_topics};
 use readfold_kafka::changelog::{ChangelogReader, RestoreStats};
+use readfold_kafka::now_ms;
 use readfold_wire::changelog::ChangelogKind;
 use readfold_wire::codec::{encode_cursor_key, encode_cursor_update, CursorKeyRecord, CursorUpdateRecord};
 
-use crate::config::Config;
 use crate::error::{Error, Result};
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Cursors written to the changelog topic and restored.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub cursors: u64,
+}
 
 /// What a restore run measured.
 #[derive(Clone, Copy, Debug)]
@@ -20,7 +28,7 @@ pub struct RestoreFigures {
 }
 
 pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
-    let topic = format!("readfold.bench-restore.{}", super::now_ms());
+    let topic = format!("readfold.bench-restore.{}", now_ms());
     create_topic(&config.kafka, &topic, 1, config.topics.replication_factor, true).await?;
     let producer: FutureProducer = config
         .kafka
@@ -83,7 +91,8 @@ pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
         stats.elapsed = started.elapsed();
         Ok::<_, readfold_kafka::Error>((states.remove(&0).unwrap_or_default(), stats))
     })
-    .await??;
+    .await
+    .map_err(Error::task("restore"))??;
     let figures = RestoreFigures {
         cursors: state.cursor_count(),
         records: stats.records,
@@ -96,9 +105,9 @@ pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
 
 pub fn print_restore(f: RestoreFigures) {
     println!(
-        // Memory per restored cursor is --memory-cursors' "restored" rows,
+        // Memory per restored cursor is the memory bench's "restored" rows,
         // each in a process of its own: here the allocator reuses the pages
-        // the producer freed, and the growth said nothing.
+        // the producer freed, and the growth says nothing.
         "restore: {} cursors from {} changelog records in {:.2} s = {:.0} cursors/s ({:.1} s per million)",
         f.cursors,
         f.records,

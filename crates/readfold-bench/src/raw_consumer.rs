@@ -1,4 +1,4 @@
-//! `readfold raw-consume` (hidden): the throughput bench's like-for-like
+//! `readfold-bench raw-consume` (hidden): the throughput bench's like-for-like
 //! ceiling. A plain librdkafka group consumer in a process of its own, as
 //! `kcat -G` is: it joins the group, takes both inputs one message at a time
 //! (`rd_kafka_consumer_poll`), decodes nothing, commits once it has read to
@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
+use readfold::config::Config;
 use readfold_kafka::reader::{partition_ids, watermarks_of};
 
-use crate::config::Config;
+use crate::child::{cpu_secs_of, peak_rss_of};
 use crate::error::{Error, Result};
 
 /// Gives up when the inputs are not read to their end in this long.
@@ -55,11 +56,13 @@ pub fn raw_consume(config: &Config) -> Result<u64> {
     let started = Instant::now();
     while !left.is_empty() {
         if started.elapsed() > DEADLINE {
-            return Err(Error::Run(format!(
-                "raw consumer: {} partitions not read to their end after {} s",
-                left.len(),
-                DEADLINE.as_secs()
-            )));
+            return Err(Error::timeout(
+                format!(
+                    "the raw consumer did not read {} partitions to their end",
+                    left.len()
+                ),
+                DEADLINE.as_secs(),
+            ));
         }
         let Some(polled) = consumer.poll(Duration::from_millis(100)) else {
             continue;
@@ -85,15 +88,11 @@ pub fn raw_consume(config: &Config) -> Result<u64> {
 /// bench: "CPU_SECS PEAK_RSS".
 pub fn own_usage() -> String {
     let pid = std::process::id();
-    format!(
-        "{} {}",
-        super::child::cpu_secs_of(&pid.to_string()),
-        super::child::peak_rss_of(pid)
-    )
+    format!("{} {}", cpu_secs_of(&pid.to_string()), peak_rss_of(pid))
 }
 
 /// Reads [`own_usage`]'s line back: (CPU seconds, peak RSS).
-pub(super) fn parse_usage(line: &str) -> Option<(f64, u64)> {
+pub fn parse_usage(line: &str) -> Option<(f64, u64)> {
     let (cpu, rss) = line.trim().split_once(' ')?;
     Some((cpu.parse().ok()?, rss.parse().ok()?))
 }

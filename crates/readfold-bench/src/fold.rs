@@ -1,133 +1,27 @@
-//! `readfold bench`. This module measures the pure fold with a synthetic
-//! workload (one hot group, many 1:1 chats), with no I/O: fold speed, and
-//! what each flush would send to Redis and CQL. [`restore`] and
-//! [`pipeline`] measure against the configured services.
-
-mod checkpoint;
-mod child;
-mod gateway;
-mod hot_group;
-mod kstreams_peer;
-mod latency;
-mod memory;
-mod pipeline;
-mod raw_consumer;
-mod replay;
-mod restart;
-mod restore;
-mod run_queue;
-mod seed_design;
-mod serve;
-mod server_cpu;
-mod sustained;
-mod throughput;
-mod workload;
+//! `readfold-bench fold`: the pure fold with a synthetic workload (one hot
+//! group, many 1:1 chats), with no I/O: fold speed, and what each flush
+//! would send to Redis and CQL.
 
 use std::time::Instant;
 
 use readfold_core::fold::{ConversationEvent, EventKind, Input, PartitionState, ReadReport};
 use readfold_core::{ConversationId, Seq, UserId};
-pub(crate) use readfold_kafka::now_ms;
 
-pub use checkpoint::{checkpoint_codec, print_checkpoint_codec, CheckpointRow};
-pub use gateway::{gateway, print_gateway, GatewayFigures};
-pub use hot_group::{hot_group, print_hot_group, HotGroupArgs, HotGroupFigures};
-pub use latency::{
-    latency, latency_runs, print_latency, print_latency_runs, LatencyFigures, LatencyRow, MaxFrom,
-    MaxRateFrom,
-};
-pub use memory::{memory, memory_shape, print_memory, MemoryRow};
-pub use pipeline::{pipeline, print_pipeline, PipelineFigures};
-pub use raw_consumer::{own_usage, raw_consume};
-pub use replay::{print_replay, replay, ReplayRow};
-pub use restart::{print_restart, restart, CqlCatchUp, RestartRow};
-pub use restore::{print_restore, restore, RestoreFigures};
-pub use serve::{print_serve, serve, ServeRow};
-pub use throughput::{print_throughput, throughput, ThroughputFigures, ThroughputRow};
-
-/// Deletes a bench run's topics.
-async fn delete_bench_topics<'a>(
-    kafka: &readfold_kafka::KafkaConfig,
-    names: impl IntoIterator<Item = &'a String>,
-) -> crate::error::Result<()> {
-    let names: Vec<&str> = names.into_iter().map(String::as_str).collect();
-    Ok(readfold_kafka::admin::delete_topics(kafka, &names).await?)
-}
-
-/// Deletes the Redis keys a bench run wrote under its own prefix (see
-/// [`on_fresh_topics`]): left behind, they grow Redis, and every AOF
-/// rewrite's fork with it, which stalls the runs after. Only warns on
-/// failure: the figures stand.
-async fn delete_bench_keys(redis: &readfold_store::redis::RedisConfig) {
-    if !redis.enabled || redis.key_prefix.is_empty() {
-        return;
-    }
-    let deleted = async {
-        readfold_store::redis::RedisStore::connect(redis)
-            .await?
-            .delete_all()
-            .await
-    };
-    match deleted.await {
-        Ok(keys) => tracing::debug!(prefix = %redis.key_prefix, keys, "deleted the bench's Redis keys"),
-        Err(e) => {
-            tracing::warn!(prefix = %redis.key_prefix, error = %e, "could not delete the bench's Redis keys")
-        }
-    }
-}
-
-/// A read_committed reader of `config`'s `read-cursors` changelog, in a
-/// group of its own, for a bench that watches what the processor publishes.
-fn changelog_watcher(
-    config: &crate::config::Config,
-) -> crate::error::Result<readfold_kafka::changelog::ChangelogReader> {
-    Ok(readfold_kafka::changelog::ChangelogReader::new(
-        &config.kafka,
-        &format!("{}-watch", config.kafka.group_id),
-        &config.topics.read_cursors,
-        readfold_wire::changelog::ChangelogKind::ByConversation,
-        config.input.max_id_bytes,
-    )?)
-}
-
-/// `config` on topics, a group, a Redis key prefix and a CQL keyspace of
-/// their own, named `readfold.bench-<tag>-<ms>`, so that a bench run
-/// disturbs nothing else.
-pub fn on_fresh_topics(config: &crate::config::Config, tag: &str) -> crate::config::Config {
-    let name = format!("readfold-bench-{tag}-{}", now_ms());
-    let mut config = config.clone();
-    let t = &mut config.topics;
-    for (topic, role) in [
-        (&mut t.read_reports, "read-reports"),
-        (&mut t.conversation_events, "conversation-events"),
-        (&mut t.read_cursors, "read-cursors"),
-        (&mut t.user_read_cursors, "user-read-cursors"),
-        (&mut t.member_state, "member-state"),
-        (&mut t.dlq, "dlq"),
-    ] {
-        *topic = format!("{name}.{role}");
-    }
-    config.kafka.group_id = name.clone();
-    config.redis.key_prefix = name;
-    config.cql.keyspace = "readfold_bench".into();
-    config
-}
-
-/// The value at fraction `p` of sorted `values` (0 when empty).
-pub fn percentile(sorted: &[f64], p: f64) -> f64 {
-    sorted
-        .get(((sorted.len() as f64 - 1.0) * p).round() as usize)
-        .copied()
-        .unwrap_or(0.0)
-}
-
-/// The run of median `secs` among `runs` (the slower middle one of an even
-/// count: on a shared box, one run can be slowed by a neighbour); `None`
-/// when there are none.
-pub(crate) fn median_run<T: Clone>(runs: &[T], secs: impl Fn(&T) -> f64) -> Option<T> {
-    let mut sorted: Vec<&T> = runs.iter().collect();
-    sorted.sort_by(|a, b| secs(a).total_cmp(&secs(b)));
-    sorted.get(sorted.len() / 2).map(|&run| run.clone())
+/// The workload's shape.
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Reports through the pure fold.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reports: u64,
+    /// Members of the one group that takes half of the reports.
+    #[arg(long, default_value_t = 500)]
+    pub group_members: u64,
+    /// 1:1 chats that take the other half.
+    #[arg(long, default_value_t = 10_000)]
+    pub direct_chats: u64,
+    /// Reports between flushes (input rate x flush interval).
+    #[arg(long, default_value_t = 5_000)]
+    pub flush_every: u64,
 }
 
 /// Workload shape.
@@ -141,6 +35,20 @@ pub struct Workload {
     /// `redis.conversations_per_call`: how the flushes' Redis calls are
     /// counted.
     pub conversations_per_call: usize,
+}
+
+impl Workload {
+    /// `args`' workload, its Redis calls counted `conversations_per_call`
+    /// conversations to a call.
+    pub fn new(args: &Args, conversations_per_call: usize) -> Self {
+        Workload {
+            reports: args.reports,
+            group_members: args.group_members.max(1),
+            direct_chats: args.direct_chats.max(1),
+            flush_every: args.flush_every.max(1),
+            conversations_per_call,
+        }
+    }
 }
 
 /// What the run measured.
@@ -382,15 +290,6 @@ pub fn print(w: Workload, f: Figures) {
     );
     println!("cursor updates per report:        {:>12.4}   (= CQL rows and changelog records per report; seed: 1; ratio {:.1}x fewer)",
         per(f.cursor_updates), 1.0 / per(f.cursor_updates).max(f64::MIN_POSITIVE));
-}
-
-/// Resident memory of this process, from /proc/self/statm.
-pub(crate) fn resident_bytes() -> u64 {
-    // /proc/self/statm: size resident ... in pages.
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
-        .map_or(0, |pages| pages * 4096)
 }
 
 #[cfg(test)]

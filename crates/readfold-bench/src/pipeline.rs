@@ -1,19 +1,27 @@
-//! `readfold bench --pipeline-reports N`: the whole pipeline in this process
+//! `readfold-bench pipeline --reports N`: the whole pipeline in this process
 //! on the configured Kafka, Redis and CQL, on fresh topics. Talks to all
 //! three.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use readfold::config::Config;
 use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_processor::Processor;
 use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use super::now_ms;
-use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::fresh::{changelog_watcher, delete_bench_keys, delete_bench_topics, on_fresh_topics};
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Reports produced to fresh topics and folded.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub reports: u64,
+}
 
 /// What a pipeline run measured.
 #[derive(Clone, Debug)]
@@ -38,7 +46,7 @@ impl PipelineFigures {
 /// (read_committed) until every cursor has arrived. Latency is from a
 /// report's `reported_at` to the moment its cursor is read back.
 pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> {
-    let config = super::on_fresh_topics(config, "pipeline");
+    let config = on_fresh_topics(config, "pipeline");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let processor = Processor::new(config.processor_settings(), layout).await?;
@@ -69,16 +77,17 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
     }
     producer.send_many(&batch, &[]).await?;
 
-    let reader = super::changelog_watcher(&config)?;
+    let reader = changelog_watcher(&config)?;
     let (latencies_ms, elapsed_secs) = tokio::task::spawn_blocking(move || -> Result<(Vec<i64>, f64)> {
         reader.follow(None)?;
         let mut latencies_ms = Vec::new();
         let mut remaining = expected.len();
         while remaining > 0 {
             if started.elapsed() > Duration::from_secs(600) {
-                return Err(Error::Run(format!(
-                    "{remaining} cursors still missing after 600 s"
-                )));
+                return Err(Error::timeout(
+                    format!("{remaining} cursors did not reach the changelog"),
+                    600,
+                ));
             }
             reader.for_each_available(Duration::from_millis(200), |entry| {
                 let ChangelogEntry::Upsert(update) = entry else {
@@ -94,11 +103,12 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
         }
         Ok((latencies_ms, started.elapsed().as_secs_f64()))
     })
-    .await??;
+    .await
+    .map_err(Error::task("changelog reader"))??;
     let _ = stop.send(true);
-    handle.await??;
-    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
-    super::delete_bench_keys(&config.redis).await;
+    handle.await.map_err(Error::task("processor"))??;
+    delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    delete_bench_keys(&config.redis).await;
     Ok(PipelineFigures {
         reports,
         elapsed_secs,

@@ -4,7 +4,7 @@
 //! whole state in), what taking every conversation in one at a time costs
 //! (as records touch them after a restart; from a file in the temporary
 //! folder, in the page cache as just written), and what a clean stop
-//! spends writing it. The shapes of `--memory-cursors`, restored.
+//! spends writing it. The memory bench's shapes, restored.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,7 +14,7 @@ use readfold_core::Seq;
 use readfold_processor::checkpoint::CheckpointFile;
 use readfold_wire::checkpoint::{self, CheckpointMeta};
 
-use super::memory::{build_state, Build};
+use crate::memory::{build_state, Build};
 
 /// One shape's figures.
 pub struct CheckpointRow {

@@ -1,4 +1,4 @@
-//! `readfold bench --hot-group-seconds S`: the seed's hardest case, live.
+//! `readfold-bench hot-group --seconds S`: the seed's hardest case, live.
 //! One big group with every member online on protocol v2, read receipts
 //! offered open-loop at each rate in turn (each with a message, the receipt
 //! 20 ms after it, as a client that reads what it is shown), beside
@@ -11,8 +11,8 @@
 //! model's count right after the receipt), receipt-to-push in the small
 //! chats (the other members' `cursor` frame), the frames and bytes each
 //! client receives per second, each process's CPU, and the gateway's memory
-//! per connection. With `--hot-group-members 0` it only holds the small
-//! chats' connections: the many-connections row.
+//! per connection. With `--members 0` it only holds the small chats'
+//! connections: the many-connections row.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
+use readfold::config::Config;
 use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_store::redis::RedisStore;
 use readfold_wire::codec::{ConversationEventRecord, EventRecord};
@@ -32,11 +34,11 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::child::{cpu_secs_of, free_addr, rss_of};
-use super::server_cpu::{ServerClocks, ServerCpu};
-use super::{now_ms, percentile};
-use crate::config::Config;
+use crate::child::{cpu_secs_of, free_addr, rss_of};
 use crate::error::{Error, Result};
+use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::server_cpu::{ServerClocks, ServerCpu};
+use crate::stats::percentile;
 
 /// The hot group's conversation id.
 const HOT: &str = "hot";
@@ -44,30 +46,30 @@ const HOT: &str = "hot";
 const READ_AFTER: Duration = Duration::from_millis(20);
 
 #[derive(Clone, Debug, clap::Args)]
-pub struct HotGroupArgs {
-    /// Also run the hot-group bench, this many seconds per rate (0: skip).
-    #[arg(long, default_value_t = 0)]
-    pub hot_group_seconds: u64,
+pub struct Args {
+    /// Seconds of load per rate.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seconds: u64,
     /// Members of the hot group, every one online on a connection of its own.
     #[arg(long, default_value_t = 3000)]
-    pub hot_group_members: usize,
+    pub members: usize,
     /// Receipts per second offered to the hot group, each with a message;
     /// one step per rate, in order.
     #[arg(long, value_delimiter = ',', default_value = "300,1000")]
-    pub hot_group_rates: Vec<u64>,
+    pub rates: Vec<u64>,
     /// Connections in small chats next to the hot group.
     #[arg(long, default_value_t = 10_000)]
-    pub hot_group_background: usize,
+    pub background: usize,
     /// Members of each small chat.
     #[arg(long, default_value_t = 5)]
-    pub hot_group_background_size: usize,
+    pub background_size: usize,
     /// Receipts per second in the small chats, each with a message.
     #[arg(long, default_value_t = 100)]
-    pub hot_group_background_rate: u64,
+    pub background_rate: u64,
     /// Hot-group members whose clients check every `read_counts` frame
     /// against the receipts sent.
     #[arg(long, default_value_t = 20)]
-    pub hot_group_observers: usize,
+    pub observers: usize,
 }
 
 /// One step's figures.
@@ -213,27 +215,27 @@ type Stream = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 async fn open(addr: SocketAddr, user: &str, index: usize) -> Result<Stream> {
     let mut request = format!("ws://{addr}/ws?user={user}")
         .into_client_request()
-        .map_err(|e| Error::Run(e.to_string()))?;
+        .map_err(Error::websocket(user))?;
     request.headers_mut().insert(
         "Sec-WebSocket-Protocol",
         HeaderValue::from_static(readfold_gateway::PROTOCOL_V2),
     );
-    let socket = tokio::net::TcpSocket::new_v4().map_err(|e| Error::Run(e.to_string()))?;
+    let socket = tokio::net::TcpSocket::new_v4().map_err(Error::io("socket"))?;
     let source = Ipv4Addr::new(127, 0, 0, 2 + (index / 20_000) as u8);
     socket
         .bind(SocketAddr::from((source, 0)))
-        .map_err(|e| Error::Run(format!("bind {source}: {e}")))?;
+        .map_err(Error::io(format!("bind {source}")))?;
     let tcp = socket
         .connect(addr)
         .await
-        .map_err(|e| Error::Run(format!("connect {user}: {e}")))?;
+        .map_err(Error::io(format!("connect {user}")))?;
     // Small buffers: tens of thousands of clients in one process.
     let config = WebSocketConfig::default()
         .read_buffer_size(4096)
         .write_buffer_size(0);
     let (stream, _) = tokio_tungstenite::client_async_with_config(request, tcp, Some(config))
         .await
-        .map_err(|e| Error::Run(format!("websocket {user}: {e}")))?;
+        .map_err(Error::websocket(user))?;
     Ok(stream)
 }
 
@@ -361,26 +363,22 @@ fn hot_user(i: usize) -> String {
     format!("h{i:05}")
 }
 
-pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupFigures> {
-    let members = args.hot_group_members;
-    let background = args.hot_group_background;
-    let size = args.hot_group_background_size.max(2);
+pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> {
+    let members = args.members;
+    let background = args.background;
+    let size = args.background_size.max(2);
     let chats = background.div_ceil(size);
     let connections = members + chats * size;
     // Root may raise the hard limit too; the children inherit it.
-    let limit = crate::gateway::raise_fd_limit(2 * connections as u64 + 10_000, true);
+    let limit = readfold::gateway::raise_fd_limit(2 * connections as u64 + 10_000, true);
     if limit < connections as u64 + 1_000 {
-        return Err(Error::Run(format!(
-            "{connections} connections need more open files than the limit here ({limit}); raise it (ulimit -n)"
-        )));
+        return Err(Error::FileLimit { connections, limit });
     }
-    let mut config = super::on_fresh_topics(config, "hot");
+    let mut config = on_fresh_topics(config, "hot");
     config.cql.enabled = false;
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
-    let addr: SocketAddr = free_addr()?
-        .parse()
-        .map_err(|e: std::net::AddrParseError| Error::Run(e.to_string()))?;
-    let (processor, gateway) = super::gateway::spawn_pipeline(&config, &addr.to_string())?;
+    let addr = free_addr()?;
+    let (processor, gateway) = crate::gateway::spawn_pipeline(&config, &addr.to_string())?;
 
     // Everyone joins through the pipeline.
     let producer = Arc::new(InputProducer::new(
@@ -417,16 +415,17 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
             .is_none_or(|v| v.members.len() < *want)
         {
             if started.elapsed() > Duration::from_secs(180) {
-                return Err(Error::Run(format!(
-                    "the members of {conversation} never reached Redis"
-                )));
+                return Err(Error::timeout(
+                    format!("the members of {conversation} did not reach Redis"),
+                    180,
+                ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         if started.elapsed() > Duration::from_secs(180) {
-            return Err(Error::Run("the gateway never listened".into()));
+            return Err(Error::timeout("the gateway did not listen", 180));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -452,7 +451,7 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
     let mut pending = tokio::task::JoinSet::new();
     for index in 0..connections {
         let (user, conversation, role) = if index < members {
-            let observer = index < args.hot_group_observers;
+            let observer = index < args.observers;
             (hot_user(index), HOT.to_owned(), Role::Hot { observer })
         } else {
             let i = index - members;
@@ -464,7 +463,7 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
         let subscribe = serde_json::json!({ "type": "subscribe", "conversation": conversation });
         sink.send(Message::Text(subscribe.to_string().into()))
             .await
-            .map_err(|e| Error::Run(e.to_string()))?;
+            .map_err(Error::websocket(&user))?;
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_frames(sink, rx));
         writers.push(tx);
@@ -472,12 +471,12 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
         tokio::spawn(read_frames(source, index, role, shared.clone(), ready_tx));
         pending.spawn(async move { tokio::time::timeout(Duration::from_secs(120), ready_rx).await });
         if pending.len() >= 256 && !matches!(pending.join_next().await, Some(Ok(Ok(Ok(()))))) {
-            return Err(Error::Run("a client never got its snapshot".into()));
+            return Err(Error::NoSnapshot { secs: 120 });
         }
     }
     while let Some(done) = pending.join_next().await {
         if !matches!(done, Ok(Ok(Ok(())))) {
-            return Err(Error::Run("a client never got its snapshot".into()));
+            return Err(Error::NoSnapshot { secs: 120 });
         }
     }
     let connect_secs = connecting.elapsed().as_secs_f64();
@@ -489,11 +488,7 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
     let mut hot_seq = 0u64;
     let mut small_seqs = vec![0u64; chats];
     let model = Arc::new(Mutex::new(HotModel::new(members)));
-    let rates: Vec<u64> = if members == 0 {
-        vec![0]
-    } else {
-        args.hot_group_rates.clone()
-    };
+    let rates: Vec<u64> = if members == 0 { vec![0] } else { args.rates.clone() };
     for rate in rates {
         for counter in shared.frames.iter().chain(&shared.bytes) {
             counter.store(0, Ordering::Relaxed);
@@ -512,7 +507,7 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
         );
         shared.measuring.store(true, Ordering::Relaxed);
         let step_started = Instant::now();
-        let seconds = Duration::from_secs(args.hot_group_seconds);
+        let seconds = Duration::from_secs(args.seconds);
 
         // The receipts go out 20 ms after their messages, from a task that
         // only waits for their time.
@@ -569,12 +564,7 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
         // one before it to be delivered.
         let produced = Arc::new(AtomicU64::new(0));
         let failed = Arc::new(AtomicU64::new(0));
-        let total_rate = rate
-            + if chats > 0 {
-                args.hot_group_background_rate
-            } else {
-                0
-            };
+        let total_rate = rate + if chats > 0 { args.background_rate } else { 0 };
         let (mut messages, mut background_receipts) = (0u64, 0u64);
         let mut rng = 0x9e37_79b9_7f4a_7c15u64 ^ rate;
         let mut next = || {
@@ -629,7 +619,7 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
             tokio::time::sleep(seconds).await;
         }
         drop(receipt_tx);
-        let receipts = receipts_task.await.map_err(|e| Error::Run(e.to_string()))?;
+        let receipts = receipts_task.await.map_err(Error::task("receipts"))?;
         // Frames and cores are counted over the load; the last receipts
         // still show after it.
         shared.measuring.store(false, Ordering::Relaxed);
@@ -679,13 +669,13 @@ pub async fn hot_group(config: &Config, args: &HotGroupArgs) -> Result<HotGroupF
     drop(writers);
     drop(gateway);
     drop(processor);
-    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
-    super::delete_bench_keys(&config.redis).await;
+    delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    delete_bench_keys(&config.redis).await;
     Ok(HotGroupFigures {
         members,
         background: chats * size,
         background_size: size,
-        background_rate: args.hot_group_background_rate,
+        background_rate: args.background_rate,
         rss_before,
         rss_after,
         connect_secs,

@@ -1,9 +1,9 @@
-//! `readfold bench --restart-cursors N`: how long `readfold run` takes from
+//! `readfold-bench restart --cursors N`: how long `readfold run` takes from
 //! its start until `/readyz` says ready, after a clean stop, at N/4, N/2 and
 //! N cursors: with its state restored from the whole changelog, and from a
 //! local checkpoint (`state.dir`) plus the changelog written since. Redis is
 //! off, and CQL too unless asked for, so that the time is the restore's and
-//! the group join's. With CQL on (`--restart-cql true`), each restart is also
+//! the group join's. With CQL on (`--cql true`), each restart is also
 //! timed until CQL holds the restored state again: until the processor's
 //! snapshot backlog (`readfold_snapshot_backlog_keys`) is back to 0, with the
 //! keys its snapshots wrote by then.
@@ -17,14 +17,33 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use readfold::config::Config;
 use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use super::child::{config_vars, free_addr, http_get, peak_rss_of, scrape, spawn, ChildGuard};
-use super::throughput::{end_offsets, metric, watch_commits};
-use crate::config::Config;
+use crate::child::{config_vars, free_addr, http_get, peak_rss_of, scrape, spawn, ChildGuard};
 use crate::error::{Error, Result};
+use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::throughput::{end_offsets, metric, watch_commits};
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Cursors of the largest state; the bench also restarts at a quarter
+    /// and half of it.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub cursors: u64,
+    /// Members per conversation of the state (2: 1:1 chats); each user is
+    /// in about ten conversations.
+    #[arg(long, default_value_t = 100)]
+    pub members: u64,
+    /// Whether `readfold run` runs with CQL on, each restart also timed
+    /// until CQL holds the restored state again (its snapshot backlog back
+    /// to 0), with the keys that took.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    pub cql: bool,
+}
 
 /// One size's figures.
 #[derive(Clone, Debug)]
@@ -60,7 +79,8 @@ pub struct CqlCatchUp {
     pub peak_rss: u64,
 }
 
-pub async fn restart(config: &Config, cursors: u64, members: u64, cql: bool) -> Result<Vec<RestartRow>> {
+pub async fn restart(config: &Config, args: &Args) -> Result<Vec<RestartRow>> {
+    let (cursors, members, cql) = (args.cursors, args.members.max(1), args.cql);
     let mut rows = Vec::new();
     for n in [cursors / 4, cursors / 2, cursors] {
         rows.push(one_size(config, n.max(1), members, cql).await?);
@@ -69,12 +89,12 @@ pub async fn restart(config: &Config, cursors: u64, members: u64, cql: bool) -> 
 }
 
 async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Result<RestartRow> {
-    let config = super::on_fresh_topics(config, "restart");
+    let config = on_fresh_topics(config, "restart");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
     // Conversations of `members` members, each member one read; each user
     // in about ten conversations.
-    let now = super::now_ms();
+    let now = now_ms();
     let users = (cursors / 10).max(members);
     let stride = users / members;
     let reports: Vec<ReadReportRecord> = (0..cursors)
@@ -99,14 +119,14 @@ async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Res
         seq: 1000 + n,
         ..reports[0].clone()
     };
-    let base = std::env::temp_dir().join(format!("readfold-bench-restart-{}", super::now_ms()));
+    let base = std::env::temp_dir().join(format!("readfold-bench-restart-{}", now_ms()));
     let (warm, cold) = (base.join("warm"), base.join("cold"));
 
     // Fold the backlog, then stop: the stop writes the checkpoints.
     let watch = config.clone();
     let ends = tokio::task::spawn_blocking(move || end_offsets(&watch))
         .await
-        .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
+        .map_err(Error::task("end offsets"))??;
     let (child, _) = start(&config, &warm, cql)?;
     watch_commits(&config, ends, Instant::now(), child.pid()).await?;
     let stop_secs = stop(child)?.as_secs_f64();
@@ -120,8 +140,8 @@ async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Res
         time_to_ready(&config, &warm, cql).await?;
     drop(producer);
     let _ = std::fs::remove_dir_all(&base);
-    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
-    super::delete_bench_keys(&config.redis).await;
+    delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    delete_bench_keys(&config.redis).await;
     Ok(RestartRow {
         cursors,
         full_secs,
@@ -140,7 +160,7 @@ async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Res
 /// `readfold run` with checkpoints in `state_dir`; returns it and its ops
 /// address.
 fn start(config: &Config, state_dir: &Path, cql: bool) -> Result<(ChildGuard, String)> {
-    let ops = free_addr()?;
+    let ops = free_addr()?.to_string();
     let mut vars = config_vars(config);
     for (k, v) in [
         ("READFOLD__REDIS__ENABLED", "false".to_owned()),
@@ -165,12 +185,12 @@ async fn time_to_ready(
     let watch = config.clone();
     let ends = tokio::task::spawn_blocking(move || end_offsets(&watch))
         .await
-        .map_err(|e| Error::Run(format!("end offsets: {e}")))??;
+        .map_err(Error::task("end offsets"))??;
     let started = Instant::now();
     let (child, ops) = start(config, state_dir, cql)?;
     loop {
         if started.elapsed() > Duration::from_secs(600) {
-            return Err(Error::Run("readfold run was not ready within 600 s".into()));
+            return Err(Error::timeout("readfold run was not ready", 600));
         }
         if ready(&ops) {
             break;
@@ -208,8 +228,9 @@ async fn cql_caught_up(ops: &str, started: Instant, pid: u32) -> Result<CqlCatch
             });
         }
         if started.elapsed() > Duration::from_secs(1800) {
-            return Err(Error::Run(
-                "CQL did not catch up with the restored state within 1800 s".into(),
+            return Err(Error::timeout(
+                "CQL did not catch up with the restored state",
+                1800,
             ));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -228,14 +249,15 @@ fn stop(mut child: ChildGuard) -> Result<Duration> {
     let status = std::process::Command::new("kill")
         .args(["-TERM", &child.pid().to_string()])
         .status()
-        .map_err(|e| Error::Run(format!("kill: {e}")))?;
+        .map_err(Error::io("kill"))?;
     if !status.success() {
-        return Err(Error::Run("cannot signal readfold run".into()));
+        return Err(Error::Signal {
+            child: "readfold run",
+            pid: child.pid(),
+            status,
+        });
     }
-    child
-        .0
-        .wait()
-        .map_err(|e| Error::Run(format!("waiting for readfold run: {e}")))?;
+    child.0.wait().map_err(Error::io("waiting for readfold run"))?;
     Ok(started.elapsed())
 }
 
@@ -255,7 +277,8 @@ fn dir_bytes(dir: &Path) -> u64 {
     total
 }
 
-pub fn print_restart(rows: &[RestartRow], members: u64, cql: bool) {
+pub fn print_restart(rows: &[RestartRow], args: &Args) {
+    let (members, cql) = (args.members.max(1), args.cql);
     println!();
     let sinks = if cql {
         "Redis off, CQL on"

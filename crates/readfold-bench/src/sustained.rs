@@ -97,7 +97,7 @@ pub fn judge(offered: f64, achieved: f64, from: i64, to: i64, records: &[(i64, f
             .map(|&(_, ms)| ms)
             .collect();
         ms.sort_by(f64::total_cmp);
-        (!ms.is_empty()).then(|| super::percentile(&ms, 0.5))
+        (!ms.is_empty()).then(|| crate::stats::percentile(&ms, 0.5))
     };
     let Some(last_p50) = p50_within(to - fifth, to) else {
         return Verdict::LastFifthMissing;
@@ -110,7 +110,7 @@ pub fn judge(offered: f64, achieved: f64, from: i64, to: i64, records: &[(i64, f
     }
     let mut all: Vec<f64> = records.iter().map(|&(_, ms)| ms).collect();
     all.sort_by(f64::total_cmp);
-    let p99 = super::percentile(&all, 0.99);
+    let p99 = crate::stats::percentile(&all, 0.99);
     if p99 > TAIL_MS {
         return Verdict::TailOver { p99 };
     }

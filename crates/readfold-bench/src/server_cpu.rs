@@ -6,11 +6,11 @@
 //! machine and readfold's addresses for it are all local. Unknown stays
 //! None.
 
+use readfold::config::Config;
 use readfold_store::redis::RedisStore;
 
-use super::child::{cpu_secs_of, stat_field};
-use super::run_queue::ThreadWaits;
-use crate::config::Config;
+use crate::child::{cpu_secs_of, stat_field};
+use crate::run_queue::ThreadWaits;
 
 /// CPU seconds the servers used, since they started or over a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -44,7 +44,7 @@ impl ServerCpu {
 }
 
 /// Seconds the servers' threads waited for a core (see
-/// [`super::run_queue`]), in the same shape.
+/// [`crate::run_queue`]), in the same shape.
 pub type ServerWaits = ServerCpu;
 
 /// Each local server's threads' waits for a core so far.

@@ -1,4 +1,4 @@
-//! `readfold bench --latency-seconds S`: report-to-changelog and
+//! `readfold-bench latency --seconds S`: report-to-changelog and
 //! report-to-Redis latency at fixed offered rates, 10% to 90% of a maximum.
 //! `readfold run` (Redis and CQL on) is a child process on fresh topics;
 //! the bench produces the chat workload at each rate for S seconds, with
@@ -15,31 +15,55 @@
 //! them for a while.
 //!
 //! An unrecorded warm-up at 50% (as long as a step, at most 5 s) comes
-//! first. The maximum is `--latency-max-rate`, or, when that is 0, the
-//! highest live rate the pipeline sustains here, found by offering rates to
-//! the same processor before the warm-up ([`super::sustained`]); with
-//! `--latency-max-from catch-up`, the rate at which `readfold run` catches
-//! up on a backlog of 500,000 records here instead.
+//! first. The maximum is `--max-rate`, or, when that is 0, the highest
+//! live rate the pipeline sustains here, found by offering rates to the
+//! same processor before the warm-up ([`crate::sustained`]); with
+//! `--max-from catch-up`, the rate at which `readfold run` catches up on a
+//! backlog of 500,000 records here instead.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use readfold::config::Config;
 use readfold_core::Seq;
 use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_store::redis::RedisStore;
 use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use super::child::{config_vars, cpu_secs_of, free_addr, spawn};
-use super::run_queue::ThreadWaits;
-use super::server_cpu::{Priorities, ServerClocks, ServerCpu, ServerWaits};
-use super::sustained::{self, RateSearch, SearchStep};
-use super::workload::{ChatWorkload, Generated};
-use super::{now_ms, percentile};
-use crate::config::Config;
+use crate::child::{config_vars, cpu_secs_of, free_addr, spawn};
 use crate::error::{Error, Result};
+use crate::fresh::{changelog_watcher, delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::run_queue::ThreadWaits;
+use crate::server_cpu::{Priorities, ServerClocks, ServerCpu, ServerWaits};
+use crate::stats::{median_run, percentile};
+use crate::sustained::{self, RateSearch, SearchStep};
+use crate::workload::{ChatWorkload, Generated};
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Seconds per offered rate, after an unrecorded warm-up at 50%.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub seconds: u64,
+    /// The maximum rate (records/s) the rows take fractions of; 0: measure
+    /// it first, as --max-from says.
+    #[arg(long, default_value_t = 0.0)]
+    pub max_rate: f64,
+    /// Where the maximum comes from when --max-rate is 0: sustained, the
+    /// highest live rate the pipeline keeps up with here, found by offering
+    /// rates to the same processor before the rows; catch-up, the rate at
+    /// which it catches up on a backlog of 500,000 records (no live rate).
+    #[arg(long, value_enum, default_value_t = MaxRateFrom::Sustained)]
+    pub max_from: MaxRateFrom,
+    /// Times the bench runs, each with a processor and topics of its own,
+    /// at the same rates; each row shows its median run by the
+    /// report-to-changelog p99, and the lines below every run's p99.
+    #[arg(long, default_value_t = 1)]
+    pub runs: usize,
+}
 
 /// The offered rates, as fractions of the maximum.
 const FRACTIONS: [f64; 5] = [0.1, 0.3, 0.5, 0.7, 0.9];
@@ -135,16 +159,16 @@ pub async fn latency(
 ) -> Result<LatencyFigures> {
     // A catch-up runs on topics of its own, before this run's processor.
     let caught_up = if max_rate <= 0.0 && max_rate_from == MaxRateFrom::CatchUp {
-        Some(super::throughput::readfold_max_rate(config, MAX_RATE_BACKLOG).await?)
+        Some(crate::throughput::readfold_max_rate(config, MAX_RATE_BACKLOG).await?)
     } else {
         None
     };
 
-    let config = super::on_fresh_topics(config, "latency");
+    let config = on_fresh_topics(config, "latency");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let metrics = free_addr()?;
     let mut vars = config_vars(&config);
-    vars.push(("READFOLD__METRICS__LISTEN".into(), metrics));
+    vars.push(("READFOLD__METRICS__LISTEN".into(), metrics.to_string()));
     let mut child = spawn("run", &vars)?;
     let clocks = ServerClocks::new(&config).await;
 
@@ -153,7 +177,7 @@ pub async fn latency(
     // On any early return too: a follower left running would keep the
     // runtime from shutting down.
     let _stop_following = StopOnDrop(following.clone());
-    let reader = super::changelog_watcher(&config)?;
+    let reader = changelog_watcher(&config)?;
     reader.follow(None)?;
     let follower = {
         let (arrivals, following) = (arrivals.clone(), following.clone());
@@ -185,10 +209,11 @@ pub async fn latency(
     let warming = Instant::now();
     loop {
         if let Some(status) = child.exited() {
-            return Err(Error::Run(format!(
-                "readfold run exited ({status}) before it answered a probe; \
-                 READFOLD_BENCH_CHILD_LOG=info shows its log"
-            )));
+            return Err(Error::Exited {
+                child: "readfold run",
+                status,
+                when: "before it answered a probe",
+            });
         }
         match probe(&producer, &mut cursors, 0, probe_seq, Duration::from_secs(5)).await {
             Ok(_) => break,
@@ -236,12 +261,10 @@ pub async fn latency(
         });
     }
     following.store(false, Ordering::Relaxed);
-    follower
-        .await
-        .map_err(|e| Error::Run(format!("follower: {e}")))??;
+    follower.await.map_err(Error::task("changelog follower"))??;
     drop(child);
-    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
-    super::delete_bench_keys(&config.redis).await;
+    delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    delete_bench_keys(&config.redis).await;
     Ok(LatencyFigures {
         max_rate,
         max_from,
@@ -265,7 +288,7 @@ fn step_latencies(arrivals: &Arrivals, from: i64, to: i64) -> Vec<(i64, f64)> {
 }
 
 /// Finds the highest live rate the processor sustains here (see
-/// [`super::sustained`]) by offering rates to it, each for up to 5 s.
+/// [`crate::sustained`]) by offering rates to it, each for up to 5 s.
 async fn find_sustained(load: &mut Load<'_>, arrivals: &Arrivals, seconds: u64) -> Result<(f64, MaxFrom)> {
     let step_seconds = seconds.clamp(2, 5);
     let mut search = RateSearch::default();
@@ -289,11 +312,8 @@ async fn find_sustained(load: &mut Load<'_>, arrivals: &Arrivals, seconds: u64) 
             verdict,
         });
     }
-    let max = search.maximum().ok_or_else(|| {
-        Error::Run(format!(
-            "the pipeline sustained no rate of {:.0} records/s or more here; READFOLD_BENCH_CHILD_LOG=info shows the processor's log",
-            sustained::FLOOR_RATE
-        ))
+    let max = search.maximum().ok_or(Error::NoSustainedRate {
+        floor: sustained::FLOOR_RATE,
     })?;
     Ok((max, MaxFrom::Sustained { steps, step_seconds }))
 }
@@ -323,17 +343,11 @@ async fn drain(arrivals: &Arrivals) {
 /// the same rates: the maximum, when not given, is measured once, in the
 /// first. One run's tail on a shared box says little; several say how
 /// often a rate meets a bound.
-pub async fn latency_runs(
-    config: &Config,
-    seconds: u64,
-    max_rate: f64,
-    max_rate_from: MaxRateFrom,
-    runs: usize,
-) -> Result<Vec<LatencyFigures>> {
+pub async fn latency_runs(config: &Config, args: &Args) -> Result<Vec<LatencyFigures>> {
     let mut all: Vec<LatencyFigures> = Vec::new();
-    for _ in 0..runs.max(1) {
-        let given = all.first().map_or(max_rate, |first| first.max_rate);
-        let mut figures = latency(config, seconds, given, max_rate_from).await?;
+    for _ in 0..args.runs.max(1) {
+        let given = all.first().map_or(args.max_rate, |first| first.max_rate);
+        let mut figures = latency(config, args.seconds, given, args.max_from).await?;
         if let Some(first) = all.first() {
             figures.max_from = first.max_from.clone();
         }
@@ -350,7 +364,7 @@ fn median_rows(runs: &[LatencyFigures]) -> Option<LatencyFigures> {
         .filter_map(|i| {
             let row_of_each: Vec<LatencyRow> =
                 runs.iter().filter_map(|run| run.rows.get(i).cloned()).collect();
-            super::median_run(&row_of_each, |row| percentile(&row.changelog_ms, 0.99))
+            median_run(&row_of_each, |row| percentile(&row.changelog_ms, 0.99))
         })
         .collect();
     Some(LatencyFigures {
@@ -462,11 +476,11 @@ impl Load<'_> {
         let achieved = sent as f64 / started.elapsed().as_secs_f64();
         let to = now_ms();
         while let Some(done) = sends.join_next().await {
-            done.map_err(|e| Error::Run(format!("send task: {e}")))??;
+            done.map_err(Error::task("send"))??;
         }
         let mut redis_ms = Vec::new();
         while let Some(done) = probes.join_next().await {
-            redis_ms.push(done.map_err(|e| Error::Run(format!("probe task: {e}")))??);
+            redis_ms.push(done.map_err(Error::task("probe"))??);
         }
         // Let the step's last flushes arrive before the next step starts.
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -540,11 +554,11 @@ impl ProbeCursors {
             .wait_for(|cursors| cursors[k as usize].is_some_and(|c| c.get() as i64 >= seq));
         match tokio::time::timeout(within, reached).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(_)) => Err(Error::Run("the probe poller stopped".into())),
-            Err(_) => Err(Error::Run(format!(
-                "probe {} seq {seq} never reached Redis",
-                probe_conversation(k)
-            ))),
+            Ok(Err(_)) => Err(Error::ProbePollerStopped),
+            Err(_) => Err(Error::timeout(
+                format!("probe {} seq {seq} did not reach Redis", probe_conversation(k)),
+                within.as_secs(),
+            )),
         }
     }
 }

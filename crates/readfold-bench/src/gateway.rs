@@ -1,4 +1,4 @@
-//! `readfold bench --gateway-connections N`: the push gateway with N
+//! `readfold-bench gateway --connections N`: the push gateway with N
 //! WebSocket clients held open, on fresh topics, with `readfold run` and
 //! `readfold gateway` as child processes of their own (so that the
 //! gateway's memory is its own and each process has its own file limit).
@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
+use readfold::config::Config;
 use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_store::redis::RedisStore;
 use readfold_wire::codec::{ConversationEventRecord, EventRecord};
@@ -26,10 +28,27 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
 
-use super::child::{config_vars, free_addr, rss_of, spawn, ChildGuard};
-use super::{now_ms, percentile};
-use crate::config::Config;
+use crate::child::{config_vars, free_addr, rss_of, spawn, ChildGuard};
 use crate::error::{Error, Result};
+use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::stats::percentile;
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// WebSocket clients held open, each subscribed to its conversation.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub connections: usize,
+    /// Read receipts per second during the load.
+    #[arg(long, default_value_t = 200)]
+    pub rate: u64,
+    /// Seconds of receipts.
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+    /// Members per conversation (5000: one 5,000-member group, to see what
+    /// each client receives).
+    #[arg(long, default_value_t = 10)]
+    pub group: usize,
+}
 
 /// What a gateway run measured.
 #[derive(Clone, Debug)]
@@ -56,20 +75,20 @@ type Sent = HashMap<(usize, u64), (Instant, String)>;
 async fn open(addr: &str, user: &str) -> Result<WebSocketStream<MaybeTlsStream<TcpStream>>> {
     let mut request = format!("ws://{addr}/ws?user={user}")
         .into_client_request()
-        .map_err(|e| Error::Run(e.to_string()))?;
+        .map_err(Error::websocket(user))?;
     request.headers_mut().insert(
         "Sec-WebSocket-Protocol",
         HeaderValue::from_static(readfold_gateway::PROTOCOL),
     );
     let (stream, _) = tokio_tungstenite::connect_async(request)
         .await
-        .map_err(|e| Error::Run(format!("websocket {user}: {e}")))?;
+        .map_err(Error::websocket(user))?;
     Ok(stream)
 }
 
 /// Starts `readfold run` and `readfold gateway` (listening on `addr`) on
 /// `config`'s topics, with CQL, metrics and access control off.
-pub(super) fn spawn_pipeline(config: &Config, addr: &str) -> Result<(ChildGuard, ChildGuard)> {
+pub fn spawn_pipeline(config: &Config, addr: &str) -> Result<(ChildGuard, ChildGuard)> {
     let mut vars = config_vars(config);
     vars.extend(
         [
@@ -85,17 +104,12 @@ pub(super) fn spawn_pipeline(config: &Config, addr: &str) -> Result<(ChildGuard,
 }
 
 /// `group` members per conversation (the last one may have fewer).
-pub async fn gateway(
-    config: &Config,
-    connections: usize,
-    group: usize,
-    rate: u64,
-    seconds: u64,
-) -> Result<GatewayFigures> {
-    let group = group.max(1);
-    let config = super::on_fresh_topics(config, "gateway");
+pub async fn gateway(config: &Config, args: &Args) -> Result<GatewayFigures> {
+    let (connections, rate, seconds) = (args.connections, args.rate, args.seconds);
+    let group = args.group.max(1);
+    let config = on_fresh_topics(config, "gateway");
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
-    let addr = free_addr()?;
+    let addr = free_addr()?.to_string();
     let (_processor, gateway) = spawn_pipeline(&config, &addr)?;
 
     // Members: `group` per conversation, joined through the pipeline.
@@ -139,13 +153,13 @@ pub async fn gateway(
         .is_none_or(|v| v.members.len() < group)
     {
         if started.elapsed() > Duration::from_secs(120) {
-            return Err(Error::Run("the members never reached Redis".into()));
+            return Err(Error::timeout("the members did not reach Redis", 120));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     while tokio::net::TcpStream::connect(&addr).await.is_err() {
         if started.elapsed() > Duration::from_secs(120) {
-            return Err(Error::Run("the gateway never listened".into()));
+            return Err(Error::timeout("the gateway did not listen", 120));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -160,7 +174,8 @@ pub async fn gateway(
     let mut sinks: Vec<Arc<tokio::sync::Mutex<Sink>>> = Vec::with_capacity(connections);
     let mut subscribed = tokio::task::JoinSet::new();
     for i in 0..connections {
-        let stream = open(&addr, &format!("u{i}")).await?;
+        let user = format!("u{i}");
+        let stream = open(&addr, &user).await?;
         let (mut sink, mut source) = stream.split();
         let conversation = i / group;
         sink.send(Message::Text(
@@ -169,7 +184,7 @@ pub async fn gateway(
                 .into(),
         ))
         .await
-        .map_err(|e| Error::Run(e.to_string()))?;
+        .map_err(Error::websocket(&user))?;
         sinks.push(Arc::new(tokio::sync::Mutex::new(sink)));
         let (sent, latencies, frames, measuring) =
             (sent.clone(), latencies.clone(), frames.clone(), measuring.clone());
@@ -218,7 +233,7 @@ pub async fn gateway(
     }
     while let Some(done) = subscribed.join_next().await {
         if !matches!(done, Ok(Ok(Ok(())))) {
-            return Err(Error::Run("a client never got its snapshot".into()));
+            return Err(Error::NoSnapshot { secs: 60 });
         }
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -280,8 +295,8 @@ pub async fn gateway(
     latencies.sort_by(f64::total_cmp);
     drop(sinks);
     drop(gateway);
-    super::delete_bench_topics(&config.kafka, config.topics.names()).await?;
-    super::delete_bench_keys(&config.redis).await;
+    delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    delete_bench_keys(&config.redis).await;
     Ok(GatewayFigures {
         connections,
         group,

@@ -1,9 +1,13 @@
-//! Benches that run readfold commands as child processes of their own, so
-//! that each one's CPU time and memory are measured apart from the bench.
+//! Child processes: `readfold` commands, run as processes of their own so
+//! that each one's CPU time and memory are measured apart from the bench,
+//! and this binary's own hidden subcommands.
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use crate::config::Config;
+use readfold::config::Config;
+
 use crate::error::{Error, Result};
 
 /// A child process, killed when dropped.
@@ -27,19 +31,45 @@ impl Drop for ChildGuard {
     }
 }
 
+/// The `readfold` binary: the one built next to this one, so that a bench
+/// measures the build it came with.
+pub fn readfold_exe() -> Result<PathBuf> {
+    let this = std::env::current_exe().map_err(Error::io("cannot find this executable"))?;
+    let dir = this.parent().map(PathBuf::from).unwrap_or_default();
+    let name = format!("readfold{}", std::env::consts::EXE_SUFFIX);
+    // Unit tests run from the profile's `deps` folder, below the binaries.
+    let mut candidates = vec![dir.join(&name)];
+    if dir.file_name().is_some_and(|d| d == "deps") {
+        if let Some(profile) = dir.parent() {
+            candidates.push(profile.join(&name));
+        }
+    }
+    candidates
+        .into_iter()
+        .find(|path| path.is_file())
+        .ok_or_else(|| Error::ReadfoldMissing(dir.join(name)))
+}
+
 /// Starts `readfold <command>` with `vars` added to the environment. Its log
 /// level is `warn`, or `READFOLD_BENCH_CHILD_LOG` when set.
 pub fn spawn(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
-    spawn_with(command, vars, Stdio::null())
+    spawn_with(readfold_exe()?, "readfold", command, vars, Stdio::null())
 }
 
-/// As [`spawn`], with the child's stdout piped to this process.
-pub fn spawn_piped(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
-    spawn_with(command, vars, Stdio::piped())
+/// As [`spawn`], for this binary's hidden `command`, with its stdout piped
+/// to this process.
+pub fn spawn_own_piped(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
+    let exe = std::env::current_exe().map_err(Error::io("cannot find this executable"))?;
+    spawn_with(exe, "readfold-bench", command, vars, Stdio::piped())
 }
 
-fn spawn_with(command: &str, vars: &[(String, String)], stdout: Stdio) -> Result<ChildGuard> {
-    let exe = std::env::current_exe().map_err(|e| Error::Run(e.to_string()))?;
+fn spawn_with(
+    exe: PathBuf,
+    name: &str,
+    command: &str,
+    vars: &[(String, String)],
+    stdout: Stdio,
+) -> Result<ChildGuard> {
     let child = Command::new(exe)
         .arg(command)
         .envs(vars.iter().cloned())
@@ -50,7 +80,10 @@ fn spawn_with(command: &str, vars: &[(String, String)], stdout: Stdio) -> Result
         .stdin(Stdio::null())
         .stdout(stdout)
         .spawn()
-        .map_err(|e| Error::Run(format!("cannot start readfold {command}: {e}")))?;
+        .map_err(|source| Error::Spawn {
+            command: format!("{name} {command}"),
+            source,
+        })?;
     Ok(ChildGuard(child))
 }
 
@@ -145,11 +178,18 @@ pub fn stat_field(stat: &str, index: usize) -> Option<&str> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(index)
 }
 
+/// Resident memory of this process, from /proc/self/statm.
+pub fn resident_bytes() -> u64 {
+    // /proc/self/statm: size resident ... in pages.
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * 4096)
+}
+
 /// A free TCP address on this machine.
-pub fn free_addr() -> Result<String> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Run(e.to_string()))?;
-    Ok(listener
-        .local_addr()
-        .map_err(|e| Error::Run(e.to_string()))?
-        .to_string())
+pub fn free_addr() -> Result<SocketAddr> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map_err(Error::io("cannot find a free local port"))
 }

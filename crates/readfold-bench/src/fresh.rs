@@ -1,0 +1,72 @@
+//! Topics, a group, Redis keys and a CQL keyspace of a bench run's own, so
+//! that a run disturbs nothing else, and their clean-up after it.
+
+use readfold::config::Config;
+use readfold_kafka::now_ms;
+
+use crate::error::Result;
+
+/// `config` on topics, a group, a Redis key prefix and a CQL keyspace of
+/// their own, named `readfold.bench-<tag>-<ms>`.
+pub fn on_fresh_topics(config: &Config, tag: &str) -> Config {
+    let name = format!("readfold-bench-{tag}-{}", now_ms());
+    let mut config = config.clone();
+    let t = &mut config.topics;
+    for (topic, role) in [
+        (&mut t.read_reports, "read-reports"),
+        (&mut t.conversation_events, "conversation-events"),
+        (&mut t.read_cursors, "read-cursors"),
+        (&mut t.user_read_cursors, "user-read-cursors"),
+        (&mut t.member_state, "member-state"),
+        (&mut t.dlq, "dlq"),
+    ] {
+        *topic = format!("{name}.{role}");
+    }
+    config.kafka.group_id = name.clone();
+    config.redis.key_prefix = name;
+    config.cql.keyspace = "readfold_bench".into();
+    config
+}
+
+/// Deletes a bench run's topics.
+pub async fn delete_bench_topics<'a>(
+    kafka: &readfold_kafka::KafkaConfig,
+    names: impl IntoIterator<Item = &'a String>,
+) -> Result<()> {
+    let names: Vec<&str> = names.into_iter().map(String::as_str).collect();
+    Ok(readfold_kafka::admin::delete_topics(kafka, &names).await?)
+}
+
+/// Deletes the Redis keys a bench run wrote under its own prefix (see
+/// [`on_fresh_topics`]): left behind, they grow Redis, and every AOF
+/// rewrite's fork with it, which stalls the runs after. Only warns on
+/// failure: the figures stand.
+pub async fn delete_bench_keys(redis: &readfold_store::redis::RedisConfig) {
+    if !redis.enabled || redis.key_prefix.is_empty() {
+        return;
+    }
+    let deleted = async {
+        readfold_store::redis::RedisStore::connect(redis)
+            .await?
+            .delete_all()
+            .await
+    };
+    match deleted.await {
+        Ok(keys) => tracing::debug!(prefix = %redis.key_prefix, keys, "deleted the bench's Redis keys"),
+        Err(e) => {
+            tracing::warn!(prefix = %redis.key_prefix, error = %e, "could not delete the bench's Redis keys")
+        }
+    }
+}
+
+/// A read_committed reader of `config`'s `read-cursors` changelog, in a
+/// group of its own, for a bench that watches what the processor publishes.
+pub fn changelog_watcher(config: &Config) -> Result<readfold_kafka::changelog::ChangelogReader> {
+    Ok(readfold_kafka::changelog::ChangelogReader::new(
+        &config.kafka,
+        &format!("{}-watch", config.kafka.group_id),
+        &config.topics.read_cursors,
+        readfold_wire::changelog::ChangelogKind::ByConversation,
+        config.input.max_id_bytes,
+    )?)
+}
