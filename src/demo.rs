@@ -180,7 +180,6 @@ pub async fn demo(mut config: Config) -> Result<()> {
     let mut watcher = ChangelogWatcher::new(&config, &convs, layout.partitions)?;
     let mut expected = PartitionState::new();
     let mut texts: BTreeMap<(usize, i64), (&str, &str)> = BTreeMap::new();
-    let invalid = |r: validate::Rejection| Error::Run(format!("the demo script is invalid: {}", r.detail));
     // Event times: one millisecond apart, after the run's start.
     for (base_at, step) in (run + 1..).zip(script()) {
         let conv = match &step {
@@ -205,7 +204,8 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     },
                 };
                 producer.event(&e).await?;
-                expected.apply_event(&validate::conversation_event(e, &config.input).map_err(invalid)?);
+                expected
+                    .apply_event(&validate::conversation_event(e, &config.input).map_err(Error::DemoScript)?);
                 format!("{sender} sends #{seq} {text:?}")
             }
             Step::Read { user, seq, .. } | Step::ReadPrivately { user, seq, .. } => {
@@ -220,7 +220,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     action: ReadAction::Read,
                 };
                 producer.report(&r).await?;
-                expected.apply(&validate::read_report(r, &config.input).map_err(invalid)?);
+                expected.apply(&validate::read_report(r, &config.input).map_err(Error::DemoScript)?);
                 if private {
                     format!("{user} reads up to #{seq} privately (a private receipt: only {user}'s own devices learn it)")
                 } else {
@@ -235,7 +235,8 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     event: EventRecord::MemberJoined { user_id: user.into() },
                 };
                 producer.event(&e).await?;
-                expected.apply_event(&validate::conversation_event(e, &config.input).map_err(invalid)?);
+                expected
+                    .apply_event(&validate::conversation_event(e, &config.input).map_err(Error::DemoScript)?);
                 format!("{user} joins (latest seq {at_seq})")
             }
             Step::Garbage { .. } => {
@@ -478,7 +479,7 @@ impl ChangelogWatcher {
                 return Ok((self, shown));
             }
             if started.elapsed() > timeout {
-                return Err(Error::Run(format!("the changelogs did not show the expected cursors within {timeout:?}; is `readfold` able to reach the broker?")));
+                return Err(Error::DemoTimeout(timeout));
             }
         }
     }
@@ -546,7 +547,7 @@ async fn print_api(config: &Config, convs: &[String]) -> Result<()> {
             Some(b) => client.post_json(&path, b).await,
             None => client.get(&path).await,
         }
-        .map_err(|e| Error::Run(format!("query API: {e}")))?;
+        .map_err(Error::QueryApi)?;
         let data = body
             .map(|b| format!(" -H 'Content-Type: application/json' -d '{b}'"))
             .unwrap_or_default();

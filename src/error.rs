@@ -24,9 +24,31 @@ pub enum Error {
     Runtime(#[source] std::io::Error),
     #[error("a background task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
-    /// A demo or bench run did not see what it expected.
-    #[error("{0}")]
-    Run(String),
+    /// A server's listener: the setting that names its address.
+    #[error("{setting} {addr:?}: {source}")]
+    Listen {
+        setting: &'static str,
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A server started in the background for the demo.
+    #[error("the {server} could not bind its address")]
+    NotBound { server: &'static str },
+    #[error("replay: {0}")]
+    Replay(#[from] readfold_replay::Error),
+    #[error("loadgen: {0}")]
+    Loadgen(#[from] readfold_loadgen::Error),
+    #[error("cannot print the OpenAPI document: {0}")]
+    OpenApi(#[source] serde_json::Error),
+    #[error("the demo script is invalid: {}", .0.detail)]
+    DemoScript(readfold_wire::validate::Rejection),
+    #[error(
+        "the changelogs did not show the expected cursors within {0:?}; is `readfold` able to reach the broker?"
+    )]
+    DemoTimeout(std::time::Duration),
+    #[error("query API: {0}")]
+    QueryApi(#[source] std::io::Error),
 }
 
 impl From<rdkafka::error::KafkaError> for Error {

@@ -55,7 +55,11 @@ pub async fn gateway(config: Config) -> Result<()> {
     )
     .await;
     gateway.stop.store(true, Ordering::Relaxed);
-    result.map_err(|e| Error::Run(format!("gateway.listen {:?}: {e}", config.gateway.listen)))
+    result.map_err(|source| Error::Listen {
+        setting: "gateway.listen",
+        addr: config.gateway.listen.clone(),
+        source,
+    })
 }
 
 /// Serves in the background on `listen` (port 0: any free port), for the
@@ -72,9 +76,7 @@ pub async fn spawn(config: &Config, listen: &str) -> Result<(Arc<Gateway>, Socke
             tracing::error!(error = %e, "the gateway stopped");
         }
     });
-    let addr = rx
-        .await
-        .map_err(|_| Error::Run("the gateway could not bind its address".into()))?;
+    let addr = rx.await.map_err(|_| Error::NotBound { server: "gateway" })?;
     Ok((gateway, addr))
 }
 

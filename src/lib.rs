@@ -10,6 +10,7 @@ pub mod error;
 pub mod gateway;
 pub mod loadgen;
 pub mod ops;
+pub mod replay;
 pub mod run;
 pub mod serve;
 pub mod tail;

@@ -9,7 +9,7 @@ use readfold_kafka::producer::InputProducer;
 use readfold_loadgen::{LoadgenOptions, WorkloadSpec};
 
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The workload's knobs; their defaults are `WorkloadSpec::default()`'s, so
 /// the command and the library cannot differ.
@@ -107,9 +107,7 @@ pub async fn loadgen(config: &Config, args: LoadgenArgs) -> Result<()> {
     let options = args.options();
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
-    let summary = readfold_loadgen::run(&options, &producer)
-        .await
-        .map_err(|e| Error::Run(format!("loadgen: {e}")))?;
+    let summary = readfold_loadgen::run(&options, &producer).await?;
     let c = summary.counts;
     eprintln!(
         "loadgen: {} records in {:.1} s ({:.0}/s offered {:.0}/s, at most {} behind) to {} and {}: {} sends, {} reads ({} private), {} duplicates from a second device, {} stale, {} joins, {} leaves",

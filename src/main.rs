@@ -59,45 +59,7 @@ enum Command {
     /// Rebuild read state from the input topics as of a point in time and
     /// write one table (cursors, read counts or read latency) for analysts.
     /// Reads with a consumer of its own: no group, no commits, no sinks.
-    Replay {
-        /// cursors, read-counts (needs --conversation) or latency.
-        #[arg(long, default_value = "cursors")]
-        table: readfold_replay::TableKind,
-        /// jsonl, csv or parquet.
-        #[arg(long, default_value = "jsonl")]
-        format: readfold_replay::Format,
-        /// File to write (replaced only once complete); stdout when omitted or "-".
-        #[arg(long, short)]
-        output: Option<PathBuf>,
-        /// Fold only records whose Kafka record timestamp is before this
-        /// time: RFC 3339 (2026-11-30T18:00:00Z) or epoch milliseconds.
-        #[arg(long, value_parser = readfold_replay::parse_time)]
-        until: Option<i64>,
-        /// Stop a partition before an offset: TOPIC:PARTITION=OFFSET, repeatable.
-        #[arg(long = "until-offset", value_name = "TOPIC:PARTITION=OFFSET")]
-        until_offsets: Vec<readfold_replay::OffsetBound>,
-        /// Rebuild from the changelog topics (public cursors and member
-        /// state) instead of the inputs, as a restore does: the cursors table
-        /// only. Compaction keeps only each member's latest records, so with
-        /// --until this is the state at that time only where compaction has
-        /// not run past it.
-        #[arg(long)]
-        from_changelog: bool,
-        /// Only this conversation; repeatable (all when none is given).
-        #[arg(long = "conversation", value_name = "ID")]
-        conversations: Vec<String>,
-        /// Add each member's private cursor, unread mark and own unread count
-        /// to the cursors table (and list members seen only privately).
-        #[arg(long)]
-        include_private: bool,
-        /// The latency table's memory bound: messages not yet read by every
-        /// possible reader; past it the oldest is written as it stands.
-        #[arg(long, default_value_t = 1_000_000)]
-        latency_max_open: usize,
-        /// auto (a bar on a terminal, log lines otherwise), bar, log or off.
-        #[arg(long, default_value = "auto")]
-        progress: readfold_replay::ProgressMode,
-    },
+    Replay(readfold::replay::ReplayArgs),
     /// Produce a realistic chat workload to the input topics at a constant
     /// rate, from a seed: Zipf group sizes (mostly 1:1, groups up to
     /// --max-group), sends and delayed reads, multi-device duplicates,
@@ -157,7 +119,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
         Command::Openapi => {
             let doc = readfold_serve::openapi()
                 .to_pretty_json()
-                .map_err(|e| Error::Run(format!("cannot print the OpenAPI document: {e}")))?;
+                .map_err(Error::OpenApi)?;
             println!("{doc}");
             Ok(())
         }
@@ -166,35 +128,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
             readfold::tail::tail(&config, &topic, follow, limit, |line| println!("{line}"))?;
             Ok(())
         }
-        Command::Replay {
-            table,
-            format,
-            output,
-            until,
-            until_offsets,
-            from_changelog,
-            conversations,
-            include_private,
-            latency_max_open,
-            progress,
-        } => {
-            let options = readfold_replay::ReplayOptions {
-                table,
-                format,
-                output,
-                until,
-                until_offsets,
-                from_changelog,
-                conversations,
-                include_private,
-                latency_max_open,
-                progress,
-            };
-            let summary = readfold_replay::replay(&config.kafka, &config.topics, &config.input, &options)
-                .map_err(|e| Error::Run(format!("replay: {e}")))?;
-            eprintln!("{summary}");
-            Ok(())
-        }
+        Command::Replay(args) => readfold::replay::replay(&config, args),
         Command::Loadgen(args) => runtime.block_on(readfold::loadgen::loadgen(&config, args)),
         Command::CheckConfig => {
             println!("{:#?}", config.topics);

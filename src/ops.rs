@@ -95,7 +95,11 @@ pub async fn start(config: &Config) -> Result<Ops> {
         })?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(|e| Error::Run(format!("metrics.listen {listen:?}: cannot listen: {e}")))?;
+        .map_err(|source| Error::Listen {
+            setting: "metrics.listen",
+            addr: listen.clone(),
+            source,
+        })?;
     // Histograms are summarized in buckets that upkeep rotates.
     let upkeep = metrics.clone();
     tokio::spawn(async move {

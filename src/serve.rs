@@ -69,7 +69,11 @@ pub async fn serve(config: Config) -> Result<()> {
     ops.set_readiness(probes);
     readfold_serve::serve(&config.serve.listen, state, |_| {}, crate::run::wait_for_signal())
         .await
-        .map_err(|e| Error::Run(format!("serve.listen {:?}: {e}", config.serve.listen)))
+        .map_err(|source| Error::Listen {
+            setting: "serve.listen",
+            addr: config.serve.listen.clone(),
+            source,
+        })
 }
 
 /// Serves in the background on `listen` (port 0: any free port); for the
@@ -86,6 +90,5 @@ pub async fn spawn(config: &Config, listen: &str) -> Result<SocketAddr> {
             tracing::error!(error = %e, "the query API stopped");
         }
     });
-    rx.await
-        .map_err(|_| Error::Run("the query API could not bind its address".into()))
+    rx.await.map_err(|_| Error::NotBound { server: "query API" })
 }
