@@ -197,7 +197,7 @@ async fn a_replay_to_the_end_equals_the_live_changelog_every_time_and_in_every_f
         .await;
     assert_eq!(duckdb_rows(&format!("read_csv('{}')", path_str(&csv))), rows);
 
-    run_the_readme_recipes(&env, &dir).await;
+    run_the_documented_recipes(&env, &dir).await;
     a_terminal_shows_a_progress_bar(&env, &dir, rows.len()).await;
 }
 
@@ -223,15 +223,15 @@ async fn a_terminal_shows_a_progress_bar(env: &TestEnv, dir: &Path, rows: usize)
     );
 }
 
-/// Runs the README's analyst recipes as written: each `readfold replay`
-/// line, then each DuckDB query on the files they wrote.
-async fn run_the_readme_recipes(env: &TestEnv, dir: &Path) {
-    let readme = include_str!("../../README.md");
-    let section = readme
-        .split("## Analysts: `readfold replay`")
+/// Runs the analyst recipes of docs/replay.md as written: each `readfold
+/// replay` line, then each DuckDB query on the files they wrote.
+async fn run_the_documented_recipes(env: &TestEnv, dir: &Path) {
+    let doc = include_str!("../../docs/replay.md");
+    let section = doc
+        .split("\n## Recipes\n")
         .nth(1)
         .and_then(|s| s.split("\n## ").next())
-        .expect("the README's replay section");
+        .expect("the recipes section of docs/replay.md");
     let (mut replays, mut queries) = (0, 0);
     for line in section.lines() {
         if line.contains('[') {
@@ -257,13 +257,13 @@ async fn run_the_readme_recipes(env: &TestEnv, dir: &Path) {
                 .expect("python3");
             assert!(
                 out.status.success(),
-                "README query failed: {query}\n{}",
+                "docs/replay.md query failed: {query}\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
             queries += 1;
         }
     }
-    assert_eq!((replays, queries), (3, 3), "the README has three recipes");
+    assert_eq!((replays, queries), (3, 3), "docs/replay.md has three recipes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -188,7 +188,7 @@ fn listpack_advice(value: Option<&str>) -> Option<String> {
         format!(
             "Redis keeps hashes of up to {entries} fields as listpacks, which the merge \
              script scans once per field it reads or writes: for groups of {} to {entries} \
-             members set hash-max-listpack-entries {LISTPACK_ADVICE} (README, \"Redis settings\")",
+             members set hash-max-listpack-entries {LISTPACK_ADVICE} (docs/operations.md, \"Redis settings\")",
             LISTPACK_ADVICE + 1
         )
     })
