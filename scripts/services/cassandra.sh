@@ -180,7 +180,7 @@ launch() {
     "$JAVA ${JVM_ARGS[*]}" >>"$LOGDIR/stdout.log"
   rm -f "$PIDFILE" "$PIDFILE.tmp"
   # As root, Cassandra's startup mlockall(MCL_CURRENT) succeeds and pins the whole committed
-  # heap in RAM (RSS ~930 MiB at idle). Dropping CAP_IPC_LOCK makes it fail harmlessly
+  # heap in RAM, even at idle. Dropping CAP_IPC_LOCK makes it fail harmlessly
   # (one WARN) so RSS only grows as memory is used. CASSANDRA_MLOCK=1 keeps the stock behaviour.
   local wrap=()
   if [[ "${CASSANDRA_MLOCK:-0}" != 1 && "$(id -u)" == 0 ]] && command -v setpriv >/dev/null; then

@@ -205,9 +205,9 @@ async fn backlog_of_rounds(name: &str, rounds: i64) -> (TestEnv, Reference) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_catch_up_waits_between_flushes_only_while_behind() {
     // The fold must still be behind when the first flush, a few
-    // milliseconds in, commits: 400,000 reports take it about five times as
-    // long here, so that a first transaction slowed by other tests on the
-    // broker still commits before the fold reaches the end.
+    // milliseconds in, commits: 400,000 reports take it far longer, so
+    // that a first transaction slowed by other tests on the broker still
+    // commits before the fold reaches the end.
     let (env, reference) = backlog_of_rounds("catchup", 40).await;
     let addr = free_local_addr();
     let mut processor = env.spawn_with(

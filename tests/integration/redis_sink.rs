@@ -539,7 +539,7 @@ async fn a_flush_longer_than_the_timeout_lands_in_bounded_requests() {
     let store = RedisStore::connect_writer(&config)
         .await
         .expect("connect to Redis");
-    // 300k member merges: about a second of Redis's time, four timeouts.
+    // 300k member merges: several timeouts' worth of Redis's time.
     let users: Vec<String> = (0..500).map(|u| format!("u{u}")).collect();
     let batches: Vec<ConversationBatch> = (0..600)
         .map(|c| {

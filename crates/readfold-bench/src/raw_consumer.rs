@@ -26,7 +26,7 @@ const DEADLINE: Duration = Duration::from_secs(600);
 pub fn raw_consume(config: &Config) -> Result<u64> {
     // readfold's own fetch tuning: with librdkafka's defaults a consumer
     // that falls behind its fetches idles for fetch.queue.backoff.ms (1 s)
-    // at a time, as kcat -G does on this backlog (3-4 s instead of 1).
+    // at a time, as kcat -G does on this backlog.
     let consumer: BaseConsumer = config
         .kafka
         .backlog_client_config()

@@ -385,9 +385,9 @@ fn watcher_config(config: &Config) -> ClientConfig {
 /// transaction has offsets pending with UNSTABLE_OFFSET_COMMIT (KIP-447's
 /// require_stable), and librdkafka asks again after a backoff that doubles
 /// up to retry.backoff.max.ms (1 s). A processor that commits transaction
-/// after transaction nearly always has one pending, so its last commit was
-/// seen up to 0.2 s later than it landed, which counted against it and not
-/// against the raw consumer, whose commits are plain. Asked with
+/// after transaction nearly always has one pending, so its last commit
+/// would be seen a backoff later than it landed, which would count against
+/// it and not against the raw consumer, whose commits are plain. Asked with
 /// read_uncommitted, the broker answers at once with the offsets committed
 /// so far: a pending transaction's offsets are not among them until it
 /// commits.
@@ -434,7 +434,8 @@ pub async fn watch_commits(
 /// child process `pid`, which should commit them, has exited without doing
 /// so (a bad setting or a crash would otherwise leave the bench waiting
 /// 900 s). The time is taken before the watching consumer is dropped: its
-/// close took about 0.1 s, which would count against every process timed.
+/// close waits for the client's threads to wind down, which would count
+/// against every process timed.
 fn wait_for_commits(
     config: &Config,
     ends: &TopicPartitionList,

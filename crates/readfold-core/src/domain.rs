@@ -2,9 +2,8 @@
 //!
 //! Ids are [`SmolStr`]s: an id of up to 23 bytes (numeric and most
 //! snowflake ids) is held inline, so decoding a record allocates nothing for
-//! it and a map lookup compares it without following a pointer (before,
-//! following `Arc<str>` keys was a fifth of a replay's fold); a longer one
-//! is one shared allocation. Either clones in O(1).
+//! it and a map lookup compares it without following a pointer; a longer
+//! one is one shared allocation. Either clones in O(1).
 
 use std::fmt;
 use std::str::FromStr;

@@ -248,8 +248,7 @@ pub fn begin_snapshot<D>(
             // By conversation, so that a share holds whole conversations,
             // which CQL takes as one batch each: in the set's order a
             // 100-member group's keys spread over dozens of shares and
-            // batches (the stop after a catch-up of 4M keys, which writes
-            // what is owed, took 27 s so, 19 s sorted, one run each).
+            // batches.
             slot.snapshotting.sort_unstable();
         }
     }

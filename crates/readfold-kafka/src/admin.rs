@@ -155,8 +155,8 @@ pub async fn ensure_topics(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result
 }
 
 /// Drops a librdkafka client on a thread of its own: its destroy waits for
-/// the client's threads to wind down, about 100 ms that a start (the topic
-/// check comes first) need not wait for.
+/// the client's threads to wind down, which a start (the topic check comes
+/// first) need not wait for.
 pub fn drop_in_background<T: Send + 'static>(client: T) {
     std::thread::spawn(move || drop(client));
 }

@@ -2,12 +2,11 @@
 //!
 //! rdkafka's `send` hands librdkafka one record per call, and each call
 //! allocates the topic name as a C string, looks the topic up by name, and
-//! reads the clock twice (the record's time, the partitioner's). A flush
-//! produces hundreds of thousands of changelog records, and that was half
-//! of its time. `rd_kafka_produce_batch` takes a whole array of records
-//! for a topic held open, each with its own partition, under one lock and
-//! one clock read; it adds their partitions to an open transaction as
-//! `send` does.
+//! reads the clock twice (the record's time, the partitioner's), for each
+//! of the hundreds of thousands of changelog records a flush can produce.
+//! `rd_kafka_produce_batch` takes a whole array of records for a topic held
+//! open, each with its own partition, under one lock and one clock read; it
+//! adds their partitions to an open transaction as `send` does.
 
 use std::collections::HashMap;
 use std::ffi::CString;

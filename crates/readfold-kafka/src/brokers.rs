@@ -3,10 +3,10 @@
 //! A transactional producer looks for its transaction coordinator as soon
 //! as `init_transactions` starts. Right after the client was created no
 //! broker connection is up yet, so librdkafka gives up on that first look
-//! and tries again only on a 500 ms timer: half a second of every start
-//! (measured: producer created to ready, 507 ms). Asking for the brokers
-//! first, with a metadata request that names no topic, brings a connection
-//! up in one round trip, and the coordinator is then found at once.
+//! and tries again only on a 500 ms timer, which every start would wait
+//! out. Asking for the brokers first, with a metadata request that names no
+//! topic, brings a connection up in one round trip, and the coordinator is
+//! then found at once.
 
 use std::time::Duration;
 

@@ -83,9 +83,8 @@ impl Restorer {
     /// Connects the restore's readers to the broker that leads the
     /// changelogs and caches where their partitions are, so that the first
     /// restore's offset queries need not. Run beside a start's other
-    /// connects: a start whose restore came after the readers' bootstrap
-    /// connections had closed waited 20-30 ms longer for its settle (13-33
-    /// ms against 7-10 with the readers warmed up, in 1M catch-ups).
+    /// connects: a restore that comes after the readers' bootstrap
+    /// connections have closed waits longer for its settle.
     pub fn warm_up(&self) {
         std::thread::scope(|scope| {
             scope.spawn(|| self.public.reader.warm_up(&self.public.topic));
@@ -113,8 +112,8 @@ impl Restorer {
     fn wait_for_settled(&self, partitions: &[i32]) -> Result<[Ends; 2]> {
         let started = Instant::now();
         // The two changelogs side by side, each asked for its high
-        // watermarks and last stable offsets at once: one round of queries
-        // where one after another made four (a third of a restart's restore).
+        // watermarks and last stable offsets at once: one round of queries,
+        // not four one after another.
         let (public, member_state) = std::thread::scope(|scope| {
             let public = scope.spawn(|| self.settle(&self.public, partitions, started));
             let member_state = self.settle(&self.member_state, partitions, started);

@@ -51,13 +51,11 @@ impl KafkaConfig {
     /// - Once a partition's local queue passes queued.min.messages,
     ///   librdkafka waits fetch.queue.backoff.ms (1 s by default) before it
     ///   fetches that partition again, and a reader that drained its queue
-    ///   meanwhile idles: a 2M-record replay spent half a second of 2.5 s
-    ///   so. Fetch again 10 ms after.
-    /// - Fetched but unfolded records stay few, so that librdkafka reuses
-    ///   their memory: 1 MB per partition and 32 MB queued (were 10 MB and
-    ///   the 64 MB default) took a 1M-record catch-up's peak RSS from
-    ///   366-442 MB to 213-292 MB at the same rate, and a replay stopped
-    ///   taking fresh pages for the kernel to zero.
+    ///   meanwhile idles. Fetch again 10 ms after.
+    /// - Fetched but unfolded records stay few (1 MB per partition, 32 MB
+    ///   queued), so that librdkafka reuses their memory: peak RSS stays
+    ///   low at the same rate, and a replay takes no fresh pages for the
+    ///   kernel to zero.
     pub fn backlog_client_config(&self) -> ClientConfig {
         self.client_config_over(&[
             ("fetch.queue.backoff.ms", "10"),
@@ -90,11 +88,11 @@ impl KafkaConfig {
     /// A new client connects to the bootstrap servers, learns the brokers
     /// and drops that connection for one to the broker it learned; a
     /// request made meanwhile waits for that connection, which librdkafka
-    /// opens no sooner than half the backoff after its last one. So the
-    /// first request of most new clients waited 50 ms (measured: 54 ms in
-    /// 5 of 8 fresh clients, 3-20 ms with 10), and a start makes several
-    /// clients one after another. A broker that is down is still tried
-    /// with the backoff doubling up to reconnect.backoff.max.ms (10 s).
+    /// opens no sooner than half the backoff after its last one. At
+    /// librdkafka's default the first request of most new clients would
+    /// wait 50 ms, and a start makes several clients one after another. A
+    /// broker that is down is still tried with the backoff doubling up to
+    /// reconnect.backoff.max.ms (10 s).
     fn client_config_over(&self, defaults: &[(&str, &str)]) -> ClientConfig {
         let mut client = ClientConfig::new();
         client.set("bootstrap.servers", &self.bootstrap_servers);
@@ -133,8 +131,8 @@ impl KafkaConfig {
     /// The processor's two transactional ids, one per producer (they take
     /// turns, a flush each): `<group_id>-<instance_id>` and
     /// `<group_id>-<instance_id>#1`, so that a restarted instance fences
-    /// both of its previous incarnation's producers. The first is the id
-    /// of the builds that had one producer, which the first still fences.
+    /// both of its previous incarnation's producers. The first is also the
+    /// id of a single-producer build, so an upgrade fences that one too.
     pub fn transactional_ids(&self) -> [String; 2] {
         let id = format!("{}-{}", self.group_id, self.instance_id());
         [id.clone(), format!("{id}#1")]

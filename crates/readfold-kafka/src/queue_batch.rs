@@ -2,11 +2,10 @@
 //!
 //! rdkafka's `poll` hands over one message per call, and each call pays for
 //! a clock read, a timeout computation, an event object and the queue's
-//! lock. At hundreds of thousands of small records a second that was a
-//! tenth of all the CPU spent (the replay), and a fifth of the processor's
-//! (in a catch-up). librdkafka's `rd_kafka_consume_batch_queue` takes up to a whole
-//! batch off a queue in one call; [`QueueBatch`] keeps that batch and hands
-//! it over one message at a time, so callers keep their per-record logic.
+//! lock, which weighs at hundreds of thousands of small records a second.
+//! librdkafka's `rd_kafka_consume_batch_queue` takes up to a whole batch off
+//! a queue in one call; [`QueueBatch`] keeps that batch and hands it over
+//! one message at a time, so callers keep their per-record logic.
 //!
 //! That call serves a queue as the legacy consumer API does: it must only
 //! ever see fetched messages and errors, never a group's rebalance events
@@ -48,9 +47,8 @@ pub(crate) struct QueueBatch {
     /// to be destroyed: by the next call, so that what it lent stays valid
     /// until then.
     lent: bool,
-    /// The topic names seen, checked as UTF-8 once: a message names its
-    /// topic as a C string, and checking it for every message cost 2% of
-    /// the processor's CPU.
+    /// The topic names seen, each checked as UTF-8 once rather than for
+    /// every message (a message names its topic as a C string).
     topics: Vec<Box<str>>,
 }
 

@@ -335,8 +335,8 @@ const WATERMARK_QUERIES_IN_FLIGHT: usize = 16;
 
 /// The (log start, end) offsets of each of `partitions` of `topic`, in
 /// their order; the end as [`TopicReader::watermarks`] says. Each partition
-/// is a request of its own in librdkafka, so they are sent concurrently: one
-/// after another, 12 partitions took a tenth of a 1M-record replay.
+/// is a request of its own in librdkafka, so they are sent concurrently
+/// rather than one round trip after another.
 pub fn watermarks_of<C: rdkafka::consumer::ConsumerContext>(
     consumer: &(impl Consumer<C> + Sync),
     topic: &str,

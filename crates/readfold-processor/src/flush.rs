@@ -280,9 +280,9 @@ impl Writer {
         let offsets = self.transaction_offsets(&plan)?;
         // The stores go first, on a task of their own: a catch-up's last
         // flush waits for Redis's merges, not for its transaction, and
-        // polled beside the encoding in this task they started only once
-        // the first chunks were encoded, and then had their batches built
-        // while the encoding waited.
+        // polled beside the encoding in this task they would start only
+        // once the first chunks were encoded, and then build their batches
+        // while the encoding waits.
         let stores = tokio::spawn({
             let (stores, plan) = (self.stores.clone(), Arc::clone(&plan));
             async move { (stores.write(&plan).await, started.elapsed()) }

@@ -133,8 +133,8 @@ impl Processor {
         telemetry::register();
         // The consumer exists from the start: librdkafka looks for the
         // group's coordinator when it is created, and, finding no broker
-        // connection up yet, looks again only 500 ms later; that wait now
-        // runs while the topics are checked. Once they are, the consumer
+        // connection up yet, looks again only 500 ms later; that wait runs
+        // while the topics are checked. Once they are, the consumer
         // subscribes (joining goes on in the background) and the producer
         // starts. Not before: its `init_transactions` fences any running
         // incarnation with the same transactional id, and a start bound to

@@ -13,13 +13,13 @@
 //! they are written it answers the same producer's next AddPartitionsToTxn
 //! and AddOffsetsToTxn with CONCURRENT_TRANSACTIONS, which librdkafka
 //! retries 20 ms later (KAFKA-5477): under load, when flushes follow each
-//! other at once, every transaction began so, and that wait was a third of
-//! a flush. The other producer's transaction state is free, so the next
-//! flush starts at once. Order still holds: a flush begins only after the
-//! one before it committed, so its records follow that one's in every
-//! partition, a read_committed reader sees them only after it (the earlier
-//! transaction holds the last stable offset back), and its offset commit
-//! is written after the earlier one's, which is the one that counts.
+//! other at once, every transaction would begin with that wait. The other
+//! producer's transaction state is free, so the next flush starts at once.
+//! Order still holds: a flush begins only after the one before it
+//! committed, so its records follow that one's in every partition, a
+//! read_committed reader sees them only after it (the earlier transaction
+//! holds the last stable offset back), and its offset commit is written
+//! after the earlier one's, which is the one that counts.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -79,9 +79,9 @@ pub struct Transactions {
 /// One transactional producer.
 struct Lane {
     /// Threaded, not a `FutureProducer`: nothing waits on one record's
-    /// delivery (the commit checks them all), and a future per record cost
-    /// a channel and its allocations on every changelog record. Records go
-    /// a topic's batch at a time ([`BatchProducer`]).
+    /// delivery (the commit checks them all), and a future per record would
+    /// cost a channel and its allocations on every changelog record.
+    /// Records go a topic's batch at a time ([`BatchProducer`]).
     producer: BatchProducer<LogContext>,
     /// How long an open transaction waits for the stores before it aborts:
     /// half the transaction timeout, so that the coordinator never aborts
@@ -138,7 +138,7 @@ impl Lane {
             .set("transaction.timeout.ms", kafka.transaction_timeout_ms.to_string())
             .set("enable.idempotence", "true")
             // The commit checks delivery as a whole; a report per record
-            // only cost an event and a callback each.
+            // would only cost an event and a callback each.
             .set("delivery.report.only.error", "true")
             // A transaction's first requests may still meet the markers of
             // this producer's previous one (CONCURRENT_TRANSACTIONS); retry

@@ -50,8 +50,7 @@ pub struct Merge<T> {
     /// Sources not pulled yet (at the start).
     unpulled: Vec<usize>,
     /// The source whose head was taken last: its key is still on top, to be
-    /// replaced by its next head's in one sift rather than a pop and a push
-    /// (the heap was a tenth of a replay's fold).
+    /// replaced by its next head's in one sift rather than a pop and a push.
     taken: Option<usize>,
 }
 

@@ -4,7 +4,7 @@
 //! the reader never blocks on one partition's full channel (the merge may be
 //! waiting for another), so memory stays bounded and nothing deadlocks.
 //! Emptied batches go back to the reader to be filled again: a fresh one
-//! per batch cost a tenth of a replay's CPU in page faults.
+//! per batch would fault in new pages every time.
 //!
 //! A table that does not depend on the order of records across partitions
 //! (the cursors) takes them [`Arrival::AsFetched`]: every partition's batches

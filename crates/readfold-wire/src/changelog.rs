@@ -133,8 +133,8 @@ impl ChangelogFrames {
 
 /// Changelog records encoded back to back into one buffer. A flush encodes
 /// hundreds of thousands of records; as an [`OutRecord`] each, with their
-/// ids copied into `String`s on the way, that took about 15 allocations
-/// per change. Here a chunk of changes takes two.
+/// ids copied into `String`s on the way, every change would take over a
+/// dozen allocations. Here a chunk of changes takes two.
 #[derive(Clone, Debug, Default)]
 pub struct EncodedRecords {
     bytes: Vec<u8>,

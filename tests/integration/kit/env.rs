@@ -297,10 +297,10 @@ const CLEAN_UP_WAIT: Duration = Duration::from_secs(15);
 
 impl Drop for TestEnv {
     /// Deletes the test's topics and Redis keys when it passed: left on a
-    /// machine that keeps the services' data, one full run left 814
-    /// partition directories and 164k keys, which slowed the benches run
-    /// after it. A failed test's stay for a look; the next run's sweep
-    /// ([`super::sweep`]) removes them, and its CQL keyspace, later.
+    /// machine that keeps the services' data, a full run's would pile up
+    /// and slow the benches run after it. A failed test's stay for a look;
+    /// the next run's sweep ([`super::sweep`]) removes them, and its CQL
+    /// keyspace, later.
     fn drop(&mut self) {
         if std::thread::panicking() {
             return;

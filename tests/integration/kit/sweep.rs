@@ -2,13 +2,14 @@
 //! its own topics (`it.<test>-<pid>-<nanos>.<topic>`) and CQL keyspace
 //! (`it_<test>_<pid>_<nanos>`), and a failing or killed test cannot remove
 //! them, nor its Redis keys (`it.<test>-<pid>-<nanos>:...`); a passing
-//! test removes its topics and keys itself. On a machine that keeps the services' data between runs they pile
-//! up: 743 keyspaces once filled the CQL server's 1 GB heap and failed a
-//! whole run. So each test process, before its first test, deletes those
-//! whose process has ended; a running test process's (another `cargo
-//! test` on the same services) are left alone. Whether a process runs is
-//! known only on this machine, so services elsewhere are never swept; and
-//! the sweep stops after [`BUDGET`], leaving the rest to the next run.
+//! test removes its topics and keys itself. On a machine that keeps the
+//! services' data between runs they pile up, and enough keyspaces fill the
+//! CQL server's heap and fail a whole run. So each test process, before
+//! its first test, deletes those whose process has ended; a running test
+//! process's (another `cargo test` on the same services) are left alone.
+//! Whether a process runs is known only on this machine, so services
+//! elsewhere are never swept; and the sweep stops after [`BUDGET`],
+//! leaving the rest to the next run.
 
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! A partition holds millions of conversations and users. In a hash map
 //! each entry takes a bucket of its own size, and a map is a quarter to a
 //! half empty at any time (hashbrown keeps 1/8 free and grows by doubling),
-//! so the spare room was a third of a 1:1 chat's memory. Here the spare
+//! which weighs on small entries such as a 1:1 chat's. Here the spare
 //! room is 5 bytes a bucket (the number and hashbrown's control byte), the
 //! entries take exactly their size once shrunk, and an entry's number is a
 //! stable 4-byte handle (entries are never removed).

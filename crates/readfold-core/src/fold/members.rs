@@ -2,7 +2,7 @@
 //!
 //! A partition holds millions of members, most of whom only ever have a
 //! cursor, a join_seq and two times. A hash map of [`Member`] per
-//! conversation cost about 175 bytes each (a 16-byte id and a 104-byte
+//! conversation would cost about 175 bytes each (a 16-byte id and a 104-byte
 //! value per entry, the map's spare room, and an id allocation per member).
 //! Here:
 //! - each user id is kept once per partition ([`UserTable`]); members refer
@@ -12,17 +12,16 @@
 //!   leave, an epoch past 2^25, a seq past 2^32, a time past 4,000 years
 //!   from 1970) lives in an [`Extra`] of the partition's [`Extras`], which
 //!   the slot names by a 4-byte handle in place of its join_seq (a boxed
-//!   extra cost a slot 8 bytes of pointer whether it had one or not);
+//!   extra would cost a slot 8 bytes of pointer whether it had one or not);
 //! - a conversation of one or two members holds their slots inline
 //!   ([`Members::Inline`]): most conversations are 1:1 chats, and a
-//!   separate array cost them an allocation and a pointer each;
+//!   separate array would cost them an allocation and a pointer each;
 //! - a bigger conversation's members are one vector, sorted by user index
 //!   but for a short unsorted tail, grown a little at a time; a big
 //!   conversation also keeps its sorted users densely (4 bytes a member),
 //!   so that a lookup misses the cache once rather than at every step;
 //! - whether a member changed since the last flush is two bits of its slot,
-//!   so that marking one costs no hashing of ids (a map of changed keys was
-//!   a quarter of the fold's time).
+//!   so that marking one costs no hashing of ids.
 //!
 //! The fold works on unpacked [`Member`] values and packs them back, so the
 //! rules in `mod.rs` never see this layout.
@@ -248,7 +247,7 @@ impl Slot {
 
     /// A public read by a listed member, in place, when the cursor and the
     /// times live in the slot and `seq` and `at` fit there: most reports,
-    /// and unpacking the whole member for them cost a tenth of the fold.
+    /// which then need not unpack the whole member.
     /// Returns whether the cursor moved, or `None` when the caller must go
     /// through [`Slot::load`].
     pub(crate) fn advance_in_place(&mut self, seq: Seq, at: i64) -> Option<bool> {
@@ -381,8 +380,8 @@ pub(crate) struct Heap {
     slots: Vec<Slot>,
     /// In a big conversation, the users of the sorted run, densely: a
     /// lookup binary-searches these 16 to a cache line, then touches one
-    /// slot. Searching the slots themselves missed the cache at each of the
-    /// last steps, and that was a quarter of a replay's fold.
+    /// slot. Searching the slots themselves would miss the cache at each
+    /// of the last steps.
     index: Option<Vec<u32>>,
     /// Length of the sorted run.
     sorted: u32,
@@ -603,7 +602,7 @@ impl Heap {
     }
 
     /// Merges the unsorted tail into the sorted run in place: each slot is
-    /// moved at most once, and nothing is allocated (a stable sort took a
+    /// moved at most once, and nothing is allocated (a stable sort takes a
     /// scratch buffer of half the slots, fresh memory for a big group). The
     /// index, if any, takes the same moves rather than being rebuilt from
     /// every slot.

@@ -1,14 +1,13 @@
 //! Conversations kept in a store (a local checkpoint) rather than in
 //! memory, each taken in when a record first touches it.
 //!
-//! A restart from a checkpoint that decoded the whole file first took time
-//! in proportion to the state (0.07-0.10 s per million cursors here). A
-//! state [`over`](super::PartitionState::over) a store starts empty and
-//! asks the store for a conversation the first time it misses it, so a
-//! restart costs the same at any size; what no record touches stays in the
-//! store. Everything merges by max, and a conversation is taken whole
-//! before anything is folded into it, so the result is the one a state
-//! loaded whole would reach.
+//! Decoding a whole checkpoint first would make a restart take time in
+//! proportion to the state. A state [`over`](super::PartitionState::over)
+//! a store starts empty and asks the store for a conversation the first
+//! time it misses it, so a restart costs the same at any size; what no
+//! record touches stays in the store. Everything merges by max, and a
+//! conversation is taken whole before anything is folded into it, so the
+//! result is the one a state loaded whole would reach.
 //!
 //! The store says when it finds itself damaged ([`StoredConversations::fault`]);
 //! a state with a fault answers wrongly for what it could not take, and

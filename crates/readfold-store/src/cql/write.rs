@@ -3,7 +3,8 @@
 //! batch holds one partition, or a few small partitions that have the same
 //! replicas (and shards), so that it goes to a node that owns every row in
 //! it: the CQL server's cost is mostly per request, and a snapshot of many
-//! 1:1 chats was thousands of requests of two or three rows each.
+//! 1:1 chats would otherwise be thousands of requests of two or three rows
+//! each.
 //!
 //! Every write carries its own timestamp, so that the store's
 //! last-write-wins becomes the fold's order (see topology.md):
@@ -39,9 +40,9 @@ use crate::error::{Error, Result};
 
 /// Budget for the estimated data size of one batch, under Cassandra's default
 /// `batch_size_fail_threshold` (50 KiB). Cassandra 5 does not apply that
-/// threshold to a batch of one partition key (measured: 90 KiB passes), but
-/// other servers or versions may count the `cursors` and `conversations`
-/// updates as two mutations (ScyllaDB: 128 KiB warning, 1 MiB failure), and
+/// threshold to a batch of one partition key, but other servers or versions
+/// may count the `cursors` and `conversations` updates as two mutations
+/// (ScyllaDB: 128 KiB warning, 1 MiB failure), and
 /// ids of up to 256 bytes make 500 rows far bigger than that.
 pub const MAX_BATCH_BYTES: usize = 48 * 1024;
 

@@ -129,7 +129,7 @@ const CALL_ARGS: usize = 4096;
 /// [`CALL_ARGS`] script arguments, one script call each. Each call costs
 /// Redis a fixed part (running the script, and a reply) besides its
 /// members; most conversations are small, so sharing that part cuts
-/// Redis's time for a flush by about a sixth.
+/// Redis's time for a flush.
 pub fn calls(batches: &[ConversationBatch], per_call: usize) -> impl Iterator<Item = &[ConversationBatch]> {
     let per_call = per_call.max(1);
     let mut rest = batches;
@@ -169,9 +169,9 @@ const PIPELINES_IN_FLIGHT: usize = 2;
 
 /// `cmds` gathered into pipelines of at most [`PIPELINE_ARGS`] arguments,
 /// in order, each built only when the sends ask for it: the first
-/// [`PIPELINES_IN_FLIGHT`] at the start, then one as each answer comes. A
-/// catch-up's flush of 44,000 keys used to have every command built before
-/// the first pipeline went out.
+/// [`PIPELINES_IN_FLIGHT`] at the start, then one as each answer comes, so
+/// that a large flush's first pipeline goes out before its last command is
+/// built.
 fn pipelines(cmds: impl Iterator<Item = redis::Cmd> + Send) -> impl Iterator<Item = redis::Pipeline> + Send {
     // Its name included.
     let mut cmds = cmds.map(|cmd| (cmd.args_iter().count(), cmd)).peekable();

@@ -15,11 +15,10 @@
 //! A restart does not decode the file: it reads the header and a table of
 //! checksums, and the state takes each conversation in from the file when a
 //! record first touches it ([`PartitionState::over`]). So a restart costs
-//! the same at any size of state, where decoding it whole took 0.07-0.10 s
-//! per million cursors. Each 4 KiB page of the body has its own CRC-32C,
-//! checked whenever the page is read: a damaged page is found before
-//! anything of it is used, and [`Checkpoint::check_all`] checks every page
-//! beside the fold.
+//! the same at any size of state. Each 4 KiB page of the body has its own
+//! CRC-32C, checked whenever the page is read: a damaged page is found
+//! before anything of it is used, and [`Checkpoint::check_all`] checks
+//! every page beside the fold.
 //!
 //! Layout (version 4), integers little-endian, strings a u32 length and
 //! UTF-8 bytes:
@@ -32,9 +31,9 @@
 //!   empty);
 //! - a CRC-32C of each page of the body, then a CRC-32C of that table.
 //!
-//! Versions 2 and 3 were decoded whole at the start; a file of either is
-//! refused by its version, and that partition restores from its changelog
-//! once (and, with CQL on, snapshots everything once).
+//! A file of version 2 or 3 (layouts decoded whole at the start) is refused
+//! by its version, and that partition restores from its changelog once
+//! (and, with CQL on, snapshots everything once).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,9 +1,8 @@
 //! Hand-written encoders of the changelog records (keys and values of
 //! `chat.read-cursors`, `chat.user-read-cursors` and the member-state
-//! topic): every flush encodes two or three of them per changed cursor, and
-//! building a generic Avro value first cost more than the rest of the
-//! flush's CPU. A property test holds them byte for byte to the generic
-//! writer of the compiled-in schemas.
+//! topic): every flush encodes two or three of them per changed cursor, too
+//! many to build a generic Avro value for each first. A property test holds
+//! them byte for byte to the generic writer of the compiled-in schemas.
 
 use super::records::{CursorKeyRecord, CursorUpdateRecord, MemberStateRecord, UserCursorKeyRecord};
 

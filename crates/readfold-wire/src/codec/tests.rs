@@ -289,10 +289,10 @@ mod largest_allocation {
 }
 
 /// Found by `fuzz/` (target decode_read_report, the allocation guard): a
-/// length prefix larger than the record made the generic reader allocate
-/// and zero that many bytes, up to `MAX_AVRO_ALLOCATION`, before finding
-/// them missing. Every decoder now rejects such bytes allocating no more
-/// than a few kilobytes.
+/// length prefix larger than the record can make the generic reader
+/// allocate and zero that many bytes, up to `MAX_AVRO_ALLOCATION`, before
+/// finding them missing. Every decoder rejects such bytes allocating no
+/// more than a few kilobytes.
 #[test]
 fn a_length_prefix_beyond_the_record_allocates_nothing_near_it() {
     // Readers and schemas are the process's: built before measuring.
@@ -360,8 +360,8 @@ fn a_length_prefix_beyond_the_record_allocates_nothing_near_it() {
 /// Found by `fuzz/` (target decode_changelog, the hand-written decoder held
 /// to the generic reader): apache-avro reads a union index, a boolean or a
 /// string that the bytes end before as null, so a CursorUpdate cut short
-/// inside `unread_mark` decoded, as `unread_mark: None`. A record cut short
-/// is now an error; a v1.0 record (no v1.1 fields at all) still decodes.
+/// inside `unread_mark` would decode, as `unread_mark: None`. A record cut
+/// short is an error; a v1.0 record (no v1.1 fields at all) still decodes.
 #[test]
 fn a_record_cut_short_does_not_decode() {
     let own = CursorUpdateRecord {
