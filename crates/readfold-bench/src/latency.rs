@@ -671,7 +671,7 @@ fn priority_note(p: Priorities) -> String {
         );
     }
     format!(
-        "the local CQL server ran at the broker's CPU priority or above (nice {} against {}): its snapshot bursts take the cores the flushes need; CASSANDRA_NICE=10 for scripts/services.sh measures without that (see README)",
+        "the local CQL server ran at the broker's CPU priority or above (nice {} against {}): its snapshot bursts take the cores the flushes need; CASSANDRA_NICE=10 for scripts/services.sh measures without that (see docs/performance.md, \"Latency\")",
         p.cql, p.broker
     )
 }
