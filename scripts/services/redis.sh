@@ -1,93 +1,202 @@
 #!/usr/bin/env bash
 # Local Redis on 127.0.0.1:6379 for development and tests (no systemd needed).
 #
-#   scripts/services/redis.sh up      install redis-server/redis-tools (apt) if missing, start, wait for PING
-#   scripts/services/redis.sh down    shut down the Redis started by `up` (SHUTDOWN, else by pid)
-#   scripts/services/redis.sh status  one line; exit 0 if PING answers PONG, 1 otherwise
-#   scripts/services/redis.sh reset   down + wipe data dir (AOF/RDB) and log
+# --secure (what redis-secure.sh runs): a second, separate Redis for the
+# secure-connection tests. TLS only (no plaintext port) on 127.0.0.1:16380,
+# ACL user `readfold` with a password, the `default` user disabled. The plain
+# Redis is left alone.
 #
-# Data, pid file and log live in $STATE/redis (see lib.sh). appendonly yes +
-# appendfsync everysec, so data survives a restart of Redis.
+#   redis.sh [--secure] up      install redis-server/redis-tools (apt) if missing, start, wait for PING
+#                               (secure: certificates first; an authenticated TLS PING)
+#   redis.sh [--secure] down    shut down the Redis started by `up` (SHUTDOWN, else by pid)
+#   redis.sh [--secure] status  one line; exit 0 if PING answers PONG, 1 otherwise
+#   redis.sh [--secure] reset   down + wipe data dir (AOF, config, log); keeps the certificates
+#   redis.sh [--secure] cli [ARGS...]  redis-cli against it (secure: over TLS as `readfold`)
+#   redis.sh --secure env       print `export` lines for clients
+#
+# Data, config, pid file and log live in $STATE/redis, secure: $STATE/secure/redis
+# (see lib.sh). appendonly yes + appendfsync everysec, so data survives a
+# restart of Redis. redis.conf is rewritten on every start; after changing the
+# secure user or password, run down + up.
+# Environment: READFOLD_REDIS_WAIT (30 s); secure: READFOLD_REDIS_SECURE_PORT (16380),
+#   READFOLD_REDIS_SECURE_USER (readfold), READFOLD_REDIS_SECURE_PASSWORD (rf-redis-secret-9V).
 set -euo pipefail
 
-export SVC_NAME=redis
+SECURE=
+[[ "${1:-}" == --secure ]] && { SECURE=1; shift; }
+SVC_NAME=redis${SECURE:+-secure}
+export SVC_NAME
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+ME="$0${SECURE:+ --secure}"
 
 HOST=127.0.0.1
-PORT=6379
-RDIR="$STATE/redis"
+REDIS_WAIT="${READFOLD_REDIS_WAIT:-30}"
+CERTS="$STATE/secure/certs"
+if [[ $SECURE ]]; then
+  TLS_HOST=localhost   # the name in the server certificate
+  PORT="${READFOLD_REDIS_SECURE_PORT:-16380}"
+  USER_NAME="${READFOLD_REDIS_SECURE_USER:-readfold}"
+  PASSWORD="${READFOLD_REDIS_SECURE_PASSWORD:-rf-redis-secret-9V}"
+  RDIR="$STATE/secure/redis"
+  PID_PATTERN="$HOST:$PORT"   # redis-server rewrites its argv to "redis-server 127.0.0.1:PORT"
+  WHERE="rediss://$TLS_HOST:$PORT, user $USER_NAME"
+  PONG="PONG over TLS as $USER_NAME"
+else
+  PORT=6379
+  RDIR="$STATE/redis"
+  PID_PATTERN=redis-server
+  WHERE="$HOST:$PORT"
+  PONG=PONG
+fi
+CONF="$RDIR/redis.conf"
 PIDFILE="$RDIR/redis.pid"
 LOG="$RDIR/redis.log"
-REDIS_WAIT="${READFOLD_REDIS_WAIT:-30}"
+
+# rcli ARGS...: redis-cli against this Redis; secure: over TLS, verifying the
+# server against our CA, as USER_NAME (password in the environment, not argv).
+rcli() {
+  if [[ $SECURE ]]; then
+    REDISCLI_AUTH="$PASSWORD" timeout 10 redis-cli --tls --cacert "$CERTS/ca.pem" --sni "$TLS_HOST" \
+      -h "$HOST" -p "$PORT" --user "$USER_NAME" --no-auth-warning "$@"
+  else
+    timeout 10 redis-cli -h "$HOST" -p "$PORT" "$@"
+  fi
+}
 
 ping_ok() {
   command -v redis-cli >/dev/null 2>&1 || return 1
-  [[ "$(timeout 5 redis-cli -h "$HOST" -p "$PORT" ping 2>/dev/null)" == PONG ]]
+  [[ -z $SECURE || -s "$CERTS/ca.pem" ]] || return 1
+  [[ "$(rcli ping 2>/dev/null)" == PONG ]]
 }
 
 ensure_installed() {
-  if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
-    return 0
-  fi
+  command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 && return 0
   log "installing redis-server redis-tools (apt)"
   as_root apt-get update -qq
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq redis-server redis-tools >/dev/null
   # Where services may start on install (no policy-rc.d), the package starts its
-  # own Redis with /etc/redis/redis.conf. Stop it: we run our own below.
-  if ping_ok; then
+  # own Redis on 6379 with /etc/redis/redis.conf. Stop it: we run our own.
+  if [[ "$(timeout 5 redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null)" == PONG ]]; then
     log "stopping the Redis started by the package install"
-    as_root /etc/init.d/redis-server stop >/dev/null 2>&1 || timeout 10 redis-cli -h "$HOST" -p "$PORT" shutdown >/dev/null 2>&1 || true
-    wait_for 10 0.2 bash -c "! (exec 3<>/dev/tcp/$HOST/$PORT)" || true
+    as_root /etc/init.d/redis-server stop >/dev/null 2>&1 || timeout 10 redis-cli -h 127.0.0.1 -p 6379 shutdown >/dev/null 2>&1 || true
+    wait_for 10 0.2 bash -c "! (exec 3<>/dev/tcp/127.0.0.1/6379)" || true
+  fi
+}
+
+check_tls_build() {
+  # Debian's redis-server links libssl (BUILD_TLS=yes); a build without TLS
+  # rejects tls-port at startup, so say so up front.
+  # Read ldd's whole output first: with pipefail, `ldd | grep -q` fails
+  # whenever grep quits on the match before ldd has written everything.
+  local libs
+  libs=$(ldd "$(command -v redis-server)" 2>/dev/null || true)
+  if [[ $libs != *libssl* ]]; then
+    die "$(command -v redis-server) is not built with TLS support (no libssl); install a TLS-enabled redis-server"
+  fi
+}
+
+write_config() {
+  mkdir -p "$RDIR"
+  (
+    umask 077   # the secure one holds the password's hash
+    {
+      cat <<EOF
+# Generated by scripts/services/redis.sh -- overwritten on 'up'.
+bind $HOST
+protected-mode yes
+EOF
+      if [[ $SECURE ]]; then
+        cat <<EOF
+port 0
+tls-port $PORT
+tls-cert-file $CERTS/server.pem
+tls-key-file $CERTS/server.key
+tls-ca-cert-file $CERTS/ca.pem
+tls-auth-clients no
+tls-protocols "TLSv1.2 TLSv1.3"
+EOF
+      else
+        echo "port $PORT"
+      fi
+      cat <<EOF
+daemonize yes
+pidfile $PIDFILE
+logfile $LOG
+dir $RDIR
+appendonly yes
+appendfsync everysec
+save ""
+EOF
+      if [[ $SECURE ]]; then
+        cat <<EOF
+# ACL: nobody gets in without AUTH; '$USER_NAME' may do everything (password as SHA-256).
+user default off resetpass nocommands
+user $USER_NAME on #$(printf '%s' "$PASSWORD" | sha256sum | cut -d' ' -f1) ~* &* +@all
+EOF
+      else
+        cat <<'EOF'
+# A group's cursor hash past 128 members becomes a real hash table: in the
+# default listpack (up to 512) each of a flush's fields is a linear scan.
+hash-max-listpack-entries 128
+EOF
+      fi
+    } >"$CONF"
+  )
+}
+
+pid_info() {
+  if pid_alive "$PIDFILE" "$PID_PATTERN"; then printf 'pid %s' "$(pid_read "$PIDFILE")"
+  else printf 'not started by this script'
   fi
 }
 
 cmd_up() {
+  # A Redis already answering needs no install (e.g. docker-compose's).
+  ping_ok || ensure_installed
+  if [[ $SECURE ]]; then
+    check_tls_build
+    bash "$SERVICES_DIR/secure-certs.sh" up
+  fi
   if ping_ok; then
-    log "already up on $HOST:$PORT"
+    log "already up on $WHERE ($(pid_info))"
     return 0
   fi
-  ensure_installed
-  if ping_ok; then
-    log "already up on $HOST:$PORT"
-    return 0
+  if pid_alive "$PIDFILE" "$PID_PATTERN"; then
+    die "redis-server pid $(pid_read "$PIDFILE") runs on port $PORT but gives no $PONG (${SECURE:+password changed? }run: $ME down; $ME up)"
   fi
   if port_open "$HOST" "$PORT"; then
-    die "port $PORT is in use but does not answer Redis PING"
+    die "port $PORT is in use by something not started by this script that gives no $PONG"
   fi
-  mkdir -p "$RDIR"
-  log "starting redis-server (dir $RDIR)"
-  # A group's cursor hash past 128 members becomes a real hash table: in the
-  # default listpack (up to 512) each of a flush's fields is a linear scan.
-  redis-server \
-    --bind "$HOST" --port "$PORT" --protected-mode yes \
-    --daemonize yes --pidfile "$PIDFILE" --logfile "$LOG" --dir "$RDIR" \
-    --appendonly yes --appendfsync everysec --save "" \
-    --hash-max-listpack-entries 128 \
-    || { show_log_tail "$LOG" 20; die "redis-server failed to start"; }
+  write_config
+  local t0=$SECONDS
+  log "starting redis-server ($WHERE, dir $RDIR)"
+  redis-server "$CONF" || { show_log_tail "$LOG" 20; die "redis-server failed to start"; }
   if ! wait_for "$REDIS_WAIT" 0.2 ping_ok; then
     show_log_tail "$LOG" 30
-    die "redis did not answer PING within ${REDIS_WAIT}s"
+    die "redis gave no $PONG within ${REDIS_WAIT}s"
   fi
-  log "up on $HOST:$PORT (pid $(pid_read "$PIDFILE" || echo '?'))"
+  log "up on $WHERE (pid $(pid_read "$PIDFILE" || echo '?'), $((SECONDS - t0))s)"
 }
 
 cmd_down() {
-  if ! ping_ok && ! pid_alive "$PIDFILE" redis-server; then
-    log "not running"
+  if ! pid_alive "$PIDFILE" "$PID_PATTERN"; then
+    rm -f "$PIDFILE"
+    if port_open "$HOST" "$PORT"; then
+      warn "something listens on $HOST:$PORT but was not started by this script (no pid file in $RDIR); leaving it alone"
+    else
+      log "not running"
+    fi
     return 0
   fi
-  if ping_ok; then
-    if ! pid_alive "$PIDFILE" redis-server; then
-      warn "Redis on $HOST:$PORT was not started by this script (no pid file in $RDIR); leaving it alone"
-      return 0
-    fi
-    log "shutting down (pid $(pid_read "$PIDFILE"))"
-    # SHUTDOWN flushes the AOF before exiting.
-    timeout 15 redis-cli -h "$HOST" -p "$PORT" shutdown >/dev/null 2>&1 || true
-  fi
-  if pid_alive "$PIDFILE" redis-server; then
-    pid_stop "$PIDFILE" redis-server 20 || die "could not stop redis"
+  local pid
+  pid="$(pid_read "$PIDFILE")"
+  log "shutting down (pid $pid)"
+  # SHUTDOWN flushes the AOF before exiting.
+  ping_ok && { rcli shutdown >/dev/null 2>&1 || true; }
+  wait_for 10 0.2 bash -c "! kill -0 $pid 2>/dev/null" || true
+  if pid_alive "$PIDFILE" "$PID_PATTERN"; then
+    pid_stop "$PIDFILE" "$PID_PATTERN" 20 || die "could not stop redis"
   fi
   rm -f "$PIDFILE"
   log "stopped"
@@ -95,15 +204,13 @@ cmd_down() {
 
 cmd_status() {
   if ping_ok; then
-    local pidinfo="not started by this script"
-    pid_alive "$PIDFILE" redis-server && pidinfo="pid $(pid_read "$PIDFILE")"
-    printf 'redis: up (%s, %s:%s)\n' "$pidinfo" "$HOST" "$PORT"
+    printf '%s: up (%s, %s)\n' "$SVC_NAME" "$(pid_info)" "$WHERE"
     return 0
   fi
-  if pid_alive "$PIDFILE" redis-server; then
-    printf 'redis: not healthy (pid %s, no PONG; log %s)\n' "$(pid_read "$PIDFILE")" "$LOG"
+  if pid_alive "$PIDFILE" "$PID_PATTERN"; then
+    printf '%s: not healthy (pid %s, no %s; log %s)\n' "$SVC_NAME" "$(pid_read "$PIDFILE")" "$PONG" "$LOG"
   else
-    printf 'redis: down\n'
+    printf '%s: down\n' "$SVC_NAME"
   fi
   return 1
 }
@@ -111,7 +218,23 @@ cmd_status() {
 cmd_reset() {
   cmd_down
   rm -rf "$RDIR"
-  log "data wiped ($RDIR)"
+  log "data wiped ($RDIR)${SECURE:+; certificates kept}"
+}
+
+cmd_env() {
+  cat <<EOF
+export READFOLD_TEST_REDIS_SECURE='rediss://$USER_NAME:$PASSWORD@$TLS_HOST:$PORT/'
+export READFOLD_REDIS_SECURE_HOST='$TLS_HOST'
+export READFOLD_REDIS_SECURE_PORT='$PORT'
+export READFOLD_REDIS_SECURE_USER='$USER_NAME'
+export READFOLD_REDIS_SECURE_PASSWORD='$PASSWORD'
+export READFOLD_REDIS_SECURE_CA='$CERTS/ca.pem'
+EOF
+}
+
+usage() {
+  service_usage "$ME" "|reset|cli [ARGS...]${SECURE:+|env}"
+  exit 2
 }
 
 case "${1:-}" in
@@ -119,5 +242,7 @@ case "${1:-}" in
   down) cmd_down ;;
   status) cmd_status ;;
   reset) cmd_reset ;;
-  *) service_usage "$0" "|reset"; exit 2 ;;
+  cli) shift; rcli "$@" ;;
+  env) [[ $SECURE ]] || usage; cmd_env ;;
+  *) usage ;;
 esac

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Test-time TLS material for the secure service instances (kafka-secure.sh,
-# redis-secure.sh, cassandra-secure.sh). Made with openssl + keytool; nothing
+# Test-time TLS material for the secure service instances (kafka.sh,
+# redis.sh, cassandra.sh --secure). Made with openssl + keytool; nothing
 # is checked in.
 #
 #   scripts/services/secure-certs.sh up      create what is missing or stale (idempotent)

@@ -1,24 +1,30 @@
 #!/usr/bin/env python3
 """Tiny dependency-free CQL client (native protocol v4) for scripts/services/cassandra.sh.
 
-  cqlping.py [--host H] [--port P] [--timeout S] ping
+  cqlping.py [OPTIONS] ping
       STARTUP + `SELECT release_version FROM system.local`; prints the version.
-  cqlping.py [--host H] [--port P] [--timeout S] [--header] cql STATEMENT...
-      Runs each statement in order on one connection (consistency ONE, no
-      paging) and prints result rows tab-separated (null -> "null").
+  cqlping.py [OPTIONS] [--header] [--quorum] cql STATEMENT...
+      Runs each statement in order on one connection (consistency ONE, or
+      QUORUM, no paging) and prints result rows tab-separated (null -> "null").
 
-Exit status: 0 ok, 1 server error / protocol problem, 2 cannot connect.
-No auth (AllowAllAuthenticator) and no TLS.
+OPTIONS: --host H, --port P, --timeout S; --ca FILE: TLS, the server verified
+against FILE, as --sni NAME (default: the host); --user NAME: log in (SASL
+PLAIN) with the password in $CQLPING_PASSWORD (kept off the command line).
+Exit status: 0 ok, 1 server error / protocol problem, 2 cannot connect (TCP/TLS),
+3 login refused.
 """
 import argparse
 import ipaddress
 import json
+import os
 import socket
+import ssl
 import struct
 import sys
 import uuid
 
 OP_ERROR, OP_STARTUP, OP_READY, OP_AUTHENTICATE, OP_QUERY, OP_RESULT = 0x00, 0x01, 0x02, 0x03, 0x07, 0x08
+OP_AUTH_RESPONSE, OP_AUTH_SUCCESS = 0x0F, 0x10
 
 
 class CqlError(Exception):
@@ -112,17 +118,27 @@ def _key(v):
 
 
 class Conn:
-    def __init__(self, host, port, timeout):
+    def __init__(self, host, port, timeout, ca=None, sni=None, user=None, password=""):
         try:
             self.s = socket.create_connection((host, port), timeout=timeout)
-        except OSError as e:
-            raise ConnectionError(f"cannot connect to {host}:{port}: {e}") from e
+            if ca:
+                self.s = ssl.create_default_context(cafile=ca).wrap_socket(self.s, server_hostname=sni or host)
+        except OSError as e:  # ssl.SSLError included
+            raise ConnectionError(f"cannot connect to {host}:{port}{' over TLS' if ca else ''}: {e}") from e
         self.stream = 0
         body = struct.pack(">H", 1) + _str("CQL_VERSION") + _str("3.0.0")
         op, _ = self.request(OP_STARTUP, body)
         if op == OP_AUTHENTICATE:
-            raise CqlError("server requires authentication (not supported)")
-        if op != OP_READY:
+            if user is None:
+                raise CqlError("server requires authentication (give --user)")
+            tok = b"\0" + user.encode() + b"\0" + password.encode()
+            try:
+                op, _ = self.request(OP_AUTH_RESPONSE, struct.pack(">i", len(tok)) + tok)
+            except CqlError as e:
+                raise PermissionError(str(e)) from e
+            if op != OP_AUTH_SUCCESS:
+                raise CqlError(f"unexpected opcode {op:#x} after AUTH_RESPONSE")
+        elif op != OP_READY:
             raise CqlError(f"unexpected opcode {op:#x} after STARTUP")
 
     def _recv(self, n):
@@ -213,12 +229,16 @@ def main():
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=9042)
     ap.add_argument("--timeout", type=float, default=10.0)
+    ap.add_argument("--ca", help="TLS, verifying the server against this CA file")
+    ap.add_argument("--sni", help="server name to verify (default: --host)")
+    ap.add_argument("--user", help="login name; password in $CQLPING_PASSWORD")
     ap.add_argument("--header", action="store_true", help="print column names first")
+    ap.add_argument("--quorum", action="store_true", help="run statements at consistency QUORUM")
     ap.add_argument("cmd", choices=["ping", "cql"])
     ap.add_argument("statements", nargs="*")
     a = ap.parse_args()
     try:
-        c = Conn(a.host, a.port, a.timeout)
+        c = Conn(a.host, a.port, a.timeout, a.ca, a.sni, a.user, os.environ.get("CQLPING_PASSWORD", ""))
         if a.cmd == "ping":
             _, rows = c.query("SELECT release_version FROM system.local")
             if not rows:
@@ -226,7 +246,7 @@ def main():
             print(rows[0][0])
             return 0
         for stmt in a.statements:
-            cols, rows = c.query(stmt)
+            cols, rows = c.query(stmt, consistency=0x0004 if a.quorum else 0x0001)
             if cols is None:
                 continue
             if a.header:
@@ -237,6 +257,9 @@ def main():
     except ConnectionError as e:
         print(f"cqlping: {e}", file=sys.stderr)
         return 2
+    except PermissionError as e:  # before OSError, whose subclass it is
+        print(f"cqlping: login refused: {e}", file=sys.stderr)
+        return 3
     except (CqlError, OSError, struct.error) as e:
         print(f"cqlping: {e}", file=sys.stderr)
         return 1
