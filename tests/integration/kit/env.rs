@@ -89,6 +89,9 @@ impl TestEnv {
             ("READFOLD__KAFKA__BOOTSTRAP_SERVERS", bootstrap()),
             ("READFOLD__KAFKA__GROUP_ID", prefix.clone()),
             ("READFOLD__KAFKA__TRANSACTION_TIMEOUT_MS", "10000".into()),
+            // A killed instance's partitions move once its session expires:
+            // 10 s rather than librdkafka's 45 s, as the tests kill many.
+            ("READFOLD__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS", "10000".into()),
             ("READFOLD__TOPICS__READ_REPORTS", format!("{prefix}.read-reports")),
             (
                 "READFOLD__TOPICS__CONVERSATION_EVENTS",
