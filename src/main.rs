@@ -1,10 +1,10 @@
 //! The `readfold` command line.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use readfold::cli::{init_logging, Globals};
 use readfold::config::{Config, LogFormat};
 use readfold::error::{Error, Result};
 
@@ -23,12 +23,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Folds chat read reports into monotonic read cursors on Kafka"
 )]
 struct Cli {
-    /// Configuration file (TOML); defaults to the built-in config/default.toml.
-    #[arg(long, global = true, env = "READFOLD_CONFIG")]
-    config: Option<PathBuf>,
-    /// Log level: error, warn, info, debug or trace.
-    #[arg(long, global = true, default_value = "info", env = "READFOLD_LOG")]
-    log: tracing::Level,
+    #[command(flatten)]
+    globals: Globals,
     #[command(subcommand)]
     command: Command,
 }
@@ -70,7 +66,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
+    let config = match cli.globals.load_config() {
         Ok(config) => config,
         Err(e) => {
             eprintln!("readfold: {}", Error::from(e));
@@ -78,21 +74,13 @@ fn main() -> ExitCode {
         }
     };
     let demo = matches!(cli.command, Command::Demo);
-    let level = if demo && cli.log == tracing::Level::INFO {
+    let level = if demo && cli.globals.log == tracing::Level::INFO {
         tracing::Level::WARN
     } else {
-        cli.log
+        cli.globals.log
     };
-    let logs = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_writer(std::io::stderr);
     let format = config.log.format;
-    match format {
-        LogFormat::Text => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-        LogFormat::Json => logs.json().with_ansi(false).init(),
-    }
+    init_logging(level, format);
     match real_main(cli, config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

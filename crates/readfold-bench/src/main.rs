@@ -26,11 +26,11 @@ mod sustained;
 mod throughput;
 mod workload;
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use readfold::config::{Config, LogFormat};
+use readfold::cli::{init_logging, Globals};
+use readfold::config::Config;
 
 use crate::error::{Error, Result};
 
@@ -46,12 +46,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Measures readfold: the pure fold, memory, and the processor, query API, gateway, replay and restarts on the configured services"
 )]
 struct Cli {
-    /// Configuration file (TOML); defaults to the built-in config/default.toml.
-    #[arg(long, global = true, env = "READFOLD_CONFIG")]
-    config: Option<PathBuf>,
-    /// Log level: error, warn, info, debug or trace.
-    #[arg(long, global = true, default_value = "info", env = "READFOLD_LOG")]
-    log: tracing::Level,
+    #[command(flatten)]
+    globals: Globals,
     #[command(subcommand)]
     bench: Bench,
 }
@@ -144,22 +140,14 @@ impl Bench {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let config = match Config::load(cli.config.as_deref()) {
+    let config = match cli.globals.load_config() {
         Ok(config) => config,
         Err(e) => {
             eprintln!("readfold-bench: {}", Error::from(e));
             return ExitCode::FAILURE;
         }
     };
-    let logs = tracing_subscriber::fmt()
-        .with_max_level(cli.log)
-        .with_writer(std::io::stderr);
-    match config.log.format {
-        LogFormat::Text => logs
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
-        LogFormat::Json => logs.json().with_ansi(false).init(),
-    }
+    init_logging(cli.globals.log, config.log.format);
     match run(cli.bench, config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
