@@ -53,25 +53,27 @@ pub fn readfold_exe() -> Result<PathBuf> {
 /// Starts `readfold <command>` with `vars` added to the environment. Its log
 /// level is `warn`, or `READFOLD_BENCH_CHILD_LOG` when set.
 pub fn spawn(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
-    spawn_with(readfold_exe()?, "readfold", command, vars, Stdio::null())
+    spawn_with(readfold_exe()?, "readfold", command, &[], vars, Stdio::null())
 }
 
-/// As [`spawn`], for this binary's hidden `command`, with its stdout piped
-/// to this process.
-pub fn spawn_own_piped(command: &str, vars: &[(String, String)]) -> Result<ChildGuard> {
+/// As [`spawn`], for this binary's hidden `command` with `args`, with its
+/// stdout piped to this process.
+pub fn spawn_own_piped(command: &str, args: &[String], vars: &[(String, String)]) -> Result<ChildGuard> {
     let exe = std::env::current_exe().map_err(Error::io("cannot find this executable"))?;
-    spawn_with(exe, "readfold-bench", command, vars, Stdio::piped())
+    spawn_with(exe, "readfold-bench", command, args, vars, Stdio::piped())
 }
 
 fn spawn_with(
     exe: PathBuf,
     name: &str,
     command: &str,
+    args: &[String],
     vars: &[(String, String)],
     stdout: Stdio,
 ) -> Result<ChildGuard> {
     let child = Command::new(exe)
         .arg(command)
+        .args(args)
         .envs(vars.iter().cloned())
         .env(
             "READFOLD_LOG",

@@ -89,6 +89,16 @@ async fn open(addr: &str, user: &str) -> Result<WebSocketStream<MaybeTlsStream<T
 /// Starts `readfold run` and `readfold gateway` (listening on `addr`) on
 /// `config`'s topics, with CQL, metrics and access control off.
 pub fn spawn_pipeline(config: &Config, addr: &str) -> Result<(ChildGuard, ChildGuard)> {
+    let vars = pipeline_vars(config, addr);
+    Ok((spawn("run", &vars)?, spawn("gateway", &vars)?))
+}
+
+/// One more `readfold gateway` of the pipeline, listening on `addr`.
+pub fn spawn_gateway(config: &Config, addr: &str) -> Result<ChildGuard> {
+    spawn("gateway", &pipeline_vars(config, addr))
+}
+
+fn pipeline_vars(config: &Config, addr: &str) -> Vec<(String, String)> {
     let mut vars = config_vars(config);
     vars.extend(
         [
@@ -100,7 +110,7 @@ pub fn spawn_pipeline(config: &Config, addr: &str) -> Result<(ChildGuard, ChildG
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v)),
     );
-    Ok((spawn("run", &vars)?, spawn("gateway", &vars)?))
+    vars
 }
 
 /// `group` members per conversation (the last one may have fewer).

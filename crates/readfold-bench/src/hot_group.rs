@@ -12,7 +12,10 @@
 //! chats (the other members' `cursor` frame), the frames and bytes each
 //! client receives per second, each process's CPU, and the gateway's memory
 //! per connection. With `--members 0` it only holds the small chats'
-//! connections: the many-connections row.
+//! connections: the many-connections row. `--gateways N` spreads the
+//! connections over N gateway processes and `--held N` adds idle ones held
+//! by child processes (`held`), for more connections than one process may
+//! open.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -34,9 +37,10 @@ use tokio_tungstenite::tungstenite::http::HeaderValue;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 use tokio_tungstenite::tungstenite::Message;
 
-use crate::child::{cpu_secs_of, free_addr, rss_of};
+use crate::child::{cpu_secs_of, free_addr, rss_of, spawn_own_piped, ChildGuard};
 use crate::error::{Error, Result};
 use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::held::{idle_chat, idle_user};
 use crate::server_cpu::{ServerClocks, ServerCpu};
 use crate::stats::percentile;
 
@@ -70,6 +74,17 @@ pub struct Args {
     /// against the receipts sent.
     #[arg(long, default_value_t = 20)]
     pub observers: usize,
+    /// Gateway processes the connections are spread over, round-robin.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub gateways: u64,
+    /// Idle connections in more small chats (of --background-size), held
+    /// by child processes of this bench, so that the node's connections can
+    /// pass one process's open-file limit.
+    #[arg(long, default_value_t = 0)]
+    pub held: usize,
+    /// Idle connections per holding process, at most.
+    #[arg(long, default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub held_per_process: u64,
 }
 
 /// One step's figures.
@@ -100,6 +115,8 @@ pub struct HotGroupStep {
 #[derive(Clone, Debug, Default)]
 pub struct HotGroupFigures {
     pub members: usize,
+    pub gateways: usize,
+    pub held: usize,
     pub background: usize,
     pub background_size: usize,
     pub background_rate: u64,
@@ -212,7 +229,7 @@ type Stream = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
 /// Opens a v2 connection from a loopback address of its own (one source
 /// address has about 28,000 ports for one destination).
-async fn open(addr: SocketAddr, user: &str, index: usize) -> Result<Stream> {
+pub(crate) async fn open(addr: SocketAddr, user: &str, index: usize) -> Result<Stream> {
     let mut request = format!("ws://{addr}/ws?user={user}")
         .into_client_request()
         .map_err(Error::websocket(user))?;
@@ -379,6 +396,14 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let addr = free_addr()?;
     let (processor, gateway) = crate::gateway::spawn_pipeline(&config, &addr.to_string())?;
+    let mut addrs = vec![addr];
+    let mut gateways = vec![gateway];
+    for _ in 1..args.gateways {
+        let more = free_addr()?;
+        gateways.push(crate::gateway::spawn_gateway(&config, &more.to_string())?);
+        addrs.push(more);
+    }
+    let held = args.held;
 
     // Everyone joins through the pipeline.
     let producer = Arc::new(InputProducer::new(
@@ -389,6 +414,7 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
     let joins: Vec<ConversationEventRecord> = (0..members)
         .map(|i| (HOT.to_owned(), hot_user(i)))
         .chain((0..chats * size).map(|i| (format!("small-{}", i / size), small_user(i))))
+        .chain((0..held).map(|i| (idle_chat(i, size), idle_user(i))))
         .map(|(conversation_id, user_id)| ConversationEventRecord {
             conversation_id,
             seq: 0,
@@ -401,9 +427,14 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
     }
     let redis = RedisStore::connect(&config.redis).await?;
     let started = Instant::now();
+    let last_idle = held.saturating_sub(1);
     let expect = [
         (HOT.to_owned(), members),
         (format!("small-{}", chats.max(1) - 1), size),
+        (
+            idle_chat(last_idle, size),
+            if held == 0 { 0 } else { last_idle % size + 1 },
+        ),
     ];
     for (conversation, want) in expect.iter().filter(|(_, want)| *want > 0) {
         if chats == 0 && conversation.starts_with("small") {
@@ -423,14 +454,19 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        if started.elapsed() > Duration::from_secs(180) {
-            return Err(Error::timeout("the gateway did not listen", 180));
+    for &addr in &addrs {
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if started.elapsed() > Duration::from_secs(180) {
+                return Err(Error::timeout("the gateway did not listen", 180));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss_before = rss_of(gateway.pid());
+    let gateways_rss = || gateways.iter().map(|g| rss_of(g.pid())).sum::<u64>();
+    let rss_before = gateways_rss();
+    let connecting = Instant::now();
+    let holders = hold_idle(&addrs, held, args.held_per_process as usize, size, connections).await?;
 
     // Connect and subscribe everyone, a few hundred at a time.
     let shared = Arc::new(Shared {
@@ -446,7 +482,6 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         push_ms: Mutex::default(),
         errors: Mutex::default(),
     });
-    let connecting = Instant::now();
     let mut writers = Vec::with_capacity(connections);
     let mut pending = tokio::task::JoinSet::new();
     for index in 0..connections {
@@ -458,7 +493,7 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
             let chat = (i / size) as u32;
             (small_user(i), format!("small-{chat}"), Role::Small { chat })
         };
-        let stream = open(addr, &user, index).await?;
+        let stream = open(addrs[index % addrs.len()], &user, index).await?;
         let (mut sink, source) = stream.split();
         let subscribe = serde_json::json!({ "type": "subscribe", "conversation": conversation });
         sink.send(Message::Text(subscribe.to_string().into()))
@@ -481,7 +516,7 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
     }
     let connect_secs = connecting.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let rss_after = rss_of(gateway.pid());
+    let rss_after = gateways_rss();
 
     let clocks = ServerClocks::new(&config).await;
     let mut steps = Vec::new();
@@ -499,8 +534,9 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         shared.errors.lock().expect("bench lock").clear();
         shared.unseen.store(0, Ordering::Relaxed);
         let cpu = |pid: u32| cpu_secs_of(&pid.to_string());
+        let gateways_cpu = || gateways.iter().map(|g| cpu(g.pid())).sum::<f64>();
         let (g0, p0, b0, s0) = (
-            cpu(gateway.pid()),
+            gateways_cpu(),
             cpu(processor.pid()),
             cpu_secs_of("self"),
             clocks.read().await,
@@ -625,7 +661,7 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         shared.measuring.store(false, Ordering::Relaxed);
         let elapsed = step_started.elapsed().as_secs_f64();
         let s1 = clocks.read().await;
-        let (g1, p1, b1) = (cpu(gateway.pid()), cpu(processor.pid()), cpu_secs_of("self"));
+        let (g1, p1, b1) = (gateways_cpu(), cpu(processor.pid()), cpu_secs_of("self"));
         tokio::time::sleep(Duration::from_secs(2)).await;
         let window = elapsed;
         let sorted = |mut v: Vec<f64>| {
@@ -667,12 +703,15 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         });
     }
     drop(writers);
-    drop(gateway);
+    drop(holders);
+    drop(gateways);
     drop(processor);
     delete_bench_topics(&config.kafka, config.topics.names()).await?;
     delete_bench_keys(&config.redis).await;
     Ok(HotGroupFigures {
         members,
+        gateways: addrs.len(),
+        held,
         background: chats * size,
         background_size: size,
         background_rate: args.background_rate,
@@ -681,6 +720,55 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         connect_secs,
         steps,
     })
+}
+
+/// Starts the processes that hold `held` idle connections, up to
+/// `per_process` each, spread over `addrs` as this process spreads its own;
+/// returns once every one has its snapshot. `base` is the index of the
+/// first, past this process's connections (it picks their source address).
+async fn hold_idle(
+    addrs: &[SocketAddr],
+    held: usize,
+    per_process: usize,
+    size: usize,
+    base: usize,
+) -> Result<Vec<ChildGuard>> {
+    let list = addrs
+        .iter()
+        .map(SocketAddr::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut holders = Vec::new();
+    for first in (0..held).step_by(per_process.max(1)) {
+        let count = per_process.min(held - first);
+        let args = [
+            format!("--addrs={list}"),
+            format!("--first={first}"),
+            format!("--count={count}"),
+            format!("--size={size}"),
+            format!("--index-base={}", base + first),
+        ];
+        holders.push(spawn_own_piped("hold-connections", &args, &[])?);
+    }
+    for holder in &mut holders {
+        let stdout = holder.0.stdout.take().expect("piped");
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
+        });
+        let line = tokio::time::timeout(Duration::from_secs(600), line)
+            .await
+            .map_err(|_| Error::timeout("a holding process did not hold its connections", 600))?
+            .map_err(Error::task("holder"))?
+            .map_err(Error::io("holder's output"))?;
+        if !line.starts_with("held ") {
+            return Err(Error::timeout(
+                "a holding process exited before it held its connections",
+                600,
+            ));
+        }
+    }
+    Ok(holders)
 }
 
 /// Mean and maximum of per-client counts, per second over `secs`.
@@ -698,18 +786,24 @@ fn cores(c: Option<f64>) -> String {
 }
 
 pub fn print_hot_group(f: &HotGroupFigures) {
-    let connections = f.members + f.background;
+    let connections = f.members + f.background + f.held;
     let per = f.rss_after.saturating_sub(f.rss_before) as f64 / connections.max(1) as f64;
     let group = if f.members > 0 {
         format!("{} members online in one group (readfold.v2.json) + ", f.members)
     } else {
         String::new()
     };
+    let held = if f.held > 0 {
+        format!(" + {} idle connections held by other processes", f.held)
+    } else {
+        String::new()
+    };
     println!(
-        "hot group: {group}{} connections in chats of {} ({} receipts/s there, each with a message); connected in {:.1} s; gateway RSS {:.0} MB -> {:.0} MB = {:.1} KB per connection",
+        "hot group: {group}{} connections in chats of {} ({} receipts/s there, each with a message){held}; {connections} in all on {} gateway process(es); connected in {:.1} s; gateway RSS {:.0} MB -> {:.0} MB = {:.1} KB per connection",
         f.background,
         f.background_size,
         f.background_rate,
+        f.gateways,
         f.connect_secs,
         f.rss_before as f64 / 1e6,
         f.rss_after as f64 / 1e6,

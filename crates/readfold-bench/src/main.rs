@@ -8,6 +8,7 @@ mod error;
 mod fold;
 mod fresh;
 mod gateway;
+mod held;
 mod hot_group;
 mod kstreams_peer;
 mod latency;
@@ -121,6 +122,10 @@ enum Bench {
     /// figure.
     #[command(hide = true)]
     MemoryShape(memory::ShapeArgs),
+    /// Internal (the hot-group bench's child): hold idle connections in
+    /// small chats until killed.
+    #[command(hide = true)]
+    HoldConnections(held::Args),
 }
 
 impl Bench {
@@ -209,6 +214,7 @@ fn run(bench: Bench, config: Config) -> Result<()> {
             // For the bench, which cannot see a process that has exited.
             println!("{}", raw_consumer::own_usage());
         }
+        Bench::HoldConnections(args) => runtime.block_on(held::hold(args))?,
         Bench::MemoryShape(args) => println!("{}", memory::memory_shape(args.cursors, args.shape)),
     }
     Ok(())

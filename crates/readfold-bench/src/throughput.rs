@@ -319,7 +319,7 @@ async fn catch_up(config: &Config, what: &'static str, sinks: bool, records: u64
 /// as [`catch_up`] times `readfold run`.
 async fn raw_consumer_process(config: &Config, records: u64) -> Result<ThroughputRow> {
     let vars = config_vars(config);
-    let (mut child, secs) = until_committed(config, || spawn_own_piped("raw-consume", &vars)).await?;
+    let (mut child, secs) = until_committed(config, || spawn_own_piped("raw-consume", &[], &vars)).await?;
     // It exits right after its commit; it prints its own usage first.
     let usage = tokio::task::spawn_blocking(move || {
         use std::io::Read;
