@@ -4,13 +4,12 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::time::Duration;
 
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use tokio_tungstenite::tungstenite::Message;
 
 use crate::error::{Error, Result};
-use crate::hot_group::open;
+use crate::hot_group::{open_subscribed, SnapshotWaits};
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct Args {
@@ -52,16 +51,12 @@ pub async fn hold(args: Args) -> Result<()> {
             limit,
         });
     }
-    let mut pending = tokio::task::JoinSet::new();
+    let mut snapshots = SnapshotWaits::default();
     for k in 0..args.count {
         let i = args.first + k;
-        let user = idle_user(i);
-        let stream = open(args.addrs[i % args.addrs.len()], &user, args.index_base + k).await?;
-        let (mut sink, mut source) = stream.split();
-        let subscribe = serde_json::json!({ "type": "subscribe", "conversation": idle_chat(i, args.size) });
-        sink.send(Message::Text(subscribe.to_string().into()))
-            .await
-            .map_err(Error::websocket(&user))?;
+        let addr = args.addrs[i % args.addrs.len()];
+        let (sink, mut source) =
+            open_subscribed(addr, &idle_user(i), args.index_base + k, &idle_chat(i, args.size)).await?;
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(async move {
             // The write half stays open as long as the connection.
@@ -77,16 +72,9 @@ pub async fn hold(args: Args) -> Result<()> {
                 }
             }
         });
-        pending.spawn(async move { tokio::time::timeout(Duration::from_secs(120), ready_rx).await });
-        if pending.len() >= 256 && !matches!(pending.join_next().await, Some(Ok(Ok(Ok(()))))) {
-            return Err(Error::NoSnapshot { secs: 120 });
-        }
+        snapshots.add(ready_rx).await?;
     }
-    while let Some(done) = pending.join_next().await {
-        if !matches!(done, Ok(Ok(Ok(())))) {
-            return Err(Error::NoSnapshot { secs: 120 });
-        }
-    }
+    snapshots.all().await?;
     let mut out = std::io::stdout();
     let _ = writeln!(out, "held {}", args.count);
     let _ = out.flush();

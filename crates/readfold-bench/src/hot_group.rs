@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use readfold::config::Config;
 use readfold_kafka::admin::ensure_topics;
@@ -229,7 +230,7 @@ type Stream = tokio_tungstenite::WebSocketStream<tokio::net::TcpStream>;
 
 /// Opens a v2 connection from a loopback address of its own (one source
 /// address has about 28,000 ports for one destination).
-pub(crate) async fn open(addr: SocketAddr, user: &str, index: usize) -> Result<Stream> {
+async fn open(addr: SocketAddr, user: &str, index: usize) -> Result<Stream> {
     let mut request = format!("ws://{addr}/ws?user={user}")
         .into_client_request()
         .map_err(Error::websocket(user))?;
@@ -254,6 +255,56 @@ pub(crate) async fn open(addr: SocketAddr, user: &str, index: usize) -> Result<S
         .await
         .map_err(Error::websocket(user))?;
     Ok(stream)
+}
+
+/// [`open`], then subscribes `user` to `conversation`.
+pub(crate) async fn open_subscribed(
+    addr: SocketAddr,
+    user: &str,
+    index: usize,
+    conversation: &str,
+) -> Result<(SplitSink<Stream, Message>, SplitStream<Stream>)> {
+    let (mut sink, source) = open(addr, user, index).await?.split();
+    let subscribe = serde_json::json!({ "type": "subscribe", "conversation": conversation });
+    sink.send(Message::Text(subscribe.to_string().into()))
+        .await
+        .map_err(Error::websocket(user))?;
+    Ok((sink, source))
+}
+
+/// Clients' first snapshots, awaited while more clients connect: at most
+/// 256 at a time, each for up to 120 s.
+#[derive(Default)]
+pub(crate) struct SnapshotWaits(tokio::task::JoinSet<bool>);
+
+impl SnapshotWaits {
+    const AT_ONCE: usize = 256;
+    const SECS: u64 = 120;
+
+    /// Waits for `ready` beside the others, and first for one of those
+    /// when as many as allowed are waiting.
+    pub(crate) async fn add(&mut self, ready: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
+        self.0.spawn(async move {
+            matches!(
+                tokio::time::timeout(Duration::from_secs(Self::SECS), ready).await,
+                Ok(Ok(()))
+            )
+        });
+        if self.0.len() >= Self::AT_ONCE && !matches!(self.0.join_next().await, Some(Ok(true))) {
+            return Err(Error::NoSnapshot { secs: Self::SECS });
+        }
+        Ok(())
+    }
+
+    /// Waits for every snapshot still awaited.
+    pub(crate) async fn all(mut self) -> Result<()> {
+        while let Some(done) = self.0.join_next().await {
+            if !matches!(done, Ok(true)) {
+                return Err(Error::NoSnapshot { secs: Self::SECS });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Reads one client's frames until its connection ends; sends `ready` at
@@ -483,7 +534,7 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         errors: Mutex::default(),
     });
     let mut writers = Vec::with_capacity(connections);
-    let mut pending = tokio::task::JoinSet::new();
+    let mut snapshots = SnapshotWaits::default();
     for index in 0..connections {
         let (user, conversation, role) = if index < members {
             let observer = index < args.observers;
@@ -493,27 +544,15 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
             let chat = (i / size) as u32;
             (small_user(i), format!("small-{chat}"), Role::Small { chat })
         };
-        let stream = open(addrs[index % addrs.len()], &user, index).await?;
-        let (mut sink, source) = stream.split();
-        let subscribe = serde_json::json!({ "type": "subscribe", "conversation": conversation });
-        sink.send(Message::Text(subscribe.to_string().into()))
-            .await
-            .map_err(Error::websocket(&user))?;
+        let (sink, source) = open_subscribed(addrs[index % addrs.len()], &user, index, &conversation).await?;
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_frames(sink, rx));
         writers.push(tx);
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(read_frames(source, index, role, shared.clone(), ready_tx));
-        pending.spawn(async move { tokio::time::timeout(Duration::from_secs(120), ready_rx).await });
-        if pending.len() >= 256 && !matches!(pending.join_next().await, Some(Ok(Ok(Ok(()))))) {
-            return Err(Error::NoSnapshot { secs: 120 });
-        }
+        snapshots.add(ready_rx).await?;
     }
-    while let Some(done) = pending.join_next().await {
-        if !matches!(done, Ok(Ok(Ok(())))) {
-            return Err(Error::NoSnapshot { secs: 120 });
-        }
-    }
+    snapshots.all().await?;
     let connect_secs = connecting.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_after = gateways_rss();
