@@ -284,6 +284,7 @@ fn membership(conv: &str, user: &str, cursor: u64, epoch: u64, left: bool) -> Co
         members: vec![MemberWrite {
             user_id: user.parse().unwrap(),
             cursor: Seq(if left { 0 } else { cursor }),
+            delivered: Seq::ZERO,
             join_seq: Seq(if left { 0 } else { 1 }),
             left,
             epoch,

@@ -85,6 +85,7 @@ async fn a_batch_merges_as_its_members_one_at_a_time() {
                 .map(|k| MemberWrite {
                     user_id: format!("u{}", if big { k } else { next(8) }).parse().unwrap(),
                     cursor: Seq(next(20)),
+                    delivered: Seq::ZERO,
                     // Some batches carry no join_seq above 1 or no epoch,
                     // before or after ones that do: the script skips
                     // reading a hash it does not need or that is absent.
@@ -177,6 +178,7 @@ async fn conversations_sharing_a_call_merge_as_if_alone() {
                             .parse()
                             .unwrap(),
                         cursor: Seq(next(40)),
+                        delivered: Seq::ZERO,
                         join_seq: Seq(1 + next(3) * next(4)),
                         left: next(8) == 0,
                         epoch: next(3),
@@ -265,6 +267,7 @@ async fn plain_conversations_merge_as_the_model_says() {
                                 _ if twice => 10 * round + 10 - k,
                                 _ => next(30),
                             }),
+                            delivered: Seq::ZERO,
                             join_seq: Seq(if c % 17 == 4 { 1 + next(3) } else { 1 }),
                             left: departing,
                             epoch: u64::from(versioned),

@@ -266,6 +266,7 @@ fn open_transaction(
         updated_at: 1,
         private_cursor: None,
         unread_mark: None,
+        delivered_cursor: None,
     });
     let record = BaseRecord::to(&env.config.topics.read_cursors)
         .partition(0)

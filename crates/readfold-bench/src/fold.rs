@@ -242,6 +242,7 @@ pub fn decode_rate(records: u64) -> f64 {
         updated_at: 1_700_000_000_000,
         private_cursor: None,
         unread_mark: None,
+        delivered_cursor: None,
     });
     let started = Instant::now();
     let mut sum = 0i64;

@@ -122,6 +122,7 @@ pub fn build_state(cursors: u64, members: u64, build: Build) -> PartitionState {
                     conversation_id: conversation_id.clone(),
                     user_id,
                     cursor: seq,
+                    delivered: Seq::ZERO,
                     join_seq: Seq(1),
                     latest_seq: Seq(1000),
                     updated_at: 1_700_000_000_000,

@@ -53,6 +53,7 @@ pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
             updated_at: 0,
             private_cursor: None,
             unread_mark: None,
+            delivered_cursor: None,
         });
         let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
             .partition(0)

@@ -58,6 +58,7 @@ fn member(i: u64, cursor: u64) -> MemberWrite {
     MemberWrite {
         user_id: format!("m{i}").parse().expect("id"),
         cursor: Seq(cursor),
+        delivered: Seq::ZERO,
         join_seq: Seq(1),
         left: false,
         epoch: 1,

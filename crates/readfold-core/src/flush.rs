@@ -382,6 +382,8 @@ pub fn over_bound(dirty: usize, max_dirty: usize) -> bool {
 pub struct MemberWrite {
     pub user_id: UserId,
     pub cursor: Seq,
+    /// The delivered cursor, never below `cursor`.
+    pub delivered: Seq,
     pub join_seq: Seq,
     /// The member left: stores forget them.
     pub left: bool,
@@ -429,6 +431,7 @@ pub fn group_by_conversation<'a>(changes: impl IntoIterator<Item = &'a Change>) 
         batch.members.push(MemberWrite {
             user_id: change.key.user_id.clone(),
             cursor: if m.left { Seq::ZERO } else { m.cursor },
+            delivered: if m.left { Seq::ZERO } else { m.delivered },
             join_seq: if m.left { Seq::ZERO } else { m.join_seq },
             left: m.left,
             epoch: m.epoch,

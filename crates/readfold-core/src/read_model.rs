@@ -5,6 +5,8 @@
 //! - unread(user) = max(0, latest_seq - cursor(user))
 //! - message S sent by U is read by the present members m != U with
 //!   join_seq(m) <= S <= cursor(m); its read count is how many there are.
+//! - it is delivered to those with join_seq(m) <= S <= delivered(m), where
+//!   delivered(m) >= cursor(m): reading implies delivery.
 //!
 //! A 1:1 chat is the same rule with two members: a count of 0 or 1 is
 //! "unread" or "read".
@@ -19,6 +21,10 @@ use crate::domain::{Seq, UserId};
 pub struct MemberCursor {
     /// Has read every message with seq <= cursor.
     pub cursor: Seq,
+    /// Every message with seq <= delivered reached one of the member's
+    /// devices. A store that lags may hold it below `cursor`: the rules
+    /// read it through [`MemberCursor::delivered_through`].
+    pub delivered: Seq,
     /// First seq the member could see: 1 unless they joined later.
     pub join_seq: Seq,
 }
@@ -28,6 +34,25 @@ impl MemberCursor {
     /// (joined by then) and their cursor reached it.
     pub fn has_read(&self, seq: Seq) -> bool {
         self.could_read(seq) && seq <= self.cursor
+    }
+
+    /// The read-count rule for delivery: message `seq` reached one of the
+    /// member's devices.
+    pub fn has_received(&self, seq: Seq) -> bool {
+        self.could_read(seq) && seq <= self.delivered_through()
+    }
+
+    /// How far messages reached the member: reading implies delivery.
+    pub fn delivered_through(&self) -> Seq {
+        self.delivered.max(self.cursor)
+    }
+
+    /// Whether the member has `reached` message `seq`.
+    pub fn has(&self, reached: Reached, seq: Seq) -> bool {
+        match reached {
+            Reached::Read => self.has_read(seq),
+            Reached::Delivered => self.has_received(seq),
+        }
     }
 
     /// Whether the member could see message `seq`: they had joined by then.
@@ -84,6 +109,33 @@ impl OwnCursor {
     }
 }
 
+/// How far a message got with a member: to one of their devices, or read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reached {
+    Delivered,
+    Read,
+}
+
+/// What a sender's client draws under a message: how many of its possible
+/// readers it reached and read, and whether all of them did (the grey and
+/// the blue ticks). A message with no possible reader is neither.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ticks {
+    pub possible_readers: usize,
+    pub delivered_count: usize,
+    pub read_count: usize,
+}
+
+impl Ticks {
+    pub fn delivered_to_all(&self) -> bool {
+        self.possible_readers > 0 && self.delivered_count == self.possible_readers
+    }
+
+    pub fn read_by_all(&self) -> bool {
+        self.possible_readers > 0 && self.read_count == self.possible_readers
+    }
+}
+
 /// A message whose readers are asked for: its seq and its sender, who never
 /// counts as a reader of their own message.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -119,7 +171,25 @@ impl ConversationView {
 
     /// Members other than the sender who read message `seq`, in user id order.
     pub fn readers<'a>(&'a self, seq: Seq, sender: &'a UserId) -> impl Iterator<Item = &'a UserId> + 'a {
-        readers_in(self.members.iter(), seq, sender)
+        reached_in(self.members.iter(), Reached::Read, seq, sender)
+    }
+
+    /// How many members other than the sender message `seq` reached.
+    pub fn delivered_count(&self, seq: Seq, sender: &UserId) -> usize {
+        reached_in(self.members.iter(), Reached::Delivered, seq, sender).count()
+    }
+
+    /// The ticks of message `seq` sent by `sender`, in one pass.
+    pub fn ticks(&self, seq: Seq, sender: &UserId) -> Ticks {
+        let mut ticks = Ticks::default();
+        for (user, m) in &self.members {
+            if possible_reader(user, m, seq, sender) {
+                ticks.possible_readers += 1;
+                ticks.delivered_count += usize::from(seq <= m.delivered_through());
+                ticks.read_count += usize::from(seq <= m.cursor);
+            }
+        }
+        ticks
     }
 
     /// How many members other than the sender read message `seq`.
@@ -154,8 +224,22 @@ impl ConversationView {
         after: Option<&UserId>,
         limit: usize,
     ) -> (Vec<UserId>, Option<UserId>) {
+        self.reached_page(Reached::Read, seq, sender, after, limit)
+    }
+
+    /// [`ConversationView::readers_page`] for those message `seq` reached
+    /// (`Reached::Delivered`: who-received) or who read it.
+    pub fn reached_page(
+        &self,
+        reached: Reached,
+        seq: Seq,
+        sender: &UserId,
+        after: Option<&UserId>,
+        limit: usize,
+    ) -> (Vec<UserId>, Option<UserId>) {
         let start = after.map_or(Bound::Unbounded, Bound::Excluded);
-        let mut page: Vec<UserId> = readers_in(self.members.range((start, Bound::Unbounded)), seq, sender)
+        let members = self.members.range((start, Bound::Unbounded));
+        let mut page: Vec<UserId> = reached_in(members, reached, seq, sender)
             .take(limit.saturating_add(1))
             .cloned()
             .collect();
@@ -167,13 +251,14 @@ impl ConversationView {
     }
 }
 
-fn readers_in<'a>(
+fn reached_in<'a>(
     members: impl Iterator<Item = (&'a UserId, &'a MemberCursor)> + 'a,
+    reached: Reached,
     seq: Seq,
     sender: &'a UserId,
 ) -> impl Iterator<Item = &'a UserId> + 'a {
     members
-        .filter(move |(user, m)| possible_reader(user, m, seq, sender) && seq <= m.cursor)
+        .filter(move |(user, m)| user != &sender && m.has(reached, seq))
         .map(|(user, _)| user)
 }
 
@@ -190,6 +275,7 @@ mod tests {
     fn group() -> ConversationView {
         let m = |cursor, join_seq| MemberCursor {
             cursor: Seq(cursor),
+            delivered: Seq(cursor),
             join_seq: Seq(join_seq),
         };
         ConversationView {
@@ -217,6 +303,43 @@ mod tests {
         assert_eq!(g.read_counts(&msgs), [2, 1, 1]);
         let who: Vec<&str> = g.readers(Seq(1), &a).map(UserId::as_str).collect();
         assert_eq!(who, ["B", "C"]);
+    }
+
+    #[test]
+    fn ticks_count_delivery_and_reading_by_the_join_seq_rule() {
+        let mut g = group();
+        let (a, b, c) = (user("A"), user("B"), user("C"));
+        // B's devices got up to 3; C's only what C read; D joined at 3.
+        g.members.get_mut(&b).unwrap().delivered = Seq(3);
+        // A store that lags may hold delivered below the cursor.
+        g.members.get_mut(&c).unwrap().delivered = Seq(0);
+        let ticks = g.ticks(Seq(2), &a);
+        assert_eq!(
+            (ticks.possible_readers, ticks.delivered_count, ticks.read_count),
+            (2, 2, 1)
+        );
+        assert!(ticks.delivered_to_all() && !ticks.read_by_all(), "grey, not blue");
+        let ticks = g.ticks(Seq(3), &a);
+        assert_eq!(
+            (ticks.possible_readers, ticks.delivered_count, ticks.read_count),
+            (3, 2, 1)
+        );
+        assert!(!ticks.delivered_to_all());
+        assert_eq!(g.delivered_count(Seq(3), &a), 2, "B and D");
+        let (page, next) = g.reached_page(Reached::Delivered, Seq(3), &a, None, 10);
+        assert_eq!(page, [b, user("D")]);
+        assert_eq!(next, None);
+        let ticks = g.ticks(Seq(1), &a);
+        assert!(ticks.delivered_to_all() && ticks.read_by_all());
+        let alone = ConversationView {
+            latest_seq: Seq(1),
+            members: [(a.clone(), g.members[&a])].into_iter().collect(),
+        };
+        let ticks = alone.ticks(Seq(1), &a);
+        assert!(
+            !ticks.delivered_to_all() && !ticks.read_by_all(),
+            "no reader: no ticks"
+        );
     }
 
     #[test]
@@ -275,6 +398,7 @@ mod tests {
     fn who_read_pages_cover_every_reader_once() {
         let m = MemberCursor {
             cursor: Seq(10),
+            delivered: Seq(10),
             join_seq: Seq(1),
         };
         let view = ConversationView {

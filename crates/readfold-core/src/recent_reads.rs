@@ -198,6 +198,7 @@ mod tests {
                 user(i),
                 MemberCursor {
                     cursor: Seq(0),
+                    delivered: Seq(0),
                     join_seq: Seq(1),
                 },
             );
@@ -235,6 +236,7 @@ mod tests {
                     }
                     let m = MemberCursor {
                         cursor: view.latest_seq,
+                        delivered: view.latest_seq,
                         join_seq: Seq(view.latest_seq.get() + 1),
                     };
                     view.members.insert(user(i), m);
@@ -282,6 +284,7 @@ mod tests {
     fn a_cursor_move_touches_only_the_seqs_it_passes() {
         let member = |cursor, join_seq| MemberCursor {
             cursor: Seq(cursor),
+            delivered: Seq(cursor),
             join_seq: Seq(join_seq),
         };
         let mut counts = RecentReadCounts::new(4, 10);

@@ -362,6 +362,7 @@ impl Member {
     fn read_model(self) -> MemberCursor {
         MemberCursor {
             cursor: Seq(self.cursor),
+            delivered: Seq(self.cursor),
             join_seq: Seq(self.join_seq),
         }
     }

@@ -72,6 +72,7 @@ fn public_fields(u: &CursorUpdate) -> CursorUpdateFields<'_> {
         updated_at: u.updated_at,
         private_cursor: None,
         unread_mark: None,
+        delivered_cursor: Some(u.delivered.get() as i64),
     }
 }
 
@@ -409,6 +410,8 @@ pub fn decode_changelog(
         conversation_id: key.conversation_id,
         user_id: key.user_id,
         cursor: seq(v.cursor),
+        // Earlier writers knew no delivery: reading implies it.
+        delivered: seq(v.delivered_cursor.unwrap_or(v.cursor).max(v.cursor)),
         join_seq: Seq(v.join_seq.max(1) as u64),
         latest_seq: seq(v.latest_seq),
         updated_at: v.updated_at,
@@ -629,6 +632,7 @@ mod tests {
             updated_at: 0,
             private_cursor: None,
             unread_mark: None,
+            delivered_cursor: None,
         });
         let ChangelogEntry::Upsert(u) =
             decode_changelog(ChangelogKind::ByConversation, Some(&key), Some(&value), 256).unwrap()

@@ -96,6 +96,7 @@ mod tests {
             updated_at: 0,
             private_cursor: None,
             unread_mark: None,
+            delivered_cursor: None,
         });
         let line = describe(
             TopicRole::ReadCursors,

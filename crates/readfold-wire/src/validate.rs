@@ -3,7 +3,9 @@
 
 use std::fmt;
 
-use readfold_core::fold::{ConversationEvent, EventKind, Input, InputKind, ReadReport, UnreadMarkReport};
+use readfold_core::fold::{
+    ConversationEvent, DeliveryReport, EventKind, Input, InputKind, ReadReport, UnreadMarkReport,
+};
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, IdError, Seq, UserId};
 
@@ -231,6 +233,12 @@ pub fn read_report_view(r: ReadReportView<'_>, limits: &Limits) -> Result<Input,
             reported_at: r.reported_at,
             private: r.private,
         }),
+        ReadAction::Delivered => Input::Delivery(DeliveryReport {
+            conversation_id,
+            user_id,
+            seq: seq("seq", r.seq, 1, limits)?,
+            reported_at: r.reported_at,
+        }),
         ReadAction::MarkUnread | ReadAction::ClearUnreadMark => Input::Mark(UnreadMarkReport {
             conversation_id,
             user_id,
@@ -435,6 +443,19 @@ mod tests {
             ..record("G", "u", 2)
         };
         assert!(matches!(read_report(clear, &limits), Ok(Input::Mark(m)) if !m.marked));
+        let delivered = ReadReportRecord {
+            action: ReadAction::Delivered,
+            ..record("G", "u", 7)
+        };
+        assert!(matches!(read_report(delivered, &limits), Ok(Input::Delivery(d)) if d.seq == Seq(7)));
+        let nothing_delivered = ReadReportRecord {
+            action: ReadAction::Delivered,
+            ..record("G", "u", 0)
+        };
+        assert_eq!(
+            read_report(nothing_delivered, &limits).unwrap_err().reason,
+            RejectReason::SeqOutOfRange
+        );
         let negative = ReadReportRecord {
             action: ReadAction::MarkUnread,
             ..record("G", "u", -1)

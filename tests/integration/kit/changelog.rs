@@ -106,6 +106,7 @@ impl Changelog {
                     u.parse::<UserId>().unwrap(),
                     MemberCursor {
                         cursor: Seq(cursor as u64),
+                        delivered: Seq(cursor as u64),
                         join_seq: Seq(join_seq as u64),
                     },
                 ))

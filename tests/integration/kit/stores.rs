@@ -270,6 +270,7 @@ pub fn sink_batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> Conversat
             .map(|(u, c)| MemberWrite {
                 user_id: u.parse().unwrap(),
                 cursor: Seq(*c),
+                delivered: Seq::ZERO,
                 join_seq: Seq(1),
                 left: false,
                 epoch: 0,

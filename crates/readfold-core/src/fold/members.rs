@@ -1,4 +1,4 @@
-//! Compact member storage: 28 bytes per (conversation, user) cursor.
+//! Compact member storage: 32 bytes per (conversation, user) cursor.
 //!
 //! A partition holds millions of members, most of whom only ever have a
 //! cursor, a join_seq and two times. A hash map of [`Member`] per
@@ -7,7 +7,7 @@
 //! Here:
 //! - each user id is kept once per partition ([`UserTable`]); members refer
 //!   to it by a `u32` index;
-//! - a member is one 28-byte [`Slot`]: 32-bit cursor and join_seq, 48-bit
+//! - a member is one 32-byte [`Slot`]: 32-bit cursors and join_seq, 48-bit
 //!   times. What few members have (a private cursor, an unread mark, a
 //!   leave, an epoch past 2^25, a seq past 2^32, a time past 4,000 years
 //!   from 1970) lives in an [`Extra`] of the partition's [`Extras`], which
@@ -95,11 +95,14 @@ fn unpack_time(packed: u64) -> i64 {
 }
 
 /// One member, packed. Four-byte fields only, so that two fit a 1:1 chat's
-/// entry in 56 bytes.
+/// entry in 64 bytes.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Slot {
     /// The cursor, unless [`WIDE`] and [`Extra::cursor`] holds it.
     cursor: u32,
+    /// The delivered cursor, unless [`WIDE`] and [`Extra::delivered`]
+    /// holds it; never below the cursor.
+    delivered: u32,
     /// The join_seq; with [`HAS_EXTRA`], the handle of the member's
     /// [`Extra`], which then holds the join_seq.
     join_seq_or_extra: u32,
@@ -128,6 +131,8 @@ struct Extra {
     epoch: Option<u64>,
     /// The cursor, when it does not fit in the slot.
     cursor: Option<Seq>,
+    /// The delivered cursor, when it does not fit in the slot.
+    delivered: Option<Seq>,
     /// `updated_at` and the membership's time, when either does not fit.
     times: Option<(i64, i64)>,
 }
@@ -220,6 +225,9 @@ impl Slot {
     pub(crate) fn load(&self, extras: &Extras) -> Member {
         let extra = self.extra(extras);
         let cursor = extra.and_then(|e| e.cursor).unwrap_or(Seq(self.cursor.into()));
+        let delivered = extra
+            .and_then(|e| e.delivered)
+            .unwrap_or(Seq(self.delivered.into()));
         let join_seq = extra.map_or(Seq(self.join_seq_or_extra.into()), |e| e.join_seq);
         let (updated_at, membership_at) = extra
             .and_then(|e| e.times)
@@ -232,6 +240,7 @@ impl Slot {
         });
         Member {
             cursor,
+            delivered,
             private_cursor: extra.map_or(Seq::ZERO, |e| e.private_cursor),
             join_seq,
             left: self.bits & LEFT != 0,
@@ -261,6 +270,7 @@ impl Slot {
         let moved = seq > self.cursor;
         if moved {
             self.cursor = seq;
+            self.delivered = self.delivered.max(seq);
         }
         Some(moved)
     }
@@ -295,6 +305,9 @@ impl Slot {
             .map(|v| v.seq)
             .filter(|&seq| seq.get().checked_add(1) != Some(m.join_seq.get()));
         let cursor = u32::try_from(m.cursor.get()).ok();
+        // Reading implies delivery.
+        let delivered_seq = m.delivered.max(m.cursor);
+        let delivered = u32::try_from(delivered_seq.get()).ok();
         let join_seq = u32::try_from(m.join_seq.get()).ok();
         let membership_at = m.membership.map_or(0, |v| v.at);
         let times = pack_time(m.updated_at).zip(pack_time(membership_at));
@@ -304,6 +317,7 @@ impl Slot {
             && membership_seq.is_none()
             && !wide_epoch
             && cursor.is_some()
+            && delivered.is_some()
             && join_seq.is_some()
             && times.is_some();
         let had_extra = self.bits & HAS_EXTRA != 0;
@@ -320,6 +334,7 @@ impl Slot {
                 membership_seq,
                 epoch: wide_epoch.then_some(m.epoch),
                 cursor: cursor.is_none().then_some(m.cursor),
+                delivered: delivered.is_none().then_some(delivered_seq),
                 times: times.is_none().then_some((m.updated_at, membership_at)),
             };
             if had_extra {
@@ -329,6 +344,7 @@ impl Slot {
             }
         }
         self.cursor = cursor.unwrap_or_default();
+        self.delivered = delivered.unwrap_or_default();
         let (updated_at, membership_at) = times.unwrap_or_default();
         self.set_updated_at(updated_at);
         self.set_membership_at(membership_at);
@@ -340,7 +356,7 @@ impl Slot {
             | flag(m.left, LEFT)
             | flag(m.membership.is_some(), HAS_MEMBERSHIP)
             | flag(!plain, HAS_EXTRA)
-            | flag(cursor.is_none() || times.is_none(), WIDE);
+            | flag(cursor.is_none() || delivered.is_none() || times.is_none(), WIDE);
     }
 
     /// Gives back the slot's extra, if any, for a slot dropped.
@@ -648,13 +664,14 @@ mod tests {
     fn member(cursor: u64) -> Member {
         let mut m = Member::new(5);
         m.cursor = Seq(cursor);
+        m.delivered = Seq(cursor);
         m
     }
 
     #[test]
-    fn a_slot_is_28_bytes_and_a_1_1_chat_64() {
-        assert_eq!(std::mem::size_of::<Slot>(), 28);
-        assert_eq!(std::mem::size_of::<Members>(), 64);
+    fn a_slot_is_32_bytes_and_a_1_1_chat_72() {
+        assert_eq!(std::mem::size_of::<Slot>(), 32);
+        assert_eq!(std::mem::size_of::<Members>(), 72);
     }
 
     #[test]
@@ -721,23 +738,26 @@ mod tests {
                                 .into_iter()
                                 .flat_map(|p| seqs.map(|s| (p, s)))
                             {
-                                let m = Member {
-                                    cursor: Seq(cursor),
-                                    private_cursor,
-                                    join_seq: Seq(join_seq),
-                                    left,
-                                    listed,
-                                    membership,
-                                    epoch,
-                                    mark,
-                                    updated_at,
-                                };
-                                // Stored over whatever the slot held before.
-                                slot.store(&mut extras, &m);
-                                assert_eq!(slot.load(&extras), m);
-                                let fresh = Slot::new(&mut extras, 7, &m);
-                                assert_eq!(fresh.load(&extras), m);
-                                fresh.release(&mut extras);
+                                for delivered in [cursor, cursor.saturating_add(3), (wide + 2).max(cursor)] {
+                                    let m = Member {
+                                        cursor: Seq(cursor),
+                                        delivered: Seq(delivered),
+                                        private_cursor,
+                                        join_seq: Seq(join_seq),
+                                        left,
+                                        listed,
+                                        membership,
+                                        epoch,
+                                        mark,
+                                        updated_at,
+                                    };
+                                    // Stored over whatever the slot held before.
+                                    slot.store(&mut extras, &m);
+                                    assert_eq!(slot.load(&extras), m);
+                                    let fresh = Slot::new(&mut extras, 7, &m);
+                                    assert_eq!(fresh.load(&extras), m);
+                                    fresh.release(&mut extras);
+                                }
                             }
                         }
                     }

@@ -15,7 +15,10 @@
 //! Matrix's `m.read.private`) and is seen only by the member's own devices,
 //! whose unread count uses the higher of the two. A member may also mark a
 //! conversation unread; the mark holds until their cursor passes the point
-//! where they set it, or until they clear it. Every rule is a max or a
+//! where they set it, or until they clear it. A third cursor, *delivered*,
+//! says which messages reached one of the member's devices (the grey
+//! ticks); reading implies delivery, so it is never below the public
+//! cursor. Every rule is a max or a
 //! last-writer-wins by a version, so the result does not depend on how the
 //! two inputs interleave or on duplicates.
 
@@ -43,6 +46,16 @@ pub struct ReadReport {
     pub reported_at: i64,
     /// A private receipt: moves only the private cursor.
     pub private: bool,
+}
+
+/// A validated delivery report: a message reached one of the user's
+/// devices, and every message before it did too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryReport {
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub seq: Seq,
+    pub reported_at: i64,
 }
 
 /// A validated mark-as-unread action, or the clearing of one.
@@ -78,6 +91,7 @@ pub enum InputKind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
     Report(ReadReport),
+    Delivery(DeliveryReport),
     Mark(UnreadMarkReport),
     Event(ConversationEvent),
 }
@@ -86,6 +100,7 @@ impl Input {
     pub fn conversation_id(&self) -> &ConversationId {
         match self {
             Input::Report(r) => &r.conversation_id,
+            Input::Delivery(d) => &d.conversation_id,
             Input::Mark(m) => &m.conversation_id,
             Input::Event(e) => &e.conversation_id,
         }
@@ -123,6 +138,9 @@ pub struct UnreadMark {
 pub struct Member {
     /// Has read every message with seq <= cursor, as other members see it.
     pub cursor: Seq,
+    /// Every message with seq <= delivered reached one of the member's
+    /// devices, as other members see it; never below `cursor`.
+    pub delivered: Seq,
     /// Highest private receipt; only the member's own devices see it.
     pub private_cursor: Seq,
     /// First seq the member can see: 1 unless they joined later.
@@ -149,6 +167,7 @@ impl Member {
     fn new(updated_at: i64) -> Self {
         Member {
             cursor: Seq::ZERO,
+            delivered: Seq::ZERO,
             private_cursor: Seq::ZERO,
             join_seq: Seq(1),
             left: false,
@@ -165,6 +184,7 @@ impl Member {
     pub fn present(&self) -> Option<MemberCursor> {
         (self.listed && !self.left).then_some(MemberCursor {
             cursor: self.cursor,
+            delivered: self.delivered,
             join_seq: self.join_seq,
         })
     }
@@ -319,6 +339,7 @@ impl Change {
             conversation_id: self.key.conversation_id.clone(),
             user_id: self.key.user_id.clone(),
             cursor: self.member.cursor,
+            delivered: self.member.delivered,
             join_seq: self.member.join_seq,
             latest_seq: self.latest_seq,
             updated_at: self.member.updated_at,
@@ -350,6 +371,8 @@ pub struct CursorUpdate {
     pub conversation_id: ConversationId,
     pub user_id: UserId,
     pub cursor: Seq,
+    /// The delivered cursor, never below `cursor`.
+    pub delivered: Seq,
     pub join_seq: Seq,
     pub latest_seq: Seq,
     pub updated_at: i64,
@@ -601,6 +624,7 @@ impl PartitionState {
     pub fn apply(&mut self, input: &Input) -> bool {
         match input {
             Input::Report(r) => self.apply_report(r),
+            Input::Delivery(d) => self.apply_delivery(d),
             Input::Mark(m) => self.apply_mark(m),
             Input::Event(e) => self.apply_event(e),
         }
@@ -656,6 +680,28 @@ impl PartitionState {
         };
         if moved || created {
             self.dirty.mark(number, conv, position, outputs);
+        }
+        moved
+    }
+
+    /// Folds one delivery report: public, as the sender's ticks show it.
+    /// Returns whether the delivered cursor moved.
+    pub fn apply_delivery(&mut self, report: &DeliveryReport) -> bool {
+        let number = self.conversation_number(&report.conversation_id);
+        let conv = self.conversations.value_mut(number);
+        let (moved, created, position) = with_member(
+            &mut self.users,
+            &mut self.extras,
+            conv,
+            &report.user_id,
+            report.reported_at,
+            |member| {
+                let listed = list(member);
+                advance(&mut member.delivered, report.seq) || listed
+            },
+        );
+        if moved || created {
+            self.dirty.mark(number, conv, position, Outputs::PUBLIC);
         }
         moved
     }
@@ -752,6 +798,7 @@ impl PartitionState {
             update.updated_at,
             |member| {
                 member.cursor = member.cursor.max(update.cursor);
+                member.delivered = member.delivered.max(update.delivered);
                 member.join_seq = update.join_seq;
                 member.left = false;
                 member.listed = true;

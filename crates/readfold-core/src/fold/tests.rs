@@ -25,6 +25,14 @@ fn private_report(c: &str, u: &str, seq: u64) -> ReadReport {
         ..report(c, u, seq)
     }
 }
+fn delivery(c: &str, u: &str, seq: u64) -> DeliveryReport {
+    DeliveryReport {
+        conversation_id: conv(c),
+        user_id: user(u),
+        seq: Seq(seq),
+        reported_at: seq as i64,
+    }
+}
 fn mark(c: &str, u: &str, seq: u64, at: i64, marked: bool) -> UnreadMarkReport {
     UnreadMarkReport {
         conversation_id: conv(c),
@@ -477,12 +485,16 @@ const CONVS: [&str; 2] = ["c1", "c2"];
 const USERS: [&str; 4] = ["a", "b", "c", "d"];
 
 fn arb_report() -> impl Strategy<Value = Input> {
-    (0..CONVS.len(), 0..USERS.len(), 1u64..30, 0i64..1000, 0u8..10).prop_map(|(c, u, seq, at, kind)| {
+    (0..CONVS.len(), 0..USERS.len(), 1u64..30, 0i64..1000, 0u8..11).prop_map(|(c, u, seq, at, kind)| {
         let (c, u) = (CONVS[c], USERS[u]);
         match kind {
             0 => Input::Mark(mark(c, u, seq, at, true)),
             1 => Input::Mark(mark(c, u, seq, at, false)),
-            2 | 3 => Input::Report(ReadReport {
+            2 => Input::Delivery(DeliveryReport {
+                reported_at: at,
+                ..delivery(c, u, seq)
+            }),
+            3 => Input::Report(ReadReport {
                 reported_at: at,
                 ..private_report(c, u, seq)
             }),
@@ -626,8 +638,10 @@ proptest! {
         let mut s = PartitionState::new();
         let mut seen: HashMap<CursorKey, Seq> = HashMap::new();
         let mut seen_private: HashMap<CursorKey, Seq> = HashMap::new();
+        let mut seen_delivered: HashMap<CursorKey, Seq> = HashMap::new();
         let mut seen_epoch: HashMap<CursorKey, u64> = HashMap::new();
         let mut emitted: HashMap<CursorKey, Seq> = HashMap::new();
+        let mut emitted_delivered: HashMap<CursorKey, Seq> = HashMap::new();
         for (i, record) in delivered.iter().enumerate() {
             apply(&mut s, record);
             for (c, conv) in s.conversations() {
@@ -635,6 +649,9 @@ proptest! {
                     let key = CursorKey { conversation_id: c.clone(), user_id: u.clone() };
                     let before = seen.insert(key.clone(), m.cursor).unwrap_or(Seq::ZERO);
                     prop_assert!(m.cursor >= before, "cursor moved back");
+                    prop_assert!(m.delivered >= m.cursor, "delivered below the cursor");
+                    let before = seen_delivered.insert(key.clone(), m.delivered).unwrap_or(Seq::ZERO);
+                    prop_assert!(m.delivered >= before, "delivered cursor moved back");
                     let before = seen_private.insert(key.clone(), m.private_cursor).unwrap_or(Seq::ZERO);
                     prop_assert!(m.private_cursor >= before, "private cursor moved back");
                     let before = seen_epoch.insert(key, m.epoch).unwrap_or(0);
@@ -652,6 +669,8 @@ proptest! {
                     if let Some(u) = change.public_update() {
                         let before = emitted.insert(u.key(), u.cursor).unwrap_or(Seq::ZERO);
                         prop_assert!(u.cursor >= before, "emitted a lower cursor");
+                        let before = emitted_delivered.insert(u.key(), u.delivered).unwrap_or(Seq::ZERO);
+                        prop_assert!(u.delivered >= before.max(u.cursor), "emitted a lower delivered cursor");
                     }
                 }
             }
@@ -679,6 +698,7 @@ proptest! {
                 prop_assert_eq!(m.membership, r.membership);
                 if !m.left {
                     prop_assert_eq!(m.cursor, r.cursor);
+                    prop_assert_eq!(m.delivered, r.delivered);
                     prop_assert_eq!(m.join_seq, r.join_seq);
                 }
             }
@@ -946,6 +966,7 @@ fn the_stored_member_states_come_back_after_a_public_tail() {
         conversation_id: conv("c1"),
         user_id: user("a"),
         cursor: Seq(0),
+        delivered: Seq(0),
         join_seq: Seq(1),
         latest_seq: Seq(2),
         updated_at: 5,
@@ -957,4 +978,44 @@ fn the_stored_member_states_come_back_after_a_public_tail() {
     assert!(whole.current(&tail.key()).unwrap().member.left);
     over.take_all().unwrap();
     assert_eq!(snapshot(&over), snapshot(&whole));
+}
+
+/// Grey and blue ticks: delivery is public, max-merged, and never below
+/// the read cursor.
+#[test]
+fn delivery_moves_the_delivered_cursor_and_reading_implies_it() {
+    let mut s = PartitionState::new();
+    let g = "G";
+    s.apply_event(&sent(g, "A", 1));
+    s.apply_event(&sent(g, "A", 2));
+    s.apply_event(&joined(g, "B", 0, 1));
+    s.drain();
+    assert!(s.apply_delivery(&delivery(g, "B", 2)));
+    assert!(!s.apply_delivery(&delivery(g, "B", 1)), "stale: no move");
+    let changes = s.drain();
+    assert_eq!(changes.len(), 1);
+    assert!(changes[0].outputs.public && !changes[0].outputs.state);
+    let update = changes[0].public_update().unwrap();
+    assert_eq!((update.cursor, update.delivered), (Seq(0), Seq(2)));
+    let ticks = s.conversation(&conv(g)).unwrap().view().ticks(Seq(2), &user("A"));
+    assert!(ticks.delivered_to_all() && !ticks.read_by_all());
+
+    // Reading past delivery moves both; a private read moves neither.
+    s.apply_report(&private_report(g, "B", 4));
+    assert_eq!(
+        s.conversation(&conv(g))
+            .unwrap()
+            .member(&user("B"))
+            .unwrap()
+            .delivered,
+        Seq(2)
+    );
+    s.apply_report(&report(g, "B", 3));
+    let b = s.conversation(&conv(g)).unwrap().member(&user("B")).unwrap();
+    assert_eq!((b.cursor, b.delivered), (Seq(3), Seq(3)));
+
+    // A member seen only through delivery is listed: it is public.
+    s.apply_delivery(&delivery(g, "C", 1));
+    let c = s.conversation(&conv(g)).unwrap().member(&user("C")).unwrap();
+    assert!(c.listed && c.present().is_some());
 }

@@ -146,6 +146,7 @@ impl CqlStore {
 fn member(cursor: i64, join_seq: i64) -> MemberCursor {
     MemberCursor {
         cursor: seq(cursor),
+        delivered: seq(cursor),
         join_seq: Seq(join_seq.max(1) as u64),
     }
 }

@@ -495,6 +495,7 @@ mod tests {
         MemberWrite {
             user_id: user.parse().unwrap(),
             cursor: Seq(cursor),
+            delivered: Seq::ZERO,
             join_seq: Seq(1),
             left,
             epoch: if left { 2 } else { 1 },

@@ -39,6 +39,7 @@ impl RedisStore {
                     user,
                     MemberCursor {
                         cursor: Seq(cursor),
+                        delivered: Seq(cursor),
                         join_seq: Seq(join_seq),
                     },
                 ))
@@ -167,6 +168,7 @@ impl RedisStore {
                 latest_seq: Seq(latest.unwrap_or(0)),
                 member: cursor.map(|c| MemberCursor {
                     cursor: Seq(c),
+                    delivered: Seq(c),
                     join_seq: Seq(joined.unwrap_or(1).max(1)),
                 }),
             }));

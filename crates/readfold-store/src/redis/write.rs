@@ -243,6 +243,7 @@ mod tests {
                 .map(|_| readfold_core::flush::MemberWrite {
                     user_id: "u".parse().unwrap(),
                     cursor: readfold_core::Seq(1),
+                    delivered: readfold_core::Seq::ZERO,
                     join_seq: readfold_core::Seq(1),
                     left: false,
                     epoch: 0,

@@ -20,7 +20,7 @@
 //! before anything of it is used, and [`Checkpoint::check_all`] checks
 //! every page beside the fold.
 //!
-//! Layout (version 4), integers little-endian, strings a u32 length and
+//! Layout (version 5), integers little-endian, strings a u32 length and
 //! UTF-8 bytes:
 //! - the magic `RFCKPT`, the format version (u16), the header's length
 //!   (u32), the header, and a CRC-32C of all that;
@@ -31,9 +31,10 @@
 //!   empty);
 //! - a CRC-32C of each page of the body, then a CRC-32C of that table.
 //!
-//! A file of version 2 or 3 (layouts decoded whole at the start) is refused
-//! by its version, and that partition restores from its changelog once
-//! (and, with CQL on, snapshots everything once).
+//! A file of an earlier version (2 and 3 were decoded whole at the start;
+//! 4 had no delivered cursor) is refused by its version, and that
+//! partition restores from its changelog once (and, with CQL on, snapshots
+//! everything once).
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,7 +47,7 @@ use readfold_core::fold::{
 use readfold_core::{ConversationId, Seq, UserId};
 
 const MAGIC: &[u8; 6] = b"RFCKPT";
-const VERSION: u16 = 4;
+const VERSION: u16 = 5;
 /// The bytes each checksum of the body covers.
 const PAGE: usize = 4096;
 /// What a scan of the whole body reads at a time.
@@ -692,6 +693,8 @@ const LISTED: u8 = 2;
 const MEMBERSHIP: u8 = 4;
 const MARK: u8 = 8;
 const MARK_SEQ: u8 = 16;
+/// The delivered cursor is ahead of the cursor, and follows the mark.
+const DELIVERED: u8 = 32;
 
 fn put_member(out: &mut Vec<u8>, m: &Member) {
     let mut flags = 0;
@@ -701,6 +704,7 @@ fn put_member(out: &mut Vec<u8>, m: &Member) {
         (m.membership.is_some(), MEMBERSHIP),
         (m.mark.is_some(), MARK),
         (m.mark.is_some_and(|k| k.seq.is_some()), MARK_SEQ),
+        (m.delivered > m.cursor, DELIVERED),
     ] {
         if on {
             flags |= flag;
@@ -722,6 +726,9 @@ fn put_member(out: &mut Vec<u8>, m: &Member) {
             out.extend_from_slice(&seq.get().to_le_bytes());
         }
     }
+    if m.delivered > m.cursor {
+        out.extend_from_slice(&m.delivered.get().to_le_bytes());
+    }
 }
 
 fn take_member(input: &mut &[u8]) -> Result<Member, CheckpointError> {
@@ -729,7 +736,7 @@ fn take_member(input: &mut &[u8]) -> Result<Member, CheckpointError> {
     let private_cursor = Seq(take_u64(input)?);
     let join_seq = Seq(take_u64(input)?);
     let [flags] = take_array::<1>(input)?;
-    if flags & !(LEFT | LISTED | MEMBERSHIP | MARK | MARK_SEQ) != 0
+    if flags & !(LEFT | LISTED | MEMBERSHIP | MARK | MARK_SEQ | DELIVERED) != 0
         || (flags & MARK_SEQ != 0 && flags & MARK == 0)
     {
         return Err(CheckpointError::Malformed);
@@ -755,8 +762,14 @@ fn take_member(input: &mut &[u8]) -> Result<Member, CheckpointError> {
     } else {
         None
     };
+    let delivered = if flags & DELIVERED != 0 {
+        Seq(take_u64(input)?)
+    } else {
+        cursor
+    };
     Ok(Member {
         cursor,
+        delivered,
         private_cursor,
         join_seq,
         left: flags & LEFT != 0,

@@ -3,7 +3,7 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 use readfold_core::fold::{
-    ConversationEvent, EventKind, Input, PartitionState, ReadReport, UnreadMarkReport,
+    ConversationEvent, DeliveryReport, EventKind, Input, PartitionState, ReadReport, UnreadMarkReport,
 };
 use readfold_core::{ConversationId, Seq, UserId};
 
@@ -51,7 +51,7 @@ fn input(op: u8, c: u8, u: u8, seq: u8, at: u8) -> Input {
             kind,
         })
     };
-    match op % 7 {
+    match op % 8 {
         0 | 1 => Input::Report(ReadReport {
             conversation_id,
             user_id,
@@ -74,6 +74,12 @@ fn input(op: u8, c: u8, u: u8, seq: u8, at: u8) -> Input {
             marked: at % 2 == 0,
         }),
         4 => event(EventKind::MessageSent { sender_id: user_id }),
+        7 => Input::Delivery(DeliveryReport {
+            conversation_id,
+            user_id,
+            seq: Seq(seq.get().max(1)),
+            reported_at: at,
+        }),
         5 => event(EventKind::MemberJoined { user_id }),
         _ => event(EventKind::MemberLeft { user_id }),
     }
@@ -309,7 +315,7 @@ fn the_header_round_trips_and_damage_is_detected() {
     assert_eq!(decode(b"RFCKPTxx", 256).unwrap_err(), CheckpointError::Malformed);
     // The formats before, as an upgrade finds them: refused by their
     // version, not read as this one.
-    for version in [1u16, 2, 3] {
+    for version in [1u16, 2, 3, 4] {
         let mut older = bytes.clone();
         older[6..8].copy_from_slice(&version.to_le_bytes());
         assert_eq!(

@@ -106,7 +106,7 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// `ReadReport` v1.1, or `None` when the bytes are anything else.
+/// `ReadReport` v1.2 (a v1.1 record is the same bytes), or `None` when the bytes are anything else.
 pub fn read_report(bytes: &[u8]) -> Option<ReadReportView<'_>> {
     let mut c = Cursor { bytes };
     let conversation_id = c.str()?;
@@ -118,10 +118,11 @@ pub fn read_report(bytes: &[u8]) -> Option<ReadReportView<'_>> {
     };
     let reported_at = c.long()?;
     let private = c.boolean()?;
-    let action = match c.index(3)? {
+    let action = match c.index(4)? {
         0 => ReadAction::Read,
         1 => ReadAction::MarkUnread,
-        _ => ReadAction::ClearUnreadMark,
+        2 => ReadAction::ClearUnreadMark,
+        _ => ReadAction::Delivered,
     };
     c.end(ReadReportView {
         conversation_id,
@@ -177,8 +178,8 @@ pub fn user_cursor_key(bytes: &[u8]) -> Option<UserCursorKeyRecord> {
     })
 }
 
-/// `CursorUpdate` v1.1, or `None` when the bytes are anything else (v1.0
-/// records are shorter and go to the generic reader).
+/// `CursorUpdate` v1.2, or `None` when the bytes are anything else
+/// (earlier versions are shorter and go to the generic reader).
 pub fn cursor_update(bytes: &[u8]) -> Option<CursorUpdateRecord> {
     let mut c = Cursor { bytes };
     let record = CursorUpdateRecord {
@@ -190,6 +191,7 @@ pub fn cursor_update(bytes: &[u8]) -> Option<CursorUpdateRecord> {
         updated_at: c.long()?,
         private_cursor: c.optional_long()?,
         unread_mark: c.optional_boolean()?,
+        delivered_cursor: c.optional_long()?,
     };
     c.end(record)
 }
@@ -334,6 +336,7 @@ mod tests {
                 updated_at: longs[3],
                 private_cursor: optional[0],
                 unread_mark: mark,
+                delivered_cursor: None,
             };
             let bytes = super::super::encode_cursor_update(&update);
             prop_assert_eq!(cursor_update(&bytes), Some(update.clone()));
@@ -383,6 +386,7 @@ mod tests {
             updated_at: 9,
             private_cursor: None,
             unread_mark: None,
+            delivered_cursor: None,
         };
         let old = super::super::encode_historic_cursor_update(&record);
         assert_eq!(cursor_update(&old), None);

@@ -94,6 +94,7 @@ pub struct CursorUpdateFields<'a> {
     pub updated_at: i64,
     pub private_cursor: Option<i64>,
     pub unread_mark: Option<bool>,
+    pub delivered_cursor: Option<i64>,
 }
 
 impl<'a> CursorUpdateFields<'a> {
@@ -107,6 +108,7 @@ impl<'a> CursorUpdateFields<'a> {
             updated_at: r.updated_at,
             private_cursor: r.private_cursor,
             unread_mark: r.unread_mark,
+            delivered_cursor: r.delivered_cursor,
         }
     }
 }
@@ -162,7 +164,8 @@ pub(crate) fn write_cursor_update(w: &mut Writer, r: &CursorUpdateFields<'_>) {
         .long(r.latest_seq)
         .long(r.updated_at)
         .optional_long(r.private_cursor)
-        .optional_boolean(r.unread_mark);
+        .optional_boolean(r.unread_mark)
+        .optional_long(r.delivered_cursor);
 }
 
 pub(crate) fn write_member_state(w: &mut Writer, r: &MemberStateFields<'_>) {
@@ -224,6 +227,7 @@ mod tests {
             longs in proptest::array::uniform4(any::<i64>()),
             private in proptest::option::of(any::<i64>()),
             mark in proptest::option::of(any::<bool>()),
+            delivered in proptest::option::of(any::<i64>()),
         ) {
             let r = CursorUpdateRecord {
                 conversation_id: c,
@@ -234,6 +238,7 @@ mod tests {
                 updated_at: longs[3],
                 private_cursor: private,
                 unread_mark: mark,
+                delivered_cursor: delivered,
             };
             prop_assert_eq!(cursor_update(&r), encode_value(&codecs().cursor_update, r.to_value()));
         }

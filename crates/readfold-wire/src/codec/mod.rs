@@ -54,9 +54,13 @@ pub const CURSOR_KEY_AVSC: &str = include_str!("../../../../schemas/CursorKey.av
 pub const USER_CURSOR_KEY_AVSC: &str = include_str!("../../../../schemas/UserCursorKey.avsc");
 pub const CURSOR_UPDATE_AVSC: &str = include_str!("../../../../schemas/CursorUpdate.avsc");
 pub const MEMBER_STATE_AVSC: &str = include_str!("../../../../schemas/MemberState.avsc");
-/// v1.0 of the evolved schemas, kept to read what v1.0 producers wrote.
+/// Earlier versions of the evolved schemas, kept to read what their
+/// producers wrote. (A v1.1 ReadReport is also a v1.2 one: v1.2 only
+/// appends an enum symbol.)
 pub const READ_REPORT_V1_0_AVSC: &str = include_str!("../../../../schemas/history/ReadReport.v1.avsc");
+pub const READ_REPORT_V1_1_AVSC: &str = include_str!("../../../../schemas/history/ReadReport.v1.1.avsc");
 pub const CURSOR_UPDATE_V1_0_AVSC: &str = include_str!("../../../../schemas/history/CursorUpdate.v1.avsc");
+pub const CURSOR_UPDATE_V1_1_AVSC: &str = include_str!("../../../../schemas/history/CursorUpdate.v1.1.avsc");
 
 /// The schemas, parsed once. The files are compiled in and covered by tests,
 /// so a parse failure is a build defect, not a runtime condition.
@@ -75,7 +79,10 @@ pub fn schemas() -> &'static Schemas {
             cursor_update: parse("CursorUpdate", CURSOR_UPDATE_AVSC),
             member_state: parse("MemberState", MEMBER_STATE_AVSC),
             read_report_history: vec![parse("history/ReadReport.v1", READ_REPORT_V1_0_AVSC)],
-            cursor_update_history: vec![parse("history/CursorUpdate.v1", CURSOR_UPDATE_V1_0_AVSC)],
+            cursor_update_history: vec![
+                parse("history/CursorUpdate.v1.1", CURSOR_UPDATE_V1_1_AVSC),
+                parse("history/CursorUpdate.v1", CURSOR_UPDATE_V1_0_AVSC),
+            ],
         }
     })
 }
@@ -208,8 +215,9 @@ fn codecs() -> &'static Codecs {
 }
 
 /// Decodes with the current schema and, when the bytes do not fit it, with
-/// each earlier version (appended fields make a v1.0 record end too soon
-/// for v1.1, and a v1.1 record too long for v1.0, so at most one fits).
+/// each earlier version (appended fields make an older record end too soon
+/// for a newer schema, and a newer record too long for an older one, so at
+/// most one fits).
 /// The error is the current schema's.
 fn decode_value(codec: &SchemaCodec, bytes: &[u8]) -> Result<Value, DecodeError> {
     let current = read_whole(&codec.reader, codec.schema, codec.name, bytes);
@@ -461,13 +469,30 @@ pub fn encode_historic_read_report(record: &ReadReportRecord) -> Vec<u8> {
 /// decode.
 #[doc(hidden)]
 pub fn encode_historic_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
-    let schema = &schemas().cursor_update_history[0];
+    let schema = &schemas().cursor_update_history[1];
     let mut value = record.to_value();
     if let Value::Record(fields) = &mut value {
-        fields.retain(|(name, _)| name != "private_cursor" && name != "unread_mark");
+        fields.retain(|(name, _)| {
+            !["private_cursor", "unread_mark", "delivered_cursor"].contains(&name.as_str())
+        });
     }
     GenericDatumWriter::builder(schema)
         .build()
         .and_then(|w| w.write_value_to_vec(value))
         .expect("v1.0 record")
+}
+
+/// Encodes a changelog value as v1.1 did: for tests that old records still
+/// decode.
+#[doc(hidden)]
+pub fn encode_v1_1_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
+    let schema = &schemas().cursor_update_history[0];
+    let mut value = record.to_value();
+    if let Value::Record(fields) = &mut value {
+        fields.retain(|(name, _)| name != "delivered_cursor");
+    }
+    GenericDatumWriter::builder(schema)
+        .build()
+        .and_then(|w| w.write_value_to_vec(value))
+        .expect("v1.1 record")
 }

@@ -70,16 +70,19 @@ pub enum ReadAction {
     Read,
     MarkUnread,
     ClearUnreadMark,
+    /// Added in v1.2.
+    Delivered,
 }
 
 impl ReadAction {
-    const SYMBOLS: [&'static str; 3] = ["READ", "MARK_UNREAD", "CLEAR_UNREAD_MARK"];
+    const SYMBOLS: [&'static str; 4] = ["READ", "MARK_UNREAD", "CLEAR_UNREAD_MARK", "DELIVERED"];
 
     fn index(self) -> u32 {
         match self {
             ReadAction::Read => 0,
             ReadAction::MarkUnread => 1,
             ReadAction::ClearUnreadMark => 2,
+            ReadAction::Delivered => 3,
         }
     }
 
@@ -88,6 +91,7 @@ impl ReadAction {
             0 => Some(ReadAction::Read),
             1 => Some(ReadAction::MarkUnread),
             2 => Some(ReadAction::ClearUnreadMark),
+            3 => Some(ReadAction::Delivered),
             _ => None,
         }
     }
@@ -192,6 +196,8 @@ pub struct CursorUpdateRecord {
     pub private_cursor: Option<i64>,
     /// Added in v1.1: by-user changelog only.
     pub unread_mark: Option<bool>,
+    /// Added in v1.2; `None` from earlier writers, read as `cursor`.
+    pub delivered_cursor: Option<i64>,
 }
 
 /// `readfold.v1.MemberState`: value of the internal member-state topic.
@@ -441,6 +447,7 @@ impl CursorUpdateRecord {
             updated_at: f.long()?,
             private_cursor: f.optional_long()?,
             unread_mark: f.optional_boolean()?,
+            delivered_cursor: f.optional_long()?,
         })
     }
 
@@ -454,6 +461,10 @@ impl CursorUpdateRecord {
             ("updated_at", Value::TimestampMillis(self.updated_at)),
             ("private_cursor", optional(self.private_cursor.map(Value::Long))),
             ("unread_mark", optional(self.unread_mark.map(Value::Boolean))),
+            (
+                "delivered_cursor",
+                optional(self.delivered_cursor.map(Value::Long)),
+            ),
         ])
     }
 }

@@ -47,7 +47,8 @@ fn every_schema_parses_with_the_documented_field_order() {
             "latest_seq",
             "updated_at",
             "private_cursor",
-            "unread_mark"
+            "unread_mark",
+            "delivered_cursor"
         ]
     );
 }
@@ -125,6 +126,7 @@ fn changelog_records_round_trip() {
         updated_at: 123,
         private_cursor: None,
         unread_mark: None,
+        delivered_cursor: None,
     };
     assert_eq!(
         decode_cursor_update(&encode_cursor_update(&update)).unwrap(),
@@ -184,6 +186,30 @@ fn trailing_bytes_are_rejected() {
     ));
 }
 
+/// v1.2 appends a symbol to the action enum: what a v1.1 producer writes
+/// is the same bytes, and reads the same.
+#[test]
+fn v1_1_read_reports_are_v1_2_read_reports() {
+    let schema = Schema::parse_str(READ_REPORT_V1_1_AVSC).unwrap();
+    let v1_1 = GenericDatumWriter::builder(&schema).build().unwrap();
+    for action in [
+        ReadAction::Read,
+        ReadAction::MarkUnread,
+        ReadAction::ClearUnreadMark,
+    ] {
+        let record = ReadReportRecord { action, ..report() };
+        let old = v1_1.write_value_to_vec(record.to_value()).unwrap();
+        assert_eq!(old, encode_read_report(&record));
+        assert_eq!(decode_read_report(&old, WireFormat::Auto).unwrap(), record);
+    }
+    let delivered = ReadReportRecord {
+        action: ReadAction::Delivered,
+        ..report()
+    };
+    let bytes = encode_read_report(&delivered);
+    assert_eq!(decode_read_report(&bytes, WireFormat::Auto).unwrap(), delivered);
+}
+
 #[test]
 fn v1_0_records_still_decode_with_the_added_fields_at_their_defaults() {
     let old = encode_historic_read_report(&report());
@@ -203,6 +229,7 @@ fn v1_0_records_still_decode_with_the_added_fields_at_their_defaults() {
         updated_at: 123,
         private_cursor: None,
         unread_mark: None,
+        delivered_cursor: None,
     };
     let old = encode_historic_cursor_update(&update);
     assert_eq!(decode_cursor_update(&old).unwrap(), update);
@@ -228,6 +255,7 @@ fn v1_1_fields_round_trip() {
         updated_at: 123,
         private_cursor: Some(6),
         unread_mark: Some(true),
+        delivered_cursor: None,
     };
     assert_eq!(decode_cursor_update(&encode_cursor_update(&own)).unwrap(), own);
     let state = MemberStateRecord {
@@ -361,7 +389,8 @@ fn a_length_prefix_beyond_the_record_allocates_nothing_near_it() {
 /// to the generic reader): apache-avro reads a union index, a boolean or a
 /// string that the bytes end before as null, so a CursorUpdate cut short
 /// inside `unread_mark` would decode, as `unread_mark: None`. A record cut
-/// short is an error; a v1.0 record (no v1.1 fields at all) still decodes.
+/// short is an error; an earlier version's record (none of the later
+/// fields at all) still decodes.
 #[test]
 fn a_record_cut_short_does_not_decode() {
     let own = CursorUpdateRecord {
@@ -373,10 +402,13 @@ fn a_record_cut_short_does_not_decode() {
         updated_at: 123,
         private_cursor: Some(6),
         unread_mark: Some(true),
+        delivered_cursor: Some(6),
     };
     let bytes = encode_cursor_update(&own);
-    // Without the boolean, then without the union index before it.
-    for cut in [1, 2] {
+    // Without delivered_cursor's long; without the mark's boolean, then
+    // without the union index before it. (Without the whole last field,
+    // it is the version before: see below.)
+    for cut in [1, 3, 4] {
         let short = &bytes[..bytes.len() - cut];
         assert!(decode_cursor_update(short).is_err(), "{short:?}");
     }
@@ -390,9 +422,17 @@ fn a_record_cut_short_does_not_decode() {
     let expected = CursorUpdateRecord {
         private_cursor: None,
         unread_mark: None,
-        ..own
+        delivered_cursor: None,
+        ..own.clone()
     };
     assert_eq!(decode_cursor_update(&old), Ok(expected));
+    let v1_1 = encode_v1_1_cursor_update(&own);
+    assert_eq!(v1_1.as_slice(), &bytes[..bytes.len() - 2]);
+    let expected = CursorUpdateRecord {
+        delivered_cursor: None,
+        ..own
+    };
+    assert_eq!(decode_cursor_update(&v1_1), Ok(expected));
     // A string cut short at the end of a key.
     assert!(decode_cursor_key(&[0x02, b'G', 0x04, b'u']).is_err());
 }
