@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use readfold_core::read_model::Reached;
 use readfold_core::{ConversationId, MessageRef, Seq, UserId};
 use readfold_serve::client::HttpClient;
 use serde_json::{json, Value};
@@ -49,7 +50,7 @@ fn expected_answers(reference: &Reference) -> BTreeMap<String, Value> {
         let members: Vec<Value> = view
             .members
             .iter()
-            .map(|(u, m)| json!({ "user_id": u.as_str(), "cursor": m.cursor.get(), "join_seq": m.join_seq.get() }))
+            .map(|(u, m)| json!({ "user_id": u.as_str(), "cursor": m.cursor.get(), "delivered": m.delivered_through().get(), "join_seq": m.join_seq.get() }))
             .collect();
         out.insert(
             format!("cursors {id}"),
@@ -63,8 +64,24 @@ fn expected_answers(reference: &Reference) -> BTreeMap<String, Value> {
             })
             .collect();
         out.insert(format!("counts {id}"), json!(view.read_counts(&messages)));
+        let ticks: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                let t = view.ticks(m.seq, &m.sender);
+                json!([
+                    t.delivered_count,
+                    t.possible_readers,
+                    t.delivered_to_all(),
+                    t.read_by_all()
+                ])
+            })
+            .collect();
+        out.insert(format!("ticks {id}"), json!(ticks));
         let readers: Vec<&str> = view.readers(Seq(1), &sender).map(UserId::as_str).collect();
         out.insert(format!("readers {id}"), json!(readers));
+        let (receivers, _) = view.reached_page(Reached::Delivered, Seq(1), &sender, None, usize::MAX);
+        let receivers: Vec<&str> = receivers.iter().map(UserId::as_str).collect();
+        out.insert(format!("receivers {id}"), json!(receivers));
     }
     for user in &users {
         let entries: Vec<Value> = conversations
@@ -114,11 +131,28 @@ async fn api_answers(
             )
             .await
             .unwrap();
-        let counts: Vec<Value> = r.json().unwrap()["counts"]
+        let body = r.json().unwrap();
+        let counts: Vec<Value> = body["counts"]
             .as_array()
             .map(|a| a.iter().map(|c| c["read_count"].clone()).collect())
             .unwrap_or_default();
         out.insert(format!("counts {id}"), json!(counts));
+        let ticks: Vec<Value> = body["counts"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| {
+                        json!([
+                            c["delivered_count"],
+                            c["possible_readers"],
+                            c["delivered_to_all"],
+                            c["read_by_all"]
+                        ])
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.insert(format!("ticks {id}"), json!(ticks));
         // Who-read of #1, two readers a page, all pages.
         let mut readers = Vec::new();
         let mut after: Option<String> = None;
@@ -135,6 +169,22 @@ async fn api_answers(
             }
         }
         out.insert(format!("readers {id}"), json!(readers));
+        // Who-received of #1, three a page, all pages.
+        let mut receivers = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = match &after {
+                Some(a) => format!("/v1/conversations/{id}/messages/1/receivers?sender=u0&limit=3&after={a}"),
+                None => format!("/v1/conversations/{id}/messages/1/receivers?sender=u0&limit=3"),
+            };
+            let body = client.get(&page).await.unwrap().json().unwrap();
+            receivers.extend(body["receivers"].as_array().cloned().unwrap_or_default());
+            match body["next_after"].as_str() {
+                Some(next) => after = Some(next.to_owned()),
+                None => break,
+            }
+        }
+        out.insert(format!("receivers {id}"), json!(receivers));
     }
     let ids: Vec<String> = conversations.iter().map(|(c, _)| c.to_string()).collect();
     for user in (0..12)

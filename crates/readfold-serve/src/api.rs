@@ -9,6 +9,7 @@ use axum::extract::{FromRef, State};
 use axum::http::header::CACHE_CONTROL;
 use axum::http::HeaderMap;
 use axum::Json;
+use readfold_core::read_model::Reached;
 use readfold_core::{ConversationId, ConversationView, MessageRef, Seq, UserId};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
@@ -83,6 +84,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(get_conversation))
         .routes(routes!(read_counts))
         .routes(routes!(readers))
+        .routes(routes!(receivers))
         .routes(routes!(member_cursor))
         .routes(routes!(unread))
 }
@@ -162,6 +164,9 @@ pub struct MemberDto {
     pub user_id: String,
     /// Has read every message with seq <= cursor.
     pub cursor: u64,
+    /// Every message with seq <= delivered reached one of the member's
+    /// devices; never below `cursor`.
+    pub delivered: u64,
     /// First seq the member can see.
     pub join_seq: u64,
 }
@@ -213,6 +218,7 @@ pub async fn get_conversation(
                 .map(|(u, m)| MemberDto {
                     user_id: u.to_string(),
                     cursor: m.cursor.get(),
+                    delivered: m.delivered_through().get(),
                     join_seq: m.join_seq.get(),
                 })
                 .collect(),
@@ -242,6 +248,16 @@ pub struct ReadCount {
     pub sender: String,
     /// Present members other than the sender with join_seq <= seq <= cursor.
     pub read_count: usize,
+    /// Present members other than the sender with join_seq <= seq <=
+    /// delivered: the message reached one of their devices.
+    pub delivered_count: usize,
+    /// Present members other than the sender with join_seq <= seq: the
+    /// counts' ceiling.
+    pub possible_readers: usize,
+    /// Every possible reader has it (grey ticks); false with none.
+    pub delivered_to_all: bool,
+    /// Every possible reader read it (blue ticks); false with none.
+    pub read_by_all: bool,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -252,7 +268,8 @@ pub struct ReadCountsResponse {
     pub source: Source,
 }
 
-/// "N read" for many messages of one conversation in one call.
+/// "N read" and the delivery ticks for many messages of one conversation
+/// in one call.
 #[utoipa::path(
     post,
     path = "/v1/conversations/{conversation_id}/read-counts",
@@ -303,17 +320,23 @@ pub async fn read_counts(
         }
         let visible = visible_conversation(&state, &caller, &id, &headers).await?;
         let (view, source) = (visible.view(), visible.1);
-        let counts = view.read_counts(&messages);
         Ok(Json(ReadCountsResponse {
             conversation_id: conversation,
             counts: request
                 .messages
                 .into_iter()
-                .zip(counts)
-                .map(|(m, read_count)| ReadCount {
-                    seq: m.seq,
-                    sender: m.sender,
-                    read_count,
+                .zip(&messages)
+                .map(|(m, message)| {
+                    let ticks = view.ticks(message.seq, &message.sender);
+                    ReadCount {
+                        seq: m.seq,
+                        sender: m.sender,
+                        read_count: ticks.read_count,
+                        delivered_count: ticks.delivered_count,
+                        possible_readers: ticks.possible_readers,
+                        delivered_to_all: ticks.delivered_to_all(),
+                        read_by_all: ticks.read_by_all(),
+                    }
                 })
                 .collect(),
             source,
@@ -325,9 +348,9 @@ pub async fn read_counts(
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ReadersQuery {
-    /// The message's sender, who never counts as a reader.
+    /// The message's sender, who never counts as a reader or receiver.
     pub sender: String,
-    /// Return readers whose id sorts after this one (the previous page's `next_after`).
+    /// Return members whose id sorts after this one (the previous page's `next_after`).
     pub after: Option<String>,
     /// Page size; `serve.default_page` when absent, at most `serve.max_page`.
     pub limit: Option<usize>,
@@ -375,41 +398,139 @@ pub async fn readers(
     ApiQuery(query): ApiQuery<ReadersQuery>,
 ) -> Result<Json<ReadersPage>, ApiError> {
     timed("readers", async {
-        let id = conversation_id(&conversation, &state.limits)?;
-        let sender = user_id(
-            &query.sender,
-            "query parameter `sender`",
-            "invalid_query",
-            &state.limits,
-        )?;
-        let after = query
-            .after
-            .as_deref()
-            .map(|a| user_id(a, "query parameter `after`", "invalid_query", &state.limits))
-            .transpose()?;
-        let limit = query.limit.unwrap_or(state.limits.default_page);
-        if limit == 0 || limit > state.limits.max_page {
-            return Err(ApiError::bad_request(
-                "invalid_query",
-                format!(
-                    "query parameter `limit`: {limit} is outside 1..={} (serve.max_page)",
-                    state.limits.max_page
-                ),
-            ));
-        }
-        let visible = visible_conversation(&state, &caller, &id, &headers).await?;
-        let (view, source) = (visible.view(), visible.1);
-        let (page, next) = view.readers_page(Seq(seq), &sender, after.as_ref(), limit);
+        let (page, count, next, source) = reached_page(
+            &state,
+            &caller,
+            &headers,
+            &conversation,
+            seq,
+            &query,
+            Reached::Read,
+        )
+        .await?;
         Ok(Json(ReadersPage {
             conversation_id: conversation,
             seq,
-            read_count: view.read_count(Seq(seq), &sender),
-            readers: page.iter().map(UserId::to_string).collect(),
-            next_after: next.map(|u| u.to_string()),
+            read_count: count,
+            readers: page,
+            next_after: next,
             source,
         }))
     })
     .await
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ReceiversPage {
+    pub conversation_id: String,
+    pub seq: u64,
+    /// All members the message reached, not only this page's.
+    pub delivered_count: usize,
+    /// This page of them, by user id.
+    pub receivers: Vec<String>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<String>,
+    pub source: Source,
+}
+
+/// Who received one message (it reached one of their devices; reading
+/// implies it), a page at a time, by the same join_seq rule as who-read.
+#[utoipa::path(
+    get,
+    path = "/v1/conversations/{conversation_id}/messages/{seq}/receivers",
+    tag = "conversations",
+    params(
+        ("conversation_id" = String, Path, description = "Conversation id"),
+        ("seq" = u64, Path, description = "The message's seq"),
+        ReadersQuery
+    ),
+    responses(
+        (status = 200, body = ReceiversPage, description = "One page of receivers"),
+        (status = 400, body = ErrorBody, description = "An invalid parameter"),
+        (status = 401, body = ErrorBody, description = "No valid token"),
+        (status = 403, body = ErrorBody, description = "The caller is not a present member"),
+        (status = 404, body = ErrorBody, description = "No store holds the conversation"),
+        (status = 503, body = ErrorBody, description = "Neither Redis nor CQL could answer")
+    ),
+    security(("bearer" = []))
+)]
+pub async fn receivers(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    ApiPath((conversation, seq)): ApiPath<(String, u64)>,
+    ApiQuery(query): ApiQuery<ReadersQuery>,
+) -> Result<Json<ReceiversPage>, ApiError> {
+    timed("receivers", async {
+        let (page, count, next, source) = reached_page(
+            &state,
+            &caller,
+            &headers,
+            &conversation,
+            seq,
+            &query,
+            Reached::Delivered,
+        )
+        .await?;
+        Ok(Json(ReceiversPage {
+            conversation_id: conversation,
+            seq,
+            delivered_count: count,
+            receivers: page,
+            next_after: next,
+            source,
+        }))
+    })
+    .await
+}
+
+/// One page of who-read or who-received: the page, the whole count, the
+/// next page's `after` and the store that answered.
+async fn reached_page(
+    state: &AppState,
+    caller: &Caller,
+    headers: &HeaderMap,
+    conversation: &str,
+    seq: u64,
+    query: &ReadersQuery,
+    reached: Reached,
+) -> Result<(Vec<String>, usize, Option<String>, Source), ApiError> {
+    let id = conversation_id(conversation, &state.limits)?;
+    let sender = user_id(
+        &query.sender,
+        "query parameter `sender`",
+        "invalid_query",
+        &state.limits,
+    )?;
+    let after = query
+        .after
+        .as_deref()
+        .map(|a| user_id(a, "query parameter `after`", "invalid_query", &state.limits))
+        .transpose()?;
+    let limit = query.limit.unwrap_or(state.limits.default_page);
+    if limit == 0 || limit > state.limits.max_page {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!(
+                "query parameter `limit`: {limit} is outside 1..={} (serve.max_page)",
+                state.limits.max_page
+            ),
+        ));
+    }
+    let visible = visible_conversation(state, caller, &id, headers).await?;
+    let (view, source) = (visible.view(), visible.1);
+    let (page, next) = view.reached_page(reached, Seq(seq), &sender, after.as_ref(), limit);
+    let ticks = view.ticks(Seq(seq), &sender);
+    let count = match reached {
+        Reached::Read => ticks.read_count,
+        Reached::Delivered => ticks.delivered_count,
+    };
+    Ok((
+        page.iter().map(UserId::to_string).collect(),
+        count,
+        next.map(|u| u.to_string()),
+        source,
+    ))
 }
 
 /// One member's cursor in one conversation.
@@ -418,6 +539,8 @@ pub struct MemberCursorResponse {
     pub conversation_id: String,
     pub user_id: String,
     pub cursor: u64,
+    /// Never below `cursor`.
+    pub delivered: u64,
     pub join_seq: u64,
     pub latest_seq: u64,
     /// The member's unread count: with their private cursor and unread mark
@@ -472,6 +595,7 @@ pub async fn member_cursor(
             conversation_id: conversation,
             user_id: user.to_string(),
             cursor: member.cursor.get(),
+            delivered: member.delivered_through().get(),
             join_seq: member.join_seq.get(),
             latest_seq: view.latest_seq.get(),
             unread: view.unread(&user),

@@ -205,6 +205,10 @@ mod tests {
         )
         .await;
         assert_eq!((status, code.as_str()), (400, "invalid_path"));
+        let (status, _, message) =
+            error_code(&mut c, "GET", "/v1/conversations/G/messages/3/receivers", None).await;
+        assert_eq!(status, 400);
+        assert!(message.contains("`sender`"), "{message}");
         let (status, code, message) = error_code(
             &mut c,
             "POST",
@@ -297,6 +301,7 @@ mod tests {
             "/v1/conversations/{conversation_id}",
             "/v1/conversations/{conversation_id}/read-counts",
             "/v1/conversations/{conversation_id}/messages/{seq}/readers",
+            "/v1/conversations/{conversation_id}/messages/{seq}/receivers",
             "/v1/conversations/{conversation_id}/members/{user_id}",
             "/v1/users/{user_id}/unread",
         ] {

@@ -23,6 +23,8 @@ pub struct Changelog {
     pub history: BTreeMap<Key, Vec<Cursor>>,
     /// By-user changelog only: the latest own view per key (None: left).
     pub own: BTreeMap<Key, Option<Own>>,
+    /// The latest delivered cursor per present key.
+    pub delivered: BTreeMap<Key, i64>,
 }
 
 impl Changelog {
@@ -40,6 +42,15 @@ impl Changelog {
         for (_, entry) in reader.entries(None).expect("read the changelog") {
             let key = entry.key();
             let id = (key.conversation_id.to_string(), key.user_id.to_string());
+            match &entry {
+                ChangelogEntry::Upsert(u) | ChangelogEntry::Own(OwnUpdate { update: u, .. }) => {
+                    log.delivered.insert(id.clone(), u.delivered.get() as i64);
+                }
+                ChangelogEntry::Left(_) => {
+                    log.delivered.remove(&id);
+                }
+                ChangelogEntry::State(_) => {}
+            }
             let value = match entry {
                 ChangelogEntry::Upsert(u) => Some((u.cursor.get() as i64, u.join_seq.get() as i64)),
                 ChangelogEntry::Own(OwnUpdate {
@@ -77,6 +88,19 @@ impl Changelog {
             .collect()
     }
 
+    /// Keys whose delivered cursor went down, or below the cursor, within
+    /// their latest values (see [`Changelog::delivered`]).
+    pub fn delivered_below_cursor(&self) -> Vec<String> {
+        self.latest()
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let (cursor, _) = v?;
+                let delivered = *self.delivered.get(&k)?;
+                (delivered < cursor).then(|| format!("{k:?}: delivered {delivered} < cursor {cursor}"))
+            })
+            .collect()
+    }
+
     /// Keys whose cursor ever went down between two values (tombstones
     /// aside: a member who leaves and rejoins keeps a cursor at least as high).
     pub fn regressions(&self) -> Vec<String> {
@@ -100,13 +124,14 @@ impl Changelog {
             .latest()
             .into_iter()
             .filter(|((c, _), _)| c == conversation)
-            .filter_map(|((_, u), v)| {
+            .filter_map(|((c, u), v)| {
                 let (cursor, join_seq) = v?;
+                let delivered = self.delivered.get(&(c, u.clone())).copied().unwrap_or(cursor);
                 Some((
                     u.parse::<UserId>().unwrap(),
                     MemberCursor {
                         cursor: Seq(cursor as u64),
-                        delivered: Seq(cursor as u64),
+                        delivered: Seq(delivered as u64),
                         join_seq: Seq(join_seq as u64),
                     },
                 ))

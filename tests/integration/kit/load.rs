@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadReportRecord};
 
 use super::env::TestEnv;
-use super::reference::{event, private_report, report, unread_mark, Reference};
+use super::reference::{delivery, event, private_report, report, unread_mark, Reference};
 use super::services::Rng;
 
 /// What a load run produced.
@@ -23,7 +23,7 @@ pub async fn produce_load(env: &TestEnv, duration: Duration, seed: u64) -> Load 
 }
 
 /// [`produce_load`], with private receipts, unread marks and clears,
-/// departures and rejoins mixed in.
+/// delivery reports, departures and rejoins mixed in.
 pub async fn produce_mixed_load(env: &TestEnv, duration: Duration, seed: u64) -> Load {
     produce(env, duration, seed, true).await
 }
@@ -74,12 +74,13 @@ async fn produce(env: &TestEnv, duration: Duration, seed: u64, mixed: bool) -> L
                 );
                 reference.event(&e);
                 events.push(e);
-            } else if mixed && rng.below(5) == 0 {
+            } else if mixed && rng.below(4) == 0 {
                 let user = format!("u{}", rng.below(12));
                 let seq = (latest[c] - rng.below(3) as i64).max(0);
-                let r = match rng.below(4) {
+                let r = match rng.below(6) {
                     0 => unread_mark(&conv, &user, seq, true),
                     1 => unread_mark(&conv, &user, seq, false),
+                    2 | 3 => delivery(&conv, &user, (latest[c] - rng.below(2) as i64).max(1)),
                     _ => private_report(&conv, &user, seq.max(1)),
                 };
                 reference.report(&r);

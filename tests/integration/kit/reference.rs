@@ -100,6 +100,17 @@ impl Reference {
         out
     }
 
+    /// The final delivered cursor per present, listed member.
+    pub fn expected_delivered(&self) -> BTreeMap<Key, i64> {
+        let mut out = BTreeMap::new();
+        for (c, conv) in self.state.conversations() {
+            for (u, m) in conv.members().filter(|(_, m)| m.listed && !m.left) {
+                out.insert((c.to_string(), u.to_string()), m.delivered.get() as i64);
+            }
+        }
+        out
+    }
+
     /// Present members only: (conversation, user) -> (cursor, join_seq).
     pub fn present(&self) -> BTreeMap<Key, (i64, i64)> {
         self.expected()
@@ -171,6 +182,14 @@ pub fn joined(conversation: &str, user: &str, seq: i64) -> ConversationEventReco
 pub fn private_report(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
     ReadReportRecord {
         private: true,
+        ..report(conversation, user, seq)
+    }
+}
+
+/// A delivery report: messages up to `seq` reached one of the user's devices.
+pub fn delivery(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
+    ReadReportRecord {
+        action: ReadAction::Delivered,
         ..report(conversation, user, seq)
     }
 }
@@ -253,4 +272,16 @@ pub fn assert_matches(log: &Changelog, reference: &Reference) {
         extra.is_empty(),
         "changelog has keys the reference lacks: {extra:?}"
     );
+    let want = reference.expected_delivered();
+    let diff: Vec<_> = want
+        .iter()
+        .filter(|(k, v)| log.delivered.get(*k) != Some(v))
+        .map(|(k, v)| (k.clone(), log.delivered.get(k).copied(), *v))
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "changelog's delivered cursors differ from the reference fold (key, got, want): {diff:?}"
+    );
+    let below = log.delivered_below_cursor();
+    assert!(below.is_empty(), "delivered below the cursor: {below:?}");
 }
