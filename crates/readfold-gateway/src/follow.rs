@@ -33,6 +33,7 @@ pub fn route(hub: &Hub, entry: ChangelogEntry) {
                     user: u.user_id.to_string(),
                     member: Some(Member {
                         cursor: u.cursor.get(),
+                        delivered: u.delivered.get(),
                         join_seq: u.join_seq.get(),
                     }),
                     latest_seq: u.latest_seq.get(),

@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use readfold_core::read_model::Reached;
 use readfold_core::recent_reads::{read_by_all_through, RecentReadCounts};
 use readfold_core::{MemberCursor, Seq};
 use tokio::sync::Notify;
@@ -185,6 +186,7 @@ impl Outbox {
                     ServerFrame::Cursor {
                         user,
                         cursor,
+                        delivered,
                         join_seq,
                         ..
                     } => merge_member(
@@ -193,6 +195,7 @@ impl Outbox {
                         MemberState {
                             user,
                             cursor,
+                            delivered,
                             join_seq,
                         },
                     ),
@@ -351,19 +354,49 @@ fn merge_left(members: &mut Vec<MemberState>, left: &mut Vec<String>, user: Stri
 /// A connection's id within one gateway.
 pub type ConnId = u64;
 
-/// A member's public cursor and the seq they joined at.
+/// A member's public cursor, how far messages reached their devices, and
+/// the seq they joined at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Member {
     pub cursor: u64,
+    /// A room keeps it at or above `cursor`: reading implies delivery.
+    pub delivered: u64,
     pub join_seq: u64,
 }
 
 impl Member {
-    fn read_model(self) -> MemberCursor {
+    /// How far messages reached the member, by either cursor.
+    pub fn delivered_through(self) -> u64 {
+        self.delivered.max(self.cursor)
+    }
+
+    /// The member as read counts count them. Its `delivered` is the cursor,
+    /// so that a delivery alone leaves this view, and the counts, as they are.
+    fn read_view(self) -> MemberCursor {
         MemberCursor {
             cursor: Seq(self.cursor),
             delivered: Seq(self.cursor),
             join_seq: Seq(self.join_seq),
+        }
+    }
+
+    /// The member with the delivered cursor as the cursor: read counts of
+    /// this view are delivered counts, by the same join_seq rule.
+    fn delivery_view(self) -> MemberCursor {
+        let through = Seq(self.delivered_through());
+        MemberCursor {
+            cursor: through,
+            delivered: through,
+            join_seq: Seq(self.join_seq),
+        }
+    }
+
+    fn state(self, user: String) -> MemberState {
+        MemberState {
+            user,
+            cursor: self.cursor,
+            delivered: self.delivered_through(),
+            join_seq: self.join_seq,
         }
     }
 }
@@ -427,9 +460,11 @@ struct Phase {
     sent_at: Option<Instant>,
 }
 
-/// A big group's read counts and when they were last sent.
+/// A big group's read and delivered counts and when they were last sent.
 struct BigGroup {
     counts: RecentReadCounts<String>,
+    /// The same counts over the members' delivery views.
+    delivered: RecentReadCounts<String>,
     /// The frame of the present state, once built; a change drops it.
     frame: Option<Arc<SharedFrame<ReadCounts>>>,
     phases: [Phase; PHASES],
@@ -438,6 +473,17 @@ struct BigGroup {
 }
 
 impl BigGroup {
+    /// A member's state changed (`None`: not a present member).
+    fn moved(&mut self, before: Option<Member>, after: Option<Member>) {
+        self.counts
+            .moved(before.map(Member::read_view), after.map(Member::read_view));
+        self.delivered.moved(
+            before.map(Member::delivery_view),
+            after.map(Member::delivery_view),
+        );
+        self.changed();
+    }
+
     fn changed(&mut self) {
         self.frame = None;
         for phase in &mut self.phases {
@@ -488,17 +534,27 @@ struct Room {
 
 impl Room {
     /// Max-merges a change; the member's state before and after, if it
-    /// changed.
+    /// changed. A delivery alone is a change.
     fn apply(&mut self, change: &MemberChange) -> Option<(Option<Member>, Option<Member>)> {
         self.latest_seq = self.latest_seq.max(change.latest_seq);
         let before = self.members.get(&change.user).copied();
         let after = match (change.member, before) {
-            (Some(new), Some(m)) if new.cursor <= m.cursor && new.join_seq == m.join_seq => return None,
+            (Some(new), Some(m))
+                if new.cursor <= m.cursor
+                    && new.delivered_through() <= m.delivered
+                    && new.join_seq == m.join_seq =>
+            {
+                return None
+            }
             (Some(new), Some(m)) => Some(Member {
                 cursor: m.cursor.max(new.cursor),
+                delivered: m.delivered.max(new.delivered_through()),
                 join_seq: new.join_seq,
             }),
-            (Some(new), None) => Some(new),
+            (Some(new), None) => Some(Member {
+                delivered: new.delivered_through(),
+                ..new
+            }),
             (None, None) => return None,
             (None, Some(_)) => None,
         };
@@ -520,6 +576,7 @@ impl Room {
         if self.big.is_none() && self.members.len() >= config.batch_from_members {
             self.big = Some(BigGroup {
                 counts: RecentReadCounts::new(config.read_counts_window, self.latest_seq),
+                delivered: RecentReadCounts::new(config.read_counts_window, self.latest_seq),
                 frame: None,
                 phases: [Phase {
                     pending: true,
@@ -536,8 +593,9 @@ impl Room {
         let top = self.top();
         if let Some(big) = &mut self.big {
             if top > big.counts.top() {
-                big.counts
-                    .extend_to(top, self.members.values().map(|m| m.read_model()));
+                let members = self.members.values();
+                big.counts.extend_to(top, members.clone().map(|m| m.read_view()));
+                big.delivered.extend_to(top, members.map(|m| m.delivery_view()));
                 big.changed();
             }
         }
@@ -548,7 +606,8 @@ impl Room {
         self.input_latest = self.input_latest.max(seq);
         self.extend_counts();
         if let Some(big) = &mut self.big {
-            big.counts.sent(seq, sender);
+            big.counts.sent(seq, sender.clone());
+            big.delivered.sent(seq, sender);
             big.changed();
         }
     }
@@ -558,7 +617,10 @@ impl Room {
         let big = self.big.as_mut()?;
         if big.frame.is_none() {
             let members = &self.members;
-            let counts = big.counts.read_counts(|u| members.get(u).map(|m| m.read_model()));
+            let counts = big.counts.read_counts(|u| members.get(u).map(|m| m.read_view()));
+            let delivered_counts = big
+                .delivered
+                .read_counts(|u| members.get(u).map(|m| m.delivery_view()));
             big.frame = Some(SharedFrame::new(ReadCounts {
                 conversation: conversation.to_owned(),
                 latest_seq: self.latest_seq,
@@ -567,7 +629,12 @@ impl Room {
                 counts,
                 read_by_all_through: read_by_all_through(
                     self.latest_seq,
-                    members.values().map(|m| m.read_model()),
+                    members.values().map(|m| m.read_view()),
+                ),
+                delivered_counts,
+                delivered_to_all_through: read_by_all_through(
+                    self.latest_seq,
+                    members.values().map(|m| m.delivery_view()),
                 ),
             }));
         }
@@ -580,11 +647,7 @@ impl Room {
                 Shared(Arc::new(
                     self.members
                         .iter()
-                        .map(|(user, m)| MemberState {
-                            user: user.clone(),
-                            cursor: m.cursor,
-                            join_seq: m.join_seq,
-                        })
+                        .map(|(user, m)| m.state(user.clone()))
                         .collect(),
                 ))
             })
@@ -771,7 +834,15 @@ impl Hub {
             Ok(loaded) => {
                 let loaded = loaded.unwrap_or_default();
                 room.latest_seq = loaded.latest_seq;
-                room.members = loaded.members;
+                // Stores that lag may hold a delivered cursor below the cursor.
+                room.members = loaded
+                    .members
+                    .into_iter()
+                    .map(|(user, m)| {
+                        let delivered = m.delivered_through();
+                        (user, Member { delivered, ..m })
+                    })
+                    .collect();
                 for change in std::mem::take(&mut room.buffered) {
                     room.apply(&change);
                 }
@@ -825,9 +896,7 @@ impl Hub {
         };
         room.grow(config);
         if let Some(big) = &mut room.big {
-            big.counts
-                .moved(before.map(Member::read_model), after.map(Member::read_model));
-            big.changed();
+            big.moved(before, after);
             room.extend_counts();
             if room.v1_subscribers > 0 {
                 room.unsent.insert(change.user, after);
@@ -839,6 +908,7 @@ impl Hub {
                 conversation: conversation.to_owned(),
                 user: change.user.clone(),
                 cursor: m.cursor,
+                delivered: m.delivered_through(),
                 join_seq: m.join_seq,
                 latest_seq: room.latest_seq,
             },
@@ -856,10 +926,11 @@ impl Hub {
         }
     }
 
-    /// A public read receipt the broker took from `user`: the fold will
-    /// max-merge it into their cursor, so this gateway's room shows it now
-    /// rather than after the processor's flush.
-    pub fn receipt_taken(&self, conversation: &str, user: &str, seq: u64) {
+    /// A public read receipt or a delivery report the broker took from
+    /// `user`: the fold will max-merge it into their cursor or delivered
+    /// cursor, so this gateway's room shows it now rather than after the
+    /// processor's flush.
+    pub fn receipt_taken(&self, conversation: &str, user: &str, reached: Reached, seq: u64) {
         let mut rooms = self.rooms();
         let Some(room) = rooms.get_mut(conversation).filter(|r| r.loaded) else {
             return;
@@ -867,12 +938,27 @@ impl Hub {
         let Some(m) = room.members.get(user).copied() else {
             return;
         };
+        let member = match reached {
+            Reached::Read => Member { cursor: seq, ..m },
+            Reached::Delivered => Member { delivered: seq, ..m },
+        };
         let change = MemberChange {
             user: user.to_owned(),
-            member: Some(Member { cursor: seq, ..m }),
+            member: Some(member),
             latest_seq: 0,
         };
         Self::route_in(&self.config, conversation, room, change);
+    }
+
+    /// Whether a room here already shows `user`'s messages delivered
+    /// through `seq` (as the changelog or a report the broker took has it).
+    pub fn shows_delivered(&self, conversation: &str, user: &str, seq: u64) -> bool {
+        let rooms = self.rooms();
+        rooms
+            .get(conversation)
+            .filter(|r| r.loaded)
+            .and_then(|r| r.members.get(user))
+            .is_some_and(|m| m.delivered_through() >= seq)
     }
 
     /// Message `seq` of `conversation` was sent by `sender` (from the input
@@ -897,11 +983,7 @@ impl Hub {
             let (mut members, mut left) = (Vec::new(), Vec::new());
             for (user, member) in std::mem::take(&mut room.unsent) {
                 match member {
-                    Some(m) => members.push(MemberState {
-                        user,
-                        cursor: m.cursor,
-                        join_seq: m.join_seq,
-                    }),
+                    Some(m) => members.push(m.state(user)),
                     None => left.push(user),
                 }
             }
@@ -991,11 +1073,11 @@ impl Hub {
 
 /// What a connection has shown, so that no frame shows a lower value than
 /// one shown before: every frame's `latest_seq` in each conversation, its
-/// own cursors, and the members' cursors of small conversations (a
-/// resubscription's snapshot, read from stores that may lag the changelog,
-/// or updates queued at different times and sent in key order, could
-/// otherwise go back). A member's cursor is kept per membership: a rejoin
-/// (a higher `join_seq`) starts a new one.
+/// own cursors, and the members' cursors and delivered cursors of small
+/// conversations (a resubscription's snapshot, read from stores that may
+/// lag the changelog, or updates queued at different times and sent in key
+/// order, could otherwise go back). A member's cursors are kept per
+/// membership: a rejoin (a higher `join_seq`) starts anew.
 pub struct Shown {
     /// Member cursors are kept for conversations below this many members.
     small_below: usize,
@@ -1050,17 +1132,18 @@ impl Shown {
                         let key = (conversation.clone(), m.user.clone());
                         let mut member = Member {
                             cursor: m.cursor,
+                            delivered: m.delivered,
                             join_seq: m.join_seq,
                         };
                         self.raise_member(key, &mut member);
-                        if member.cursor != m.cursor {
-                            raised.push((i, member.cursor));
+                        if (member.cursor, member.delivered) != (m.cursor, m.delivered) {
+                            raised.push((i, member));
                         }
                     }
                     if !raised.is_empty() {
                         let mut list = (*members.0).clone();
-                        for (i, cursor) in raised {
-                            list[i].cursor = cursor;
+                        for (i, member) in raised {
+                            (list[i].cursor, list[i].delivered) = (member.cursor, member.delivered);
                         }
                         *members = Shared(Arc::new(list));
                     }
@@ -1085,15 +1168,17 @@ impl Shown {
                 conversation,
                 user,
                 cursor,
+                delivered,
                 join_seq,
                 ..
             } => {
                 let mut member = Member {
                     cursor: *cursor,
+                    delivered: *delivered,
                     join_seq: *join_seq,
                 };
                 fresh = self.raise_member((conversation.clone(), user.clone()), &mut member);
-                *cursor = member.cursor;
+                (*cursor, *delivered) = (member.cursor, member.delivered);
             }
             ServerFrame::Left { conversation, user } => {
                 self.members.remove(&(conversation.clone(), user.clone()));
@@ -1123,15 +1208,17 @@ impl Shown {
         fresh
     }
 
-    /// Raises a member's cursor to what was shown of the same membership;
-    /// whether it shows something new (false for an older membership).
+    /// Raises a member's cursor and delivered cursor to what was shown of
+    /// the same membership; whether it shows something new (false for an
+    /// older membership).
     fn raise_member(&mut self, key: (String, String), member: &mut Member) -> bool {
         match self.members.get_mut(&key) {
             Some(shown) if member.join_seq < shown.join_seq => false,
             Some(shown) if member.join_seq == shown.join_seq => {
-                let fresh = member.cursor > shown.cursor;
+                let fresh = member.cursor > shown.cursor || member.delivered > shown.delivered;
                 member.cursor = member.cursor.max(shown.cursor);
-                shown.cursor = member.cursor;
+                member.delivered = member.delivered.max(shown.delivered);
+                *shown = *member;
                 fresh
             }
             _ => {
@@ -1152,6 +1239,7 @@ mod tests {
             conversation: c.into(),
             user: u.into(),
             cursor: n,
+            delivered: n,
             join_seq: 1,
             latest_seq: n,
         }
@@ -1162,6 +1250,7 @@ mod tests {
             user: u.into(),
             member: Some(Member {
                 cursor: n,
+                delivered: n,
                 join_seq: 1,
             }),
             latest_seq: n,
@@ -1186,6 +1275,7 @@ mod tests {
                         u.to_string(),
                         Member {
                             cursor: *n,
+                            delivered: *n,
                             join_seq: 1,
                         },
                     )
@@ -1316,6 +1406,7 @@ mod tests {
                 user: "bob".into(),
                 member: Some(Member {
                     cursor: 6,
+                    delivered: 6,
                     join_seq: 7,
                 }),
                 latest_seq: 7,
@@ -1359,6 +1450,7 @@ mod tests {
                 members: vec![MemberState {
                     user: "bob".into(),
                     cursor: 51,
+                    delivered: 51,
                     join_seq: 1
                 }],
                 left: vec!["carol".into()],
@@ -1375,6 +1467,7 @@ mod tests {
             members: vec![MemberState {
                 user: "u".into(),
                 cursor: 5,
+                delivered: 5,
                 join_seq: 1,
             }],
             left: vec![],
@@ -1405,6 +1498,7 @@ mod tests {
             members: vec![MemberState {
                 user: "u".into(),
                 cursor: 8,
+                delivered: 8,
                 join_seq: 1,
             }],
             left: vec![],
@@ -1486,8 +1580,9 @@ mod tests {
 
     #[derive(Clone, Debug)]
     enum Step {
-        /// A member's cursor and the latest seq the changelog gives with it.
-        Change(u8, u64, u64),
+        /// A member's cursor, how far their delivered cursor is ahead of it,
+        /// and the latest seq the changelog gives with them.
+        Change(u8, u64, u64, u64),
         Own(u64, u64),
         Write,
         /// Unsubscribe and subscribe again over stores that lag by this much.
@@ -1497,7 +1592,7 @@ mod tests {
     fn step() -> impl proptest::strategy::Strategy<Value = Step> {
         use proptest::prelude::*;
         prop_oneof![
-            4 => (0..4u8, 1..40u64, 0..40u64).prop_map(|(u, c, l)| Step::Change(u, c, l)),
+            4 => (0..4u8, 1..40u64, 0..8u64, 0..40u64).prop_map(|(u, c, d, l)| Step::Change(u, c, d, l)),
             1 => (0..40u64, 0..40u64).prop_map(|(c, l)| Step::Own(c, l)),
             2 => Just(Step::Write),
             1 => (0..20u64).prop_map(Step::Resubscribe),
@@ -1505,18 +1600,25 @@ mod tests {
     }
 
     /// Plays `steps` and checks that no written frame shows a lower latest
-    /// seq, member cursor or own cursor than one written before.
+    /// seq, member cursor, delivered cursor or own cursor than one written
+    /// before, nor a delivered cursor below the cursor.
     async fn never_lower(steps: Vec<Step>) {
         let users = ["alice", "bob", "carol", "dave"];
         let hub = Hub::new(100);
         let (id, alice, _) = join(&hub, "alice", "G");
-        let stores = |lag: u64, truth: &BTreeMap<String, u64>, latest: u64| LoadedConversation {
+        // Stores that lag, the delivered cursor further (below the cursor, even).
+        let stores = |lag: u64, truth: &BTreeMap<String, (u64, u64)>, latest: u64| LoadedConversation {
             latest_seq: latest.saturating_sub(lag),
             members: users
                 .iter()
                 .map(|u| {
-                    let cursor = truth.get(*u).copied().unwrap_or(0).saturating_sub(lag);
-                    (u.to_string(), Member { cursor, join_seq: 1 })
+                    let (cursor, delivered) = truth.get(*u).copied().unwrap_or_default();
+                    let member = Member {
+                        cursor: cursor.saturating_sub(lag),
+                        delivered: delivered.saturating_sub(2 * lag),
+                        join_seq: 1,
+                    };
+                    (u.to_string(), member)
                 })
                 .collect(),
         };
@@ -1526,16 +1628,22 @@ mod tests {
         let (mut seen_latest, mut seen_member, mut seen_own) = (0, HashMap::new(), 0);
         for step in steps.into_iter().chain([Step::Write]) {
             match step {
-                Step::Change(u, cursor, l) => {
+                Step::Change(u, cursor, ahead, l) => {
                     let user = users[u as usize].to_string();
-                    let c = truth.entry(user.clone()).or_insert(0);
-                    *c = (*c).max(cursor);
+                    let delivered = cursor + ahead;
+                    let t = truth.entry(user.clone()).or_insert((0, 0));
+                    *t = (t.0.max(cursor), t.1.max(delivered));
                     latest = latest.max(l);
+                    let member = Member {
+                        cursor,
+                        delivered,
+                        join_seq: 1,
+                    };
                     hub.route(
                         "G",
                         MemberChange {
                             user,
-                            member: Some(Member { cursor, join_seq: 1 }),
+                            member: Some(member),
                             latest_seq: l,
                         },
                     );
@@ -1568,9 +1676,14 @@ mod tests {
                         }
                         let mut members = Vec::new();
                         match &frame {
-                            ServerFrame::Cursor { user, cursor, .. } => members.push((user.clone(), *cursor)),
+                            ServerFrame::Cursor {
+                                user,
+                                cursor,
+                                delivered,
+                                ..
+                            } => members.push((user.clone(), *cursor, *delivered)),
                             ServerFrame::Snapshot { members: list, .. } => {
-                                members.extend(list.0.iter().map(|m| (m.user.clone(), m.cursor)))
+                                members.extend(list.0.iter().map(|m| (m.user.clone(), m.cursor, m.delivered)))
                             }
                             ServerFrame::Own { cursor, .. } => {
                                 assert!(*cursor >= seen_own, "own {cursor} after {seen_own}");
@@ -1578,10 +1691,19 @@ mod tests {
                             }
                             _ => {}
                         }
-                        for (user, cursor) in members {
-                            let seen = seen_member.entry(user.clone()).or_insert(0);
-                            assert!(cursor >= *seen, "{user}: {cursor} after {seen}");
-                            *seen = cursor;
+                        for (user, cursor, delivered) in members {
+                            assert!(
+                                delivered >= cursor,
+                                "{user}: delivered {delivered} < cursor {cursor}"
+                            );
+                            let seen = seen_member.entry(user.clone()).or_insert((0, 0));
+                            assert!(cursor >= seen.0, "{user}: {cursor} after {}", seen.0);
+                            assert!(
+                                delivered >= seen.1,
+                                "{user}: delivered {delivered} after {}",
+                                seen.1
+                            );
+                            *seen = (cursor, delivered);
                         }
                     }
                 }
@@ -1628,7 +1750,7 @@ mod tests {
         hub.message_sent("G", 2, "carol");
         hub.route("G", change("carol", 2));
         hub.route("G", change("bob", 1));
-        hub.receipt_taken("G", "alice", 2);
+        hub.receipt_taken("G", "alice", Reached::Read, 2);
         let t0 = Instant::now();
         let mut now = tick(&hub, t0, 250);
         hub.send_batches();
@@ -1749,5 +1871,331 @@ mod tests {
         assert_eq!(laptop.take().await.unwrap(), [own]);
         hub.disconnect(a1, "alice");
         assert!(phone.take().await.is_none(), "a closed outbox ends its writer");
+    }
+
+    fn member(cursor: u64, delivered: u64, join_seq: u64) -> Member {
+        Member {
+            cursor,
+            delivered,
+            join_seq,
+        }
+    }
+
+    fn reached(u: &str, cursor: u64, delivered: u64) -> MemberChange {
+        MemberChange {
+            user: u.into(),
+            member: Some(member(cursor, delivered, 1)),
+            latest_seq: delivered,
+        }
+    }
+
+    fn cursor_frame(u: &str, cursor: u64, delivered: u64, latest_seq: u64) -> ServerFrame {
+        ServerFrame::Cursor {
+            conversation: "G".into(),
+            user: u.into(),
+            cursor,
+            delivered,
+            join_seq: 1,
+            latest_seq,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_delivery_alone_reaches_a_small_groups_subscribers_as_a_cursor_frame() {
+        let hub = Hub::new(100);
+        let (_, alice, _) = join(&hub, "alice", "G");
+        hub.loaded("G", loaded(&[("alice", 3), ("bob", 1)]));
+        alice.take().await.unwrap();
+        assert!(!hub.shows_delivered("G", "bob", 2));
+        // bob's phone got 2 and 3; he has read 1.
+        hub.route("G", reached("bob", 1, 3));
+        assert_eq!(alice.take().await.unwrap(), [cursor_frame("bob", 1, 3, 3)]);
+        assert!(hub.shows_delivered("G", "bob", 3));
+        // An older delivery, or the same one again, shows nothing.
+        hub.route("G", reached("bob", 1, 2));
+        hub.route("G", reached("bob", 1, 3));
+        assert_eq!(alice.pending_updates(), 0);
+        // A delivery the broker took moves the room at once.
+        hub.message_sent("G", 4, "alice");
+        hub.receipt_taken("G", "bob", Reached::Delivered, 4);
+        assert_eq!(alice.take().await.unwrap(), [cursor_frame("bob", 1, 4, 3)]);
+        // A read past the delivered cursor is a delivery too.
+        hub.receipt_taken("G", "bob", Reached::Read, 5);
+        assert_eq!(alice.take().await.unwrap(), [cursor_frame("bob", 5, 5, 3)]);
+        // Nobody else's delivery is known here, nor any in other rooms.
+        assert!(!hub.shows_delivered("G", "carol", 1));
+        assert!(!hub.shows_delivered("H", "bob", 1));
+    }
+
+    #[tokio::test]
+    async fn a_delivered_cursor_below_the_cursor_reads_as_the_cursor() {
+        let hub = Hub::new(100);
+        let (_, alice, _) = join(&hub, "alice", "G");
+        // Stores that lag may hold the delivered cursor below the cursor.
+        let stores = LoadedConversation {
+            latest_seq: 6,
+            members: [("alice", member(6, 6, 1)), ("bob", member(5, 2, 1))]
+                .into_iter()
+                .map(|(u, m)| (u.to_string(), m))
+                .collect(),
+        };
+        hub.loaded("G", Ok(Some(stores)));
+        let frames = alice.take().await.unwrap();
+        let ServerFrame::Snapshot { members, .. } = &frames[0] else {
+            panic!("{frames:?}")
+        };
+        assert_eq!(members.0[1].delivered, 5, "{members:?}");
+        // A change with no delivered cursor of its own (an earlier writer's).
+        hub.route(
+            "G",
+            MemberChange {
+                user: "bob".into(),
+                member: Some(member(6, 0, 1)),
+                latest_seq: 6,
+            },
+        );
+        assert_eq!(alice.take().await.unwrap(), [cursor_frame("bob", 6, 6, 6)]);
+    }
+
+    #[test]
+    fn a_delivered_cursor_shown_is_never_lowered() {
+        let mut shown = Shown::new(100);
+        let admitted = |shown: &mut Shown, mut frame: ServerFrame| shown.admit(&mut frame).then_some(frame);
+        assert!(admitted(&mut shown, cursor_frame("bob", 3, 5, 5)).is_some());
+        // A read is news, but the delivered cursor shown stays.
+        assert_eq!(
+            admitted(&mut shown, cursor_frame("bob", 4, 4, 5)),
+            Some(cursor_frame("bob", 4, 5, 5))
+        );
+        assert_eq!(admitted(&mut shown, cursor_frame("bob", 4, 5, 5)), None);
+        assert_eq!(admitted(&mut shown, cursor_frame("bob", 2, 4, 5)), None);
+        // A delivery alone is news, and the cursor shown stays.
+        assert_eq!(
+            admitted(&mut shown, cursor_frame("bob", 2, 6, 6)),
+            Some(cursor_frame("bob", 4, 6, 6))
+        );
+        // A snapshot from stores that lag is raised to what was shown.
+        let mut snapshot = ServerFrame::Snapshot {
+            conversation: "G".into(),
+            latest_seq: 6,
+            members: Shared(Arc::new(vec![member(3, 3, 1).state("bob".into())])),
+            own: None,
+        };
+        assert!(shown.admit(&mut snapshot));
+        assert_eq!(snapshot_members(&snapshot), [("bob".into(), 4)]);
+        let ServerFrame::Snapshot { members, .. } = &snapshot else {
+            unreachable!()
+        };
+        assert_eq!(members.0[0].delivered, 6);
+    }
+
+    #[tokio::test]
+    async fn a_big_group_counts_deliveries_beside_reads() {
+        let hub = Hub::new(3);
+        let (id, alice) = hub.connect_with("alice", Version::V2);
+        alice.want("G", true);
+        hub.subscribe(id, "G", "alice", &alice, None);
+        let (bob_id, bob) = hub.connect("bob");
+        bob.want("G", true);
+        hub.subscribe(bob_id, "G", "bob", &bob, None);
+        hub.loaded("G", loaded(&[("alice", 0), ("bob", 0), ("carol", 0)]));
+        alice.take().await.unwrap();
+        bob.take().await.unwrap();
+        hub.message_sent("G", 1, "alice");
+        hub.message_sent("G", 2, "alice");
+        hub.route("G", change("alice", 2));
+        // bob's phone got both, carol's the first; nobody read anything.
+        hub.route("G", reached("bob", 0, 2));
+        hub.receipt_taken("G", "carol", Reached::Delivered, 1);
+        let now = tick(&hub, Instant::now(), 250);
+        hub.send_batches();
+        let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
+        assert_eq!(
+            (
+                counts.counts,
+                counts.read_by_all_through,
+                counts.delivered_counts,
+                counts.delivered_to_all_through
+            ),
+            (vec![Some(0), Some(0)], 0, vec![Some(2), Some(1)], 1)
+        );
+        let batch = bob.take().await.unwrap();
+        let [ServerFrame::Cursors { members, .. }] = &batch[..] else {
+            panic!("{batch:?}")
+        };
+        assert!(
+            members.contains(&member(0, 1, 1).state("carol".into())),
+            "v1 gets the delivery in its batch: {members:?}"
+        );
+        // carol reads both: read and delivered by all.
+        hub.route("G", reached("carol", 2, 2));
+        hub.route("G", reached("bob", 2, 2));
+        tick(&hub, now, 300);
+        let counts = read_counts_of(&alice.take().await.unwrap()).unwrap();
+        assert_eq!(
+            (
+                counts.counts,
+                counts.read_by_all_through,
+                counts.delivered_counts,
+                counts.delivered_to_all_through
+            ),
+            (vec![Some(2), Some(2)], 2, vec![Some(2), Some(2)], 2)
+        );
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Send(u8),
+        /// The changelog brings a member's cursor up to this seq.
+        Read(u8, u64),
+        /// The broker took a delivery report up to this seq.
+        Deliver(u8, u64),
+        Join(u8),
+        Leave(u8),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            3 => (0..6u8).prop_map(Op::Send),
+            3 => (0..6u8, 0..40u64).prop_map(|(u, s)| Op::Read(u, s)),
+            4 => (0..6u8, 0..40u64).prop_map(|(u, s)| Op::Deliver(u, s)),
+            1 => (1..6u8).prop_map(Op::Join),
+            1 => (1..6u8).prop_map(Op::Leave),
+        ]
+    }
+
+    /// Plays `ops` into a big group's room and checks its last read-counts
+    /// frame against the read model's ticks of every seq it covers.
+    async fn ticks_as_the_read_model(capacity: usize, ops: Vec<Op>) {
+        use readfold_core::{ConversationView, MemberCursor, UserId};
+        let users: Vec<UserId> = (0..6)
+            .map(|i| UserId::parse(&format!("u{i}"), 64).unwrap())
+            .collect();
+        let hub = Hub::with_config(HubConfig {
+            read_counts_window: capacity,
+            ..HubConfig::new(3)
+        });
+        let (id, watcher) = hub.connect_with("u0", Version::V2);
+        watcher.want("G", true);
+        hub.subscribe(id, "G", "u0", &watcher, None);
+        let mut view = ConversationView::default();
+        for user in &users[..4] {
+            let m = MemberCursor {
+                cursor: Seq(0),
+                delivered: Seq(0),
+                join_seq: Seq(1),
+            };
+            view.members.insert(user.clone(), m);
+        }
+        let as_member = |m: &MemberCursor| member(m.cursor.get(), m.delivered.get(), m.join_seq.get());
+        hub.loaded(
+            "G",
+            Ok(Some(LoadedConversation {
+                latest_seq: 0,
+                members: view
+                    .members
+                    .iter()
+                    .map(|(u, m)| (u.to_string(), as_member(m)))
+                    .collect(),
+            })),
+        );
+        let mut senders = BTreeMap::new();
+        let change = |user: &UserId, m: Option<&MemberCursor>, latest: Seq| MemberChange {
+            user: user.to_string(),
+            member: m.map(as_member),
+            latest_seq: latest.get(),
+        };
+        for op in ops {
+            let latest = view.latest_seq;
+            match op {
+                // Only present members send; the sender's cursor follows.
+                Op::Send(i) => {
+                    if let Some(m) = view.members.get_mut(&users[i as usize]) {
+                        let seq = Seq(latest.get() + 1);
+                        view.latest_seq = seq;
+                        senders.insert(seq.get(), users[i as usize].clone());
+                        hub.message_sent("G", seq.get(), users[i as usize].as_str());
+                        m.cursor = m.cursor.max(seq);
+                        m.delivered = m.delivered.max(seq);
+                        hub.route("G", change(&users[i as usize], Some(m), seq));
+                    }
+                }
+                Op::Read(i, seq) => {
+                    if let Some(m) = view.members.get_mut(&users[i as usize]) {
+                        m.cursor = m.cursor.max(Seq(seq));
+                        m.delivered = m.delivered.max(m.cursor);
+                        hub.route("G", change(&users[i as usize], Some(m), latest));
+                    }
+                }
+                Op::Deliver(i, seq) => {
+                    if let Some(m) = view.members.get_mut(&users[i as usize]) {
+                        m.delivered = m.delivered.max(Seq(seq));
+                        hub.receipt_taken("G", users[i as usize].as_str(), Reached::Delivered, seq);
+                    }
+                }
+                Op::Join(i) => {
+                    if !view.members.contains_key(&users[i as usize]) {
+                        let m = MemberCursor {
+                            cursor: latest,
+                            delivered: latest,
+                            join_seq: Seq(latest.get() + 1),
+                        };
+                        view.members.insert(users[i as usize].clone(), m);
+                        hub.route("G", change(&users[i as usize], Some(&m), latest));
+                    }
+                }
+                Op::Leave(i) => {
+                    if view.members.remove(&users[i as usize]).is_some() {
+                        hub.route("G", change(&users[i as usize], None, latest));
+                    }
+                }
+            }
+        }
+        tick(&hub, Instant::now(), 300);
+        let counts = read_counts_of(&watcher.take().await.unwrap()).unwrap();
+        let latest = view.latest_seq.get();
+        assert_eq!(counts.latest_seq, latest);
+        for (i, seq) in (counts.first_seq..=latest).enumerate() {
+            let ticks = view.ticks(Seq(seq), &senders[&seq]);
+            assert_eq!(
+                counts.counts[i],
+                Some(ticks.read_count as u32),
+                "seq {seq}: {counts:?}"
+            );
+            assert_eq!(
+                counts.delivered_counts[i],
+                Some(ticks.delivered_count as u32),
+                "seq {seq}: {counts:?}"
+            );
+        }
+        for seq in 1..=latest {
+            let ticks = view.ticks(Seq(seq), &senders[&seq]);
+            let all_read = ticks.read_count == ticks.possible_readers;
+            let all_delivered = ticks.delivered_count == ticks.possible_readers;
+            assert_eq!(
+                all_read,
+                seq <= counts.read_by_all_through,
+                "seq {seq}: {counts:?}"
+            );
+            assert_eq!(
+                all_delivered,
+                seq <= counts.delivered_to_all_through,
+                "seq {seq}: {counts:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn a_big_groups_counts_equal_the_read_models_ticks(
+            capacity in 1..12usize,
+            ops in proptest::collection::vec(op(), 0..80),
+        ) {
+            tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap()
+                .block_on(ticks_as_the_read_model(capacity, ops));
+        }
     }
 }

@@ -63,6 +63,14 @@ pub enum ClientMessage {
         #[serde(default)]
         id: Option<String>,
     },
+    /// A delivery report: every message up to `seq` reached this device
+    /// (the sender's grey ticks). Checked and acknowledged as a read is.
+    Delivered {
+        conversation: String,
+        seq: u64,
+        #[serde(default)]
+        id: Option<String>,
+    },
     /// Mark the conversation unread (at the user's cursor `seq`), or clear
     /// the mark (`marked: false`).
     MarkUnread {
@@ -80,6 +88,9 @@ pub enum ClientMessage {
 pub struct MemberState {
     pub user: String,
     pub cursor: u64,
+    /// Every message up to here reached one of the member's devices; never
+    /// below `cursor`.
+    pub delivered: u64,
     pub join_seq: u64,
 }
 
@@ -109,6 +120,12 @@ pub struct ReadCounts {
     /// Every message at or below this seq is read by every member who
     /// could see it.
     pub read_by_all_through: u64,
+    /// As `counts`, for delivery: how many members other than the sender
+    /// each seq reached (on one of their devices).
+    pub delivered_counts: Vec<Option<u32>>,
+    /// Every message at or below this seq reached every member who could
+    /// see it (the grey ticks; `read_by_all_through` gives the blue ones).
+    pub delivered_to_all_through: u64,
 }
 
 /// A frame every subscriber of a big group is sent, serialized once.
@@ -178,12 +195,14 @@ pub enum ServerFrame {
         #[serde(skip_serializing_if = "Option::is_none")]
         own: Option<OwnState>,
     },
-    /// A member's public cursor advanced (or they joined), in a conversation
-    /// smaller than `gateway.batch_from_members`.
+    /// A member's public or delivered cursor advanced (or they joined), in
+    /// a conversation smaller than `gateway.batch_from_members`.
     Cursor {
         conversation: String,
         user: String,
         cursor: u64,
+        /// Never below `cursor`: reading implies delivery.
+        delivered: u64,
         join_seq: u64,
         latest_seq: u64,
     },
@@ -201,7 +220,8 @@ pub enum ServerFrame {
         unread_mark: bool,
         latest_seq: u64,
     },
-    /// The broker has a read receipt or mark the client sent.
+    /// The broker has a read receipt, delivery report or mark the client
+    /// sent.
     Ack {
         id: Option<String>,
     },
@@ -333,6 +353,57 @@ mod tests {
             serde_json::from_str::<ClientMessage>(r#"{"type":"ping"}"#).unwrap(),
             ClientMessage::Ping
         );
+    }
+
+    #[test]
+    fn a_delivery_report_parses_and_takes_no_private_flag() {
+        let delivered: ClientMessage =
+            serde_json::from_str(r#"{"type":"delivered","conversation":"G","seq":7,"id":"d1"}"#).unwrap();
+        assert_eq!(
+            delivered,
+            ClientMessage::Delivered {
+                conversation: "G".into(),
+                seq: 7,
+                id: Some("d1".into())
+            }
+        );
+        assert!(serde_json::from_str::<ClientMessage>(
+            r#"{"type":"delivered","conversation":"G","seq":7,"private":true}"#
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn member_frames_carry_the_delivered_cursor_beside_the_cursor() {
+        let json = ServerFrame::Cursor {
+            conversation: "G".into(),
+            user: "bob".into(),
+            cursor: 3,
+            delivered: 5,
+            join_seq: 1,
+            latest_seq: 5,
+        }
+        .to_json();
+        assert_eq!(
+            json,
+            r#"{"type":"cursor","conversation":"G","user":"bob","cursor":3,"delivered":5,"join_seq":1,"latest_seq":5}"#
+        );
+        let counts = ServerFrame::ReadCounts {
+            shared: SharedFrame::new(ReadCounts {
+                conversation: "G".into(),
+                latest_seq: 2,
+                member_count: 3,
+                first_seq: 1,
+                counts: vec![Some(1), None],
+                read_by_all_through: 0,
+                delivered_counts: vec![Some(2), None],
+                delivered_to_all_through: 1,
+            }),
+            own: None,
+        };
+        let value: serde_json::Value = serde_json::from_str(&counts.json()).unwrap();
+        assert_eq!(value["delivered_counts"], serde_json::json!([2, null]));
+        assert_eq!(value["delivered_to_all_through"], 1);
     }
 
     #[test]

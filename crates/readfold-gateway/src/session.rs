@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{Message, WebSocket};
+use readfold_core::read_model::Reached;
 use readfold_core::{ConversationId, UserId};
 use readfold_kafka::now_ms;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
@@ -87,6 +88,18 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
             user,
             outbox,
             receipt_record(conversation, user, seq, private, ReadAction::Read),
+            1,
+            request,
+        ),
+        ClientMessage::Delivered {
+            conversation,
+            seq,
+            id: request,
+        } => spawn_receipt(
+            gateway,
+            user,
+            outbox,
+            receipt_record(conversation, user, seq, false, ReadAction::Delivered),
             1,
             request,
         ),
@@ -188,6 +201,7 @@ async fn subscribe(
                 .map(|(u, m)| {
                     let member = Member {
                         cursor: m.cursor.get(),
+                        delivered: m.delivered_through().get(),
                         join_seq: m.join_seq.get(),
                     };
                     (u.to_string(), member)
@@ -199,8 +213,8 @@ async fn subscribe(
     gateway.hub.loaded(name, read);
 }
 
-/// Checks a read receipt or mark (a present member, a sane seq), produces
-/// it, and acknowledges once the broker has it.
+/// Checks a read receipt, delivery report or mark (a present member, a
+/// sane seq), produces it, and acknowledges once the broker has it.
 async fn receipt(
     gateway: Arc<Gateway>,
     user: UserId,
@@ -258,14 +272,30 @@ async fn receipt(
             Some(_) => tokio::time::sleep(Duration::from_millis(RECHECK_MS)).await,
         }
     }
+    // Each device of each member reports every message's delivery: one the
+    // room already shows is on the changelog or with the broker, so it is
+    // acknowledged without being produced again.
+    if record.action == ReadAction::Delivered
+        && gateway
+            .hub
+            .shows_delivered(conversation.as_str(), user.as_str(), seq)
+    {
+        outbox.push_control(ServerFrame::Ack { id: request });
+        return;
+    }
     let started = Instant::now();
     match gateway.producer.report(&record).await {
         Ok(()) => {
             telemetry::produced("ok", started.elapsed().as_secs_f64());
-            if record.action == ReadAction::Read && !record.private {
+            let reached = match record.action {
+                ReadAction::Read if !record.private => Some(Reached::Read),
+                ReadAction::Delivered => Some(Reached::Delivered),
+                _ => None,
+            };
+            if let Some(reached) = reached {
                 gateway
                     .hub
-                    .receipt_taken(conversation.as_str(), user.as_str(), seq);
+                    .receipt_taken(conversation.as_str(), user.as_str(), reached, seq);
             }
             outbox.push_control(ServerFrame::Ack { id: request });
         }
