@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::kit::browser::Driver;
+use crate::kit::browser::{Browser, Driver};
 use crate::kit::*;
 
 /// Starts `readfold gateway` on a free port and waits until it answers.
@@ -181,6 +181,141 @@ async fn a_receipt_ahead_of_what_the_gateway_knows_waits_for_its_message() {
         .await;
     let answer = b.until(Duration::from_secs(20), |f| f["type"] == "error").await;
     assert_eq!(answer.last().unwrap()["code"], "invalid_seq");
+    stop(gateway, processor);
+}
+
+/// The seqs of `user`'s delivery reports on the read-reports topic.
+fn deliveries_on_topic(env: &TestEnv, user: &str) -> Vec<i64> {
+    env.read_topic(&env.config.topics.read_reports)
+        .iter()
+        .filter(|r| r["value"]["user_id"] == user && r["value"]["action"] == "DELIVERED")
+        .map(|r| r["value"]["seq"].as_i64().unwrap())
+        .collect()
+}
+
+async fn answer(ws: &mut WsClient) -> Value {
+    ws.until(Duration::from_secs(20), |f| {
+        f["type"] == "ack" || f["type"] == "error"
+    })
+    .await
+    .pop()
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_is_acknowledged_members_only_and_reaches_the_senders_devices() {
+    let env = TestEnv::new("gw-delivered", 2).await;
+    let mut reference = Reference::default();
+    let processor = env.spawn("a");
+    chat(&env, &mut reference, "G", &["A", "B", "C"], 3).await;
+    let (gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__MAX_SEQ_AHEAD", "2")]).await;
+    // A's laptop shows A's messages' ticks from the member frames.
+    let mut laptop = connect(&addr, "A").await;
+    let snapshot = subscribe(&mut laptop, "G").await;
+    for m in snapshot["members"].as_array().unwrap() {
+        assert_eq!(
+            m["delivered"], m["cursor"],
+            "nothing delivered unread: {snapshot}"
+        );
+    }
+    let mut b = connect(&addr, "B").await;
+    assert_eq!(subscribe(&mut b, "G").await["type"], "snapshot");
+
+    // B's phone got messages 1 and 2: acknowledged once on the topic, and A
+    // sees it as a cursor frame (a small group), read nothing yet.
+    b.send(json!({ "type": "delivered", "conversation": "G", "seq": 2, "id": "d1" }))
+        .await;
+    assert_eq!(answer(&mut b).await, json!({ "type": "ack", "id": "d1" }));
+    assert_eq!(deliveries_on_topic(&env, "B"), [2]);
+    let mut frames = laptop
+        .until(Duration::from_secs(30), |f| {
+            is_cursor_of(f, "B") && f["delivered"] == 2
+        })
+        .await;
+    assert_eq!(frames.last().unwrap()["cursor"], 0);
+    // B's other device reports what is known already: acknowledged, and
+    // not produced again.
+    b.send(json!({ "type": "delivered", "conversation": "G", "seq": 1, "id": "d2" }))
+        .await;
+    assert_eq!(answer(&mut b).await, json!({ "type": "ack", "id": "d2" }));
+
+    // A delivery past what the gateway knows waits for its message.
+    b.send(json!({ "type": "delivered", "conversation": "G", "seq": 6, "id": "d3" }))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    {
+        let mut feed = env.feed(&mut reference);
+        for seq in 4..=6 {
+            feed.event(sent("G", "A", seq)).await;
+        }
+    }
+    assert_eq!(answer(&mut b).await, json!({ "type": "ack", "id": "d3" }));
+    assert_eq!(deliveries_on_topic(&env, "B"), [2, 6]);
+    // B reads 4: the cursor moves, the delivered cursor stays ahead.
+    b.send(json!({ "type": "read", "conversation": "G", "seq": 4, "id": "r1" }))
+        .await;
+    assert_eq!(answer(&mut b).await, json!({ "type": "ack", "id": "r1" }));
+    frames.extend(
+        laptop
+            .until(Duration::from_secs(30), |f| {
+                is_cursor_of(f, "B") && f["cursor"] == 4
+            })
+            .await,
+    );
+    assert_eq!(frames.last().unwrap()["delivered"], 6, "{frames:?}");
+    // C's phone reports through another gateway: A learns it from the
+    // changelog.
+    env.producer().report(&delivery("G", "C", 5)).await.unwrap();
+    frames.extend(
+        laptop
+            .until(Duration::from_secs(30), |f| {
+                is_cursor_of(f, "C") && f["delivered"] == 5
+            })
+            .await,
+    );
+    assert_eq!(frames.last().unwrap()["cursor"], 0);
+    frames.extend(laptop.drain(Duration::from_secs(1)).await);
+    for member in ["B", "C"] {
+        let shown: Vec<(u64, u64)> = frames
+            .iter()
+            .filter(|f| is_cursor_of(f, member))
+            .map(|f| (f["cursor"].as_u64().unwrap(), f["delivered"].as_u64().unwrap()))
+            .collect();
+        assert!(
+            shown.iter().all(|(c, d)| d >= c),
+            "{member}: delivered below the cursor: {shown:?}"
+        );
+        assert!(
+            shown
+                .windows(2)
+                .all(|w| w[1].0 >= w[0].0 && w[1].1 >= w[0].1 && w[1] != w[0]),
+            "{member}: shown twice or going back: {shown:?}"
+        );
+    }
+
+    // Strangers and insane seqs are refused, with the request's id.
+    b.send(json!({ "type": "delivered", "conversation": "G", "seq": 0, "id": "zero" }))
+        .await;
+    let refused = answer(&mut b).await;
+    assert_eq!(
+        (refused["code"].as_str(), refused["id"].as_str()),
+        (Some("invalid_seq"), Some("zero"))
+    );
+    b.send(json!({ "type": "delivered", "conversation": "G", "seq": 1_000, "id": "far" }))
+        .await;
+    assert_eq!(answer(&mut b).await["code"], "invalid_seq");
+    b.send(json!({ "type": "delivered", "conversation": "G", "seq": 2, "private": true }))
+        .await;
+    assert_eq!(answer(&mut b).await["code"], "bad_message");
+    let mut d = connect(&addr, "D").await;
+    d.send(json!({ "type": "delivered", "conversation": "G", "seq": 1, "id": "x" }))
+        .await;
+    let refused = answer(&mut d).await;
+    assert_eq!(
+        (refused["code"].as_str(), refused["id"].as_str()),
+        (Some("not_a_member"), Some("x"))
+    );
+    assert_eq!(deliveries_on_topic(&env, "D"), Vec::<i64>::new());
     stop(gateway, processor);
 }
 
@@ -444,18 +579,41 @@ async fn a_big_group_sends_one_batch_per_interval_and_a_slow_client_the_latest()
     stop(gateway, processor);
 }
 
-/// Each seq's counts in a client's `read_counts` frames, in order.
-fn counts_by_seq(frames: &[Value]) -> std::collections::BTreeMap<u64, Vec<u64>> {
+/// Each seq's counts (`field`: `counts` or `delivered_counts`) in a
+/// client's `read_counts` frames, in order.
+fn counts_by_seq(frames: &[Value], field: &str) -> std::collections::BTreeMap<u64, Vec<u64>> {
     let mut seen: std::collections::BTreeMap<u64, Vec<u64>> = Default::default();
     for frame in frames.iter().filter(|f| f["type"] == "read_counts") {
         let first = frame["first_seq"].as_u64().unwrap();
-        for (i, count) in frame["counts"].as_array().unwrap().iter().enumerate() {
+        for (i, count) in frame[field].as_array().unwrap().iter().enumerate() {
             if let Some(count) = count.as_u64() {
                 seen.entry(first + i as u64).or_default().push(count);
             }
         }
     }
     seen
+}
+
+/// The read model's ticks of message `seq` over the reference fold.
+fn ticks(
+    reference: &Reference,
+    conversation: &str,
+    seq: u64,
+    sender: &str,
+) -> readfold_core::read_model::Ticks {
+    let c: readfold_core::ConversationId = conversation.parse().unwrap();
+    let s: readfold_core::UserId = sender.parse().unwrap();
+    reference
+        .state
+        .conversation(&c)
+        .map(|c| c.view().ticks(readfold_core::Seq(seq), &s))
+        .unwrap_or_default()
+}
+
+/// The highest seq up to `last` through which every message has `all` by
+/// the read model.
+fn all_through(last: u64, all: impl Fn(u64) -> bool) -> u64 {
+    (1..=last).take_while(|&seq| all(seq)).last().unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -506,29 +664,69 @@ async fn a_big_groups_v2_clients_get_read_counts_that_converge_to_the_read_model
     );
 
     // Messages 3..=30 from many senders; every member reads up to a seq of
-    // its own, one of them through its WebSocket.
+    // its own, one of them through its WebSocket, and most got messages
+    // further than they read, one of them reporting through its WebSocket.
     let subscribed = std::time::Instant::now();
     let last = 30u64;
+    let sender = |seq: u64| {
+        if seq < 3 {
+            members[0]
+        } else {
+            members[seq as usize * 7 % 120]
+        }
+    };
     {
         let mut feed = env.feed(&mut reference);
         for seq in 3..=last {
-            feed.event(sent("BIG", members[seq as usize * 7 % 120], seq as i64))
-                .await;
+            feed.event(sent("BIG", sender(seq), seq as i64)).await;
         }
         for (i, m) in members.iter().enumerate().skip(1) {
-            feed.report(report("BIG", m, 3 + (i as i64 * 11 % 28))).await;
+            let read = 3 + (i as i64 * 11 % 28);
+            feed.report(report("BIG", m, read)).await;
+            if i % 5 != 0 {
+                feed.report(delivery("BIG", m, (read + 1 + i as i64 % 9).min(last as i64)))
+                    .await;
+            }
         }
     }
     clients[0]
         .send(json!({ "type": "read", "conversation": "BIG", "seq": last, "id": "r" }))
         .await;
     reference.report(&report("BIG", "m000", last as i64));
-    let expected: Vec<u64> = (3..=last)
-        .map(|seq| reference.read_count("BIG", seq, members[seq as usize * 7 % 120]) as u64)
+    clients[1]
+        .send(json!({ "type": "delivered", "conversation": "BIG", "seq": last, "id": "d" }))
+        .await;
+    reference.report(&delivery("BIG", "m050", last as i64));
+    let all_ticks: Vec<_> = (1..=last)
+        .map(|seq| ticks(&reference, "BIG", seq, sender(seq)))
         .collect();
+    let expected: Vec<u64> = all_ticks[2..].iter().map(|t| t.read_count as u64).collect();
+    let expected_delivered: Vec<u64> = all_ticks[2..].iter().map(|t| t.delivered_count as u64).collect();
+    assert_eq!(
+        expected,
+        (3..=last)
+            .map(|seq| reference.read_count("BIG", seq, sender(seq)) as u64)
+            .collect::<Vec<_>>()
+    );
+    let read_through = all_through(last, |seq| all_ticks[seq as usize - 1].read_by_all());
+    let delivered_through = all_through(last, |seq| all_ticks[seq as usize - 1].delivered_to_all());
+    assert!(
+        read_through < delivered_through && delivered_through < last,
+        "the test wants messages read by all, delivered to all, and neither: {read_through}, {delivered_through}"
+    );
     let converged = |frames: &[Value]| {
-        let seen = counts_by_seq(frames);
-        (3..=last).all(|seq| seen.get(&seq).and_then(|c| c.last()) == Some(&expected[(seq - 3) as usize]))
+        let (seen, delivered) = (
+            counts_by_seq(frames, "counts"),
+            counts_by_seq(frames, "delivered_counts"),
+        );
+        let last_frame = frames.iter().rev().find(|f| f["type"] == "read_counts");
+        (3..=last).all(|seq| {
+            let i = (seq - 3) as usize;
+            seen.get(&seq).and_then(|c| c.last()) == Some(&expected[i])
+                && delivered.get(&seq).and_then(|c| c.last()) == Some(&expected_delivered[i])
+        }) && last_frame.is_some_and(|f| {
+            f["read_by_all_through"] == read_through && f["delivered_to_all_through"] == delivered_through
+        })
     };
     for ws in &mut clients {
         let mut frames = Vec::new();
@@ -536,10 +734,14 @@ async fn a_big_groups_v2_clients_get_read_counts_that_converge_to_the_read_model
         while !converged(&frames) && started.elapsed() < Duration::from_secs(60) {
             frames.extend(ws.drain(Duration::from_millis(700)).await);
         }
-        let seen = counts_by_seq(&frames);
+        let seen = counts_by_seq(&frames, "counts");
+        let delivered = counts_by_seq(&frames, "delivered_counts");
+        let last_frame = frames.iter().rev().find(|f| f["type"] == "read_counts");
         assert!(
             converged(&frames),
-            "expected {expected:?} from seq 3, saw {seen:?}"
+            "expected {expected:?} read and {expected_delivered:?} delivered from seq 3, read by all through \
+             {read_through}, delivered to all through {delivered_through}; saw {seen:?} and {delivered:?}, \
+             last {last_frame:?}"
         );
         assert!(
             frames
@@ -547,7 +749,7 @@ async fn a_big_groups_v2_clients_get_read_counts_that_converge_to_the_read_model
                 .all(|f| f["type"] != "cursor" && f["type"] != "cursors"),
             "a v2 client of a big group gets no member frames"
         );
-        for (seq, counts) in &seen {
+        for (seq, counts) in seen.iter().chain(&delivered) {
             assert!(
                 counts.windows(2).all(|w| w[0] <= w[1]),
                 "seq {seq}'s count went down with nobody leaving: {counts:?}"
@@ -606,6 +808,28 @@ async fn every_device_of_a_user_gets_its_own_state_and_nobody_else_does() {
     stop(gateway, processor);
 }
 
+/// Waits until `who`'s pane on a demo page has subscribed (the joins went
+/// through Kafka and the processor).
+async fn wait_subscribed(browser: &mut Browser, who: &str, gateway: &Processor, processor: &Processor) {
+    let started = std::time::Instant::now();
+    loop {
+        let status = browser.text(&format!("#status-{who}")).await;
+        if status.starts_with("subscribed") {
+            return;
+        }
+        if started.elapsed() >= Duration::from_secs(60) {
+            let setup = browser.text("#setup").await;
+            panic!(
+                "{who} never subscribed; the page says {status:?} (setup: {setup:?})\n\
+                 the gateway's log ends:\n{}\nthe processor's log ends:\n{}",
+                tail(&gateway.log_text(), 40),
+                tail(&processor.log_text(), 40)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_page_shows_a_read_on_another_members_screen() {
     let env = TestEnv::new("gw-browser", 2).await;
@@ -621,25 +845,8 @@ async fn the_demo_page_shows_a_read_on_another_members_screen() {
     alice.open(&page("alice")).await;
     bob.open(&page("bob")).await;
     // Both panes subscribed (the joins went through Kafka and the processor).
-    for (browser, who) in [(&mut alice, "alice"), (&mut bob, "bob")] {
-        let started = std::time::Instant::now();
-        loop {
-            let status = browser.text(&format!("#status-{who}")).await;
-            if status.starts_with("subscribed") {
-                break;
-            }
-            if started.elapsed() >= Duration::from_secs(60) {
-                let setup = browser.text("#setup").await;
-                panic!(
-                    "{who} never subscribed; the page says {status:?} (setup: {setup:?})\n\
-                     the gateway's log ends:\n{}\nthe processor's log ends:\n{}",
-                    tail(&gateway.log_text(), 40),
-                    tail(&processor.log_text(), 40)
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    }
+    wait_subscribed(&mut alice, "alice", &gateway, &processor).await;
+    wait_subscribed(&mut bob, "bob", &gateway, &processor).await;
     alice.click("#send-alice").await;
     alice
         .wait_for_text("#msg-alice-1 .read-count", "0 read", Duration::from_secs(30))
@@ -679,6 +886,97 @@ async fn the_demo_page_shows_a_read_on_another_members_screen() {
     std::fs::write(&path, everyone.screenshot().await).unwrap();
     println!("screenshot: {}", path.display());
     everyone.close().await;
+    alice.close().await;
+    bob.close().await;
+    stop(gateway, processor);
+}
+
+/// Waits until `watch` (a connection subscribed to the conversation) sees
+/// `user`'s messages delivered through `seq`.
+async fn until_delivered(watch: &mut WsClient, user: &str, seq: u64) {
+    watch
+        .until(Duration::from_secs(30), |f| {
+            is_cursor_of(f, user) && f["delivered"].as_u64() >= Some(seq)
+        })
+        .await;
+}
+
+/// The sender's page shows each message's ticks move: one grey check when
+/// sent, two grey once it reached every other member (bob's page reports it
+/// as a phone would, carol's phone through another client), two blue once
+/// they all read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_page_shows_ticks_move_from_grey_to_blue() {
+    let env = TestEnv::new("gw-browser-ticks", 2).await;
+    let processor = env.spawn("a");
+    let (gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__DEMO", "true")]).await;
+    let driver = Driver::start().await;
+    let conversation = unique("ticks");
+    let page = |who: &str| {
+        format!("http://{addr}/demo/?conversation={conversation}&members=alice,bob,carol&as={who}")
+    };
+    let mut alice = driver.browser().await;
+    let mut bob = driver.browser().await;
+    alice.open(&page("alice")).await;
+    bob.open(&page("bob")).await;
+    wait_subscribed(&mut alice, "alice", &gateway, &processor).await;
+    wait_subscribed(&mut bob, "bob", &gateway, &processor).await;
+    // Another device of alice's, to know when a delivery has been pushed.
+    let mut watch = connect(&addr, "alice").await;
+    assert_eq!(subscribe(&mut watch, &conversation).await["type"], "snapshot");
+    let carol = env.producer();
+    let ticks = |seq: u64, reach: &str| format!("#msg-alice-{seq} .ticks.{reach}");
+    let wait = Duration::from_secs(30);
+
+    // #1 reaches bob's page, which reports it; carol's phone is off.
+    alice.type_text("#text-alice", "Lunch at noon?").await;
+    alice.click("#send-alice").await;
+    alice.wait_for(&ticks(1, "sent"), wait).await;
+    until_delivered(&mut watch, "bob", 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    alice.wait_for(&ticks(1, "sent"), Duration::ZERO).await;
+    // Carol's phone gets it: two grey.
+    carol.report(&delivery(&conversation, "carol", 1)).await.unwrap();
+    alice.wait_for(&ticks(1, "delivered"), wait).await;
+    // Bob reads it on his page, carol on her phone: two blue.
+    bob.wait_for("#msg-bob-1", wait).await;
+    bob.click("#read-bob").await;
+    carol.report(&report(&conversation, "carol", 1)).await.unwrap();
+    alice.wait_for(&ticks(1, "read"), wait).await;
+
+    // #2 reaches both, #3 only bob's page.
+    alice.type_text("#text-alice", "I'll book a table").await;
+    alice.click("#send-alice").await;
+    alice.wait_for("#msg-alice-2", wait).await;
+    until_delivered(&mut watch, "bob", 2).await;
+    carol.report(&delivery(&conversation, "carol", 2)).await.unwrap();
+    alice.wait_for(&ticks(2, "delivered"), wait).await;
+    alice.type_text("#text-alice", "Bring the slides").await;
+    alice.click("#send-alice").await;
+    alice.wait_for("#msg-alice-3", wait).await;
+    until_delivered(&mut watch, "bob", 3).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (seq, reach) in [(1, "read"), (2, "delivered"), (3, "sent")] {
+        alice.wait_for(&ticks(seq, reach), Duration::ZERO).await;
+    }
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-demo-ticks-alice.png");
+    std::fs::write(&path, alice.screenshot().await).unwrap();
+    println!("screenshot: {}", path.display());
+
+    // alice's and bob's panes side by side, for the docs: a new page of
+    // theirs starts from the snapshot and shows the same ticks.
+    let mut both = driver.browser().await;
+    both.open(&page("alice,bob")).await;
+    for (seq, reach) in [(1, "read"), (2, "delivered"), (3, "sent")] {
+        both.wait_for(&ticks(seq, reach), wait).await;
+    }
+    both.wait_for_text("#msg-alice-1 .read-count", "2 read", wait)
+        .await;
+    both.wait_for_text("#badge-bob", "2", wait).await;
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-demo-ticks.png");
+    std::fs::write(&path, both.screenshot().await).unwrap();
+    println!("screenshot: {}", path.display());
+    both.close().await;
     alice.close().await;
     bob.close().await;
     stop(gateway, processor);
@@ -756,6 +1054,8 @@ async fn the_demo_page_shows_a_big_groups_n_read_live() {
     alice
         .wait_for_text("#badge-bob", "0", Duration::from_secs(30))
         .await;
+    // The crowd's phones reported nothing: one grey check.
+    alice.wait_for("#msg-alice-1 .ticks.sent", Duration::ZERO).await;
     let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-demo-big.png");
     std::fs::write(&path, alice.screenshot().await).unwrap();
     println!("screenshot: {}", path.display());

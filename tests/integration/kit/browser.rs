@@ -142,6 +142,15 @@ impl Browser {
         }
     }
 
+    /// Waits for an input to exist, clears it and types `text` into it.
+    pub async fn type_text(&mut self, css: &str, text: &str) {
+        let element = self.wait_for(css, Duration::from_secs(30)).await;
+        let path = format!("/element/{element}");
+        self.call("POST", &format!("{path}/clear"), Some(json!({}))).await;
+        self.call("POST", &format!("{path}/value"), Some(json!({ "text": text })))
+            .await;
+    }
+
     /// Waits for an element to exist; its WebDriver id.
     pub async fn wait_for(&mut self, css: &str, timeout: Duration) -> String {
         let started = Instant::now();
