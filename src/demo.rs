@@ -36,6 +36,12 @@ enum Step {
         user: &'static str,
         seq: i64,
     },
+    /// A message reached one of the user's devices: the sender's grey ticks.
+    Deliver {
+        conv: usize,
+        user: &'static str,
+        seq: i64,
+    },
     /// A private receipt: the user's own unread drops, "N read" does not.
     ReadPrivately {
         conv: usize,
@@ -71,6 +77,11 @@ fn script() -> Vec<Step> {
             sender: "alice",
             seq: 1,
             text: "hello",
+        },
+        Deliver {
+            conv: 0,
+            user: "bob",
+            seq: 1,
         },
         Read {
             conv: 0,
@@ -108,6 +119,16 @@ fn script() -> Vec<Step> {
             sender: "A",
             seq: 1,
             text: "meeting",
+        },
+        Deliver {
+            conv: 1,
+            user: "B",
+            seq: 1,
+        },
+        Deliver {
+            conv: 1,
+            user: "C",
+            seq: 1,
         },
         Read {
             conv: 1,
@@ -186,6 +207,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
             Step::Send { conv, .. }
             | Step::Read { conv, .. }
             | Step::ReadPrivately { conv, .. }
+            | Step::Deliver { conv, .. }
             | Step::Join { conv, .. }
             | Step::Garbage { conv } => *conv,
         };
@@ -200,6 +222,8 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     seq,
                     at: base_at,
                     event: EventRecord::MessageSent {
+                        mention_all: false,
+                        mentions: Default::default(),
                         sender_id: sender.into(),
                     },
                 };
@@ -208,21 +232,31 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     .apply_event(&validate::conversation_event(e, &config.input).map_err(Error::DemoScript)?);
                 format!("{sender} sends #{seq} {text:?}")
             }
-            Step::Read { user, seq, .. } | Step::ReadPrivately { user, seq, .. } => {
+            Step::Read { user, seq, .. }
+            | Step::ReadPrivately { user, seq, .. }
+            | Step::Deliver { user, seq, .. } => {
                 let private = matches!(step, Step::ReadPrivately { .. });
+                let delivered = matches!(step, Step::Deliver { .. });
                 let r = ReadReportRecord {
+                    muted_until: None,
                     conversation_id: cid.clone(),
                     user_id: user.into(),
                     seq,
                     device_id: None,
                     reported_at: base_at,
                     private,
-                    action: ReadAction::Read,
+                    action: if delivered {
+                        ReadAction::Delivered
+                    } else {
+                        ReadAction::Read
+                    },
                 };
                 producer.report(&r).await?;
                 expected.apply(&validate::read_report(r, &config.input).map_err(Error::DemoScript)?);
                 if private {
                     format!("{user} reads up to #{seq} privately (a private receipt: only {user}'s own devices learn it)")
+                } else if delivered {
+                    format!("{user}'s phone receives up to #{seq} (a delivery report)")
                 } else {
                     format!("{user} reports having seen up to #{seq}")
                 }
@@ -345,8 +379,19 @@ fn print_view(shown: Option<&Shown>, conv: usize, texts: &BTreeMap<(usize, i64),
     } else {
         format!("   private (own devices only): {}", private.join(" "))
     };
+    let delivered: Vec<String> = c
+        .members
+        .iter()
+        .filter(|(_, m)| m.delivered > m.cursor)
+        .map(|(u, m)| format!("{u}={}", m.delivered))
+        .collect();
+    let delivered = if delivered.is_empty() {
+        String::new()
+    } else {
+        format!("   delivered ahead: {}", delivered.join(" "))
+    };
     println!(
-        "    cursors: {}   unread: {}{private}",
+        "    cursors: {}   unread: {}{delivered}{private}",
         cursors.join(" "),
         unread.join(" ")
     );
@@ -358,15 +403,29 @@ fn print_view(shown: Option<&Shown>, conv: usize, texts: &BTreeMap<(usize, i64),
             .readers(Seq(seq as u64), &sender_id)
             .map(|u| u.to_string())
             .collect();
-        let count = readers.len();
-        let shown = if c.members.len() <= 2 {
-            if count == 1 {
-                "read".to_owned()
-            } else {
-                "unread".to_owned()
-            }
+        let ticks = c.ticks(Seq(seq as u64), &sender_id);
+        // One grey tick: sent; two grey: delivered to all; two blue: read by all.
+        let mark = if ticks.read_by_all() {
+            "✓✓ blue"
+        } else if ticks.delivered_to_all() {
+            "✓✓ grey"
         } else {
-            format!("{count} read {readers:?}")
+            "✓ grey"
+        };
+        let shown = if c.members.len() <= 2 {
+            let state = if ticks.read_count == 1 {
+                "read"
+            } else if ticks.delivered_count == 1 {
+                "delivered"
+            } else {
+                "sent"
+            };
+            format!("{state} {mark}")
+        } else {
+            format!(
+                "{} read {readers:?}, {} of {} delivered {mark}",
+                ticks.read_count, ticks.delivered_count, ticks.possible_readers
+            )
         };
         println!("    #{seq} from {sender}: {shown}");
     }
@@ -442,6 +501,8 @@ impl ChangelogWatcher {
                     self.seen_own.insert(
                         (u.conversation_id.to_string(), u.user_id.clone()),
                         OwnCursor {
+                            mute: Default::default(),
+                            unread_mentions: 0,
                             cursor: u.cursor,
                             private_cursor: own.private_cursor,
                             mark_seq: own.unread_mark.then_some(read_up_to),

@@ -60,6 +60,10 @@ pub struct LoadgenArgs {
     /// Share of reads that are private receipts.
     #[arg(long, default_value_t = WorkloadSpec::default().private_share)]
     pub private_share: f64,
+    /// Chance that each other member's device reports a message delivered
+    /// right after it is sent (the grey ticks).
+    #[arg(long, default_value_t = WorkloadSpec::default().delivered_share)]
+    pub delivered_share: f64,
     /// Share of sends in groups that come with a join or a departure.
     #[arg(long, default_value_t = WorkloadSpec::default().membership_share)]
     pub membership_share: f64,
@@ -92,6 +96,7 @@ impl LoadgenArgs {
                 duplicate_share: self.duplicate_share,
                 stale_share: self.stale_share,
                 private_share: self.private_share,
+                delivered_share: self.delivered_share,
                 membership_share: self.membership_share,
                 prefix: self.prefix.clone(),
             },
@@ -110,7 +115,7 @@ pub async fn loadgen(config: &Config, args: LoadgenArgs) -> Result<()> {
     let summary = readfold_loadgen::run(&options, &producer).await?;
     let c = summary.counts;
     eprintln!(
-        "loadgen: {} records in {:.1} s ({:.0}/s offered {:.0}/s, at most {} behind) to {} and {}: {} sends, {} reads ({} private), {} duplicates from a second device, {} stale, {} joins, {} leaves",
+        "loadgen: {} records in {:.1} s ({:.0}/s offered {:.0}/s, at most {} behind) to {} and {}: {} sends, {} reads ({} private), {} duplicates from a second device, {} stale, {} deliveries, {} joins, {} leaves",
         summary.records,
         summary.elapsed.as_secs_f64(),
         summary.achieved_rate(),
@@ -123,6 +128,7 @@ pub async fn loadgen(config: &Config, args: LoadgenArgs) -> Result<()> {
         c.private,
         c.duplicates,
         c.stale,
+        c.deliveries,
         c.joins,
         c.leaves
     );

@@ -258,6 +258,8 @@ fn open_transaction(
         user_id: "u".into(),
     });
     let value = encode_cursor_update(&CursorUpdateRecord {
+        muted_until: None,
+        unread_mentions: None,
         conversation_id: conversation.into(),
         user_id: "u".into(),
         cursor,

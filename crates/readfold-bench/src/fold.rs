@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use readfold_core::fold::{ConversationEvent, EventKind, Input, PartitionState, ReadReport};
+use readfold_core::fold::{ConversationEvent, DeliveryReport, EventKind, Input, PartitionState, ReadReport};
 use readfold_core::{ConversationId, Seq, UserId};
 
 /// The workload's shape.
@@ -22,6 +22,10 @@ pub struct Args {
     /// Reports between flushes (input rate x flush interval).
     #[arg(long, default_value_t = 5_000)]
     pub flush_every: u64,
+    /// Share of the reports that are delivery reports of the latest
+    /// message (0..=1).
+    #[arg(long, default_value_t = 0.0)]
+    pub delivery_share: f64,
 }
 
 /// Workload shape.
@@ -32,6 +36,8 @@ pub struct Workload {
     pub direct_chats: u64,
     /// Reports folded between two flushes (rate x flush interval).
     pub flush_every: u64,
+    /// In 1/1000ths: reports that are deliveries.
+    pub delivery_permille: u64,
     /// `redis.conversations_per_call`: how the flushes' Redis calls are
     /// counted.
     pub conversations_per_call: usize,
@@ -46,6 +52,7 @@ impl Workload {
             group_members: args.group_members.max(1),
             direct_chats: args.direct_chats.max(1),
             flush_every: args.flush_every.max(1),
+            delivery_permille: (args.delivery_share.clamp(0.0, 1.0) * 1000.0).round() as u64,
             conversations_per_call,
         }
     }
@@ -115,11 +122,16 @@ pub fn run(w: Workload) -> Figures {
                         seq: Seq(group_latest),
                         at: i as i64,
                         kind: EventKind::MessageSent {
+                            mentions: Default::default(),
                             sender_id: members[0].clone(),
                         },
                     }));
                 }
                 let reader = &members[(rng.next() % w.group_members) as usize];
+                if rng.next() % 1000 < w.delivery_permille {
+                    window.push(delivery(&group, reader, group_latest.max(1), i));
+                    continue;
+                }
                 let seq = group_latest.saturating_sub(rng.next() % 3).max(1);
                 window.push(Input::Report(ReadReport {
                     conversation_id: group.clone(),
@@ -134,9 +146,14 @@ pub fn run(w: Workload) -> Figures {
                     chat_latest[c] += 1;
                 }
                 let seq = chat_latest[c].max(1);
+                let user = &pair[(rng.next() % 2) as usize];
+                if rng.next() % 1000 < w.delivery_permille {
+                    window.push(delivery(&chats[c], user, seq, i));
+                    continue;
+                }
                 window.push(Input::Report(ReadReport {
                     conversation_id: chats[c].clone(),
-                    user_id: pair[(rng.next() % 2) as usize].clone(),
+                    user_id: user.clone(),
                     seq: Seq(seq),
                     reported_at: i as i64,
                     private: false,
@@ -170,6 +187,15 @@ pub fn run(w: Workload) -> Figures {
         elapsed_secs: elapsed.as_secs_f64(),
         cursors: state.cursor_count(),
     }
+}
+
+fn delivery(conversation: &ConversationId, user: &UserId, seq: u64, at: u64) -> Input {
+    Input::Delivery(DeliveryReport {
+        conversation_id: conversation.clone(),
+        user_id: user.clone(),
+        seq: Seq(seq),
+        reported_at: at as i64,
+    })
 }
 
 /// The flushes' changes grouped by conversation, as the stores take them,
@@ -234,6 +260,8 @@ pub fn decode_rate(records: u64) -> f64 {
         user_id: "user-42".into(),
     });
     let value = encode_cursor_update(&CursorUpdateRecord {
+        muted_until: None,
+        unread_mentions: None,
         conversation_id: "conv-12345".into(),
         user_id: "user-42".into(),
         cursor: 1234,
@@ -258,8 +286,12 @@ pub fn decode_rate(records: u64) -> f64 {
 pub fn print(w: Workload, f: Figures) {
     let per = |n: u64| n as f64 / f.reports as f64;
     println!(
-        "workload: {} reports, half to one {}-member group, half to {} 1:1 chats; a flush every {} reports",
-        w.reports, w.group_members, w.direct_chats, w.flush_every
+        "workload: {} reports, half to one {}-member group, half to {} 1:1 chats; a flush every {} reports; {:.1}% deliveries",
+        w.reports,
+        w.group_members,
+        w.direct_chats,
+        w.flush_every,
+        w.delivery_permille as f64 / 10.0
     );
     println!(
         "fold (pure, one core):            {:>12.0} reports/s   (fold and flush planning; the inputs are made outside the clock)",
@@ -304,6 +336,7 @@ mod tests {
             group_members: 50,
             direct_chats: 100,
             flush_every: 500,
+            delivery_permille: 300,
             conversations_per_call: 64,
         };
         let f = run(w);

@@ -149,6 +149,8 @@ pub async fn gateway(config: &Config, args: &Args) -> Result<GatewayFigures> {
             seq: 1,
             at: now_ms(),
             event: EventRecord::MessageSent {
+                mention_all: false,
+                mentions: Default::default(),
                 sender_id: format!("u{}", c * group),
             },
         });
@@ -279,6 +281,8 @@ pub async fn gateway(config: &Config, args: &Args) -> Result<GatewayFigures> {
             seq: seq as i64,
             at: now_ms(),
             event: EventRecord::MessageSent {
+                mention_all: false,
+                mentions: Default::default(),
                 sender_id: format!("u{}", conversation * group + (client + 1) % group),
             },
         };

@@ -677,7 +677,11 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
                     conversation_id: conversation,
                     seq: seq as i64,
                     at: now_ms(),
-                    event: EventRecord::MessageSent { sender_id: sender },
+                    event: EventRecord::MessageSent {
+                        mention_all: false,
+                        mentions: Default::default(),
+                        sender_id: sender,
+                    },
                 };
                 let (producer, produced, failed) = (producer.clone(), produced.clone(), failed.clone());
                 tokio::spawn(async move {

@@ -580,6 +580,7 @@ async fn probe(
     within: Duration,
 ) -> Result<f64> {
     let report = ReadReportRecord {
+        muted_until: None,
         conversation_id: probe_conversation(k),
         user_id: PROBER.into(),
         seq,

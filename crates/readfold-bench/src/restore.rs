@@ -45,6 +45,8 @@ pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
             user_id: user_id.clone(),
         });
         let value = encode_cursor_update(&CursorUpdateRecord {
+            muted_until: None,
+            unread_mentions: None,
             conversation_id,
             user_id,
             cursor: (i % 1000) as i64 + 1,

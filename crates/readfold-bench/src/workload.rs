@@ -57,10 +57,15 @@ impl ChatWorkload {
                 conversation_id: conversation,
                 seq: self.latest[chat],
                 at,
-                event: EventRecord::MessageSent { sender_id: user },
+                event: EventRecord::MessageSent {
+                    mention_all: false,
+                    mentions: Default::default(),
+                    sender_id: user,
+                },
             })
         } else {
             Generated::Report(ReadReportRecord {
+                muted_until: None,
                 conversation_id: conversation,
                 user_id: user,
                 seq: self.latest[chat],

@@ -23,4 +23,4 @@ pub mod recent_reads;
 pub mod schedule;
 
 pub use domain::{ConversationId, CursorKey, IdError, Seq, UserId};
-pub use read_model::{ConversationView, MemberCursor, MessageRef, OwnCursor};
+pub use read_model::{ConversationView, MemberCursor, MessageRef, Mute, OwnCursor};

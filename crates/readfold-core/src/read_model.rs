@@ -84,9 +84,43 @@ pub struct OwnCursor {
     /// The cursor at which the member marked the conversation unread, if
     /// the mark was not cleared since.
     pub mark_seq: Option<Seq>,
+    /// Messages above `read_up_to` that mention the member, at most
+    /// [`MAX_UNREAD_MENTIONS`] (a client shows "99+" past 99).
+    pub unread_mentions: u32,
+    /// The member's latest mute or unmute.
+    pub mute: Option<Mute>,
+}
+
+/// Unread mentions kept per member; more show as "99+".
+pub const MAX_UNREAD_MENTIONS: usize = 100;
+
+/// A member's latest mute or unmute of a conversation: the greatest `(at,
+/// until)` wins, so order and duplicates do not matter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Mute {
+    /// When the member acted (ms since the epoch).
+    pub at: i64,
+    /// Muted while the time is below this: [`Mute::FOREVER`] until unmuted,
+    /// [`Mute::OFF`] for an unmute.
+    pub until: i64,
+}
+
+impl Mute {
+    pub const FOREVER: i64 = i64::MAX;
+    pub const OFF: i64 = i64::MIN;
+
+    /// Whether the conversation is muted at `now_ms`.
+    pub fn is_muted(&self, now_ms: i64) -> bool {
+        now_ms < self.until
+    }
 }
 
 impl OwnCursor {
+    /// Whether the conversation is muted at `now_ms`.
+    pub fn muted(&self, now_ms: i64) -> bool {
+        self.mute.is_some_and(|m| m.is_muted(now_ms))
+    }
+
     /// How far the member has read, by either cursor.
     pub fn read_up_to(&self) -> Seq {
         self.cursor.max(self.private_cursor)
@@ -373,6 +407,7 @@ mod tests {
             cursor: Seq(cursor),
             private_cursor: Seq(private_cursor),
             mark_seq: mark_seq.map(Seq),
+            ..OwnCursor::default()
         };
         assert_eq!(own(2, 0, None).unread(Seq(5)), 3);
         assert_eq!(

@@ -126,7 +126,11 @@ async fn send(
             conversation_id: m.conversation,
             seq: message.seq as i64,
             at: now_ms(),
-            event: EventRecord::MessageSent { sender_id: m.sender },
+            event: EventRecord::MessageSent {
+                mention_all: false,
+                mentions: Default::default(),
+                sender_id: m.sender,
+            },
         })
         .await
         .map_err(unavailable)?;
@@ -170,6 +174,7 @@ async fn crowd(
     for (_, user) in behind.into_iter().take(c.readers.min(1000)) {
         g.producer
             .report(&ReadReportRecord {
+                muted_until: None,
                 conversation_id: c.conversation.clone(),
                 user_id: user,
                 seq: latest as i64,

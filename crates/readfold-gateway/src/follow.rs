@@ -85,12 +85,12 @@ pub fn route_event(hub: &Hub, payload: &[u8], format: WireFormat) {
     };
     match decoded {
         Decoded::Borrowed(view) => {
-            if let EventView::MessageSent { sender_id } = view.event {
+            if let EventView::MessageSent { sender_id, .. } = view.event {
                 hub.message_sent(view.conversation_id, view.seq.max(0) as u64, sender_id);
             }
         }
         Decoded::Owned(record) => {
-            if let EventRecord::MessageSent { sender_id } = &record.event {
+            if let EventRecord::MessageSent { sender_id, .. } = &record.event {
                 hub.message_sent(&record.conversation_id, record.seq.max(0) as u64, sender_id);
             }
         }

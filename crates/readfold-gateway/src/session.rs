@@ -338,6 +338,7 @@ fn receipt_record(
     action: ReadAction,
 ) -> ReadReportRecord {
     ReadReportRecord {
+        muted_until: None,
         conversation_id: conversation,
         user_id: user.to_string(),
         seq: seq as i64,

@@ -21,6 +21,9 @@
 //!   device (`duplicate_share`), carries a seq below what that member
 //!   reported before (`stale_share`: a retry from an old device), or is a
 //!   private receipt (`private_share`).
+//! - **Deliveries.** After a send, each other member's device reports the
+//!   message delivered with probability `delivered_share` (none by
+//!   default), right after the send.
 //! - **Membership.** `membership_share` of the sends in groups come with a
 //!   departure of a member or a new member joining at the latest seq.
 //!
@@ -53,6 +56,7 @@ pub struct WorkloadSpec {
     pub duplicate_share: f64,
     pub stale_share: f64,
     pub private_share: f64,
+    pub delivered_share: f64,
     pub membership_share: f64,
     /// Put before every conversation and user id, so that runs on shared
     /// topics never collide.
@@ -75,6 +79,7 @@ impl Default for WorkloadSpec {
             duplicate_share: 0.1,
             stale_share: 0.03,
             private_share: 0.02,
+            delivered_share: 0.0,
             membership_share: 0.02,
             prefix: String::new(),
         }
@@ -96,6 +101,7 @@ impl WorkloadSpec {
         share("duplicate_share", self.duplicate_share)?;
         share("stale_share", self.stale_share)?;
         share("private_share", self.private_share)?;
+        share("delivered_share", self.delivered_share)?;
         share("membership_share", self.membership_share)?;
         if self.conversations == 0 {
             return Err(Error::Spec("conversations must be at least 1".into()));
@@ -155,13 +161,14 @@ pub struct Counts {
     pub duplicates: u64,
     pub stale: u64,
     pub private: u64,
+    pub deliveries: u64,
     pub joins: u64,
     pub leaves: u64,
 }
 
 impl Counts {
     pub fn records(&self) -> u64 {
-        self.sends + self.reads + self.duplicates + self.stale + self.joins + self.leaves
+        self.sends + self.reads + self.duplicates + self.stale + self.deliveries + self.joins + self.leaves
     }
 }
 
@@ -280,7 +287,12 @@ impl Workload {
         } else {
             self.spec.group_read_delay_ms
         };
+        let mut delivered_to = Vec::new();
         for (i, m) in conv.members.iter_mut().enumerate() {
+            if i != sender && self.spec.delivered_share > 0.0 && self.random.chance(self.spec.delivered_share)
+            {
+                delivered_to.push(m.user);
+            }
             if i == sender || m.read_pending || !self.random.chance(self.spec.online_share) {
                 continue;
             }
@@ -294,16 +306,32 @@ impl Workload {
             seq: seq as i64,
             at: now,
             event: EventRecord::MessageSent {
+                mention_all: false,
+                mentions: Default::default(),
                 sender_id: self.user_id(sender_id),
             },
         });
-        if self.queued.is_empty() {
-            record
-        } else {
-            // Joins and departures go first.
-            self.queued.push_back(record);
-            self.queued.pop_front().expect("just pushed")
+        // Joins and departures go first, deliveries after the message.
+        self.queued.push_back(record);
+        for user in delivered_to {
+            let delivery = self.delivery(c, user, seq, now);
+            self.queued.push_back(delivery);
         }
+        self.queued.pop_front().expect("just pushed")
+    }
+
+    fn delivery(&mut self, c: u32, user: u32, seq: u32, now: i64) -> Generated {
+        self.counts.deliveries += 1;
+        Generated::Report(ReadReportRecord {
+            muted_until: None,
+            conversation_id: self.conversation_id(c),
+            user_id: self.user_id(user),
+            seq: seq as i64,
+            device_id: Some(format!("d{}", user % 3)),
+            reported_at: now,
+            private: false,
+            action: ReadAction::Delivered,
+        })
     }
 
     /// Picks the members and queues their joins at seq 0.
@@ -410,6 +438,7 @@ impl Workload {
         let private = !stale && self.random.chance(self.spec.private_share);
         let duplicate = !stale && self.random.chance(self.spec.duplicate_share);
         let report = ReadReportRecord {
+            muted_until: None,
             conversation_id: self.conversation_id(c),
             user_id: self.user_id(user),
             seq: seq as i64,
@@ -485,7 +514,7 @@ mod tests {
                     let latest = latest.entry(e.conversation_id.clone()).or_default();
                     let present = members.entry(e.conversation_id.clone()).or_default();
                     match &e.event {
-                        EventRecord::MessageSent { sender_id } => {
+                        EventRecord::MessageSent { sender_id, .. } => {
                             assert_eq!(e.seq, *latest + 1, "seqs go up by one");
                             *latest = e.seq;
                             assert!(present.contains(sender_id));
@@ -529,6 +558,40 @@ mod tests {
         );
         let sends = counts.sends as f64 / counts.records() as f64;
         assert!((0.13..0.17).contains(&sends), "send share {sends}");
+    }
+
+    #[test]
+    fn deliveries_follow_their_message_from_other_members() {
+        let spec = WorkloadSpec {
+            conversations: 300,
+            max_group: 50,
+            delivered_share: 0.5,
+            ..WorkloadSpec::default()
+        };
+        let (records, counts) = run(spec, 50_000);
+        assert!(counts.deliveries > 0);
+        let (mut latest, mut senders) = (HashMap::new(), HashMap::new());
+        let mut deliveries = 0;
+        for record in &records {
+            match record {
+                Generated::Event(e) => {
+                    if let EventRecord::MessageSent { sender_id, .. } = &e.event {
+                        latest.insert(e.conversation_id.clone(), e.seq);
+                        senders.insert((e.conversation_id.clone(), e.seq), sender_id.clone());
+                    }
+                }
+                Generated::Report(r) if r.action == ReadAction::Delivered => {
+                    deliveries += 1;
+                    let sent = latest.get(&r.conversation_id).copied().unwrap_or(0);
+                    assert!(1 <= r.seq && r.seq <= sent, "delivered before it was sent: {r:?}");
+                    let sender = &senders[&(r.conversation_id.clone(), r.seq)];
+                    assert_ne!(sender, &r.user_id, "a sender's own delivery");
+                }
+                Generated::Report(_) => {}
+            }
+        }
+        // Counted when queued: the last message's may still be queued.
+        assert!(deliveries <= counts.deliveries && counts.deliveries - deliveries < 50);
     }
 
     #[test]

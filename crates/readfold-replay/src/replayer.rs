@@ -106,7 +106,7 @@ impl Replayer {
         let mover = match input {
             Input::Report(r) if !r.private => Some((&r.user_id, r.reported_at)),
             Input::Event(e) => match &e.kind {
-                EventKind::MessageSent { sender_id } => Some((sender_id, e.at)),
+                EventKind::MessageSent { sender_id, .. } => Some((sender_id, e.at)),
                 _ => None,
             },
             _ => None,
@@ -124,7 +124,7 @@ impl Replayer {
             }
         }
         if let Input::Event(e) = input {
-            if let EventKind::MessageSent { sender_id } = &e.kind {
+            if let EventKind::MessageSent { sender_id, .. } = &e.kind {
                 if let Some(tracker) = &mut self.latency {
                     let conversation = self.state.conversation(id).expect("just folded");
                     tracker.sent(id, conversation, e.seq, sender_id, e.at);

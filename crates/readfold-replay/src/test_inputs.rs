@@ -16,7 +16,10 @@ pub fn sent(conv: &str, sender: &str, seq: u64, at: i64) -> Input {
         conversation_id: c(conv),
         seq: Seq(seq),
         at,
-        kind: EventKind::MessageSent { sender_id: u(sender) },
+        kind: EventKind::MessageSent {
+            sender_id: u(sender),
+            mentions: Default::default(),
+        },
     })
 }
 

@@ -51,6 +51,7 @@ impl OwnView {
             cursor: m.cursor,
             private_cursor: self.private.private_cursor,
             mark_seq: self.private.mark.and_then(|m| m.seq),
+            ..OwnCursor::default()
         })
     }
 }

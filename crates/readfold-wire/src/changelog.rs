@@ -12,7 +12,7 @@ use readfold_core::fold::{
     Change, CursorUpdate, MemberStateUpdate, MembershipVersion, PartitionState, UnreadMark,
 };
 use readfold_core::partitioner::partition_for_key;
-use readfold_core::{ConversationId, CursorKey, IdError, Seq, UserId};
+use readfold_core::{ConversationId, CursorKey, IdError, Mute, Seq, UserId};
 
 use crate::codec::{
     self, write_cursor_update, write_key, write_member_state, CursorUpdateFields, DecodeError,
@@ -73,6 +73,8 @@ fn public_fields(u: &CursorUpdate) -> CursorUpdateFields<'_> {
         private_cursor: None,
         unread_mark: None,
         delivered_cursor: Some(u.delivered.get() as i64),
+        unread_mentions: None,
+        muted_until: None,
     }
 }
 
@@ -83,6 +85,9 @@ fn own_fields<'a>(public: &'a CursorUpdate, change: &Change) -> CursorUpdateFiel
     CursorUpdateFields {
         private_cursor: Some(own.private_cursor.get() as i64),
         unread_mark: Some(own.marked_unread()),
+        unread_mentions: Some(own.unread_mentions as i32),
+        // Not muted after an unmute; a mute that ran out says until when.
+        muted_until: own.mute.map(|m| m.until).filter(|&until| until != Mute::OFF),
         ..public_fields(public)
     }
 }
@@ -99,6 +104,9 @@ fn member_state_fields(s: &MemberStateUpdate) -> MemberStateFields<'_> {
         membership_at: s.membership.map(|v| v.at),
         epoch: s.epoch as i64,
         updated_at: s.updated_at,
+        mentions: s.mentions.iter().map(|q| q.get() as i64).collect(),
+        mute_at: s.mute.map(|m| m.at),
+        muted_until: s.mute.map(|m| m.until),
     }
 }
 
@@ -293,6 +301,10 @@ pub struct OwnUpdate {
     pub private_cursor: Seq,
     /// Whether the member has the conversation marked unread.
     pub unread_mark: bool,
+    /// Unread mentions, at most 100.
+    pub unread_mentions: u32,
+    /// Muted while the time is below this; `None`: not muted.
+    pub muted_until: Option<i64>,
 }
 
 /// One decoded changelog record.
@@ -399,6 +411,8 @@ pub fn decode_changelog(
                 .zip(v.membership_at)
                 .map(|(s, at)| MembershipVersion { seq: seq(s), at }),
             epoch: v.epoch.max(0) as u64,
+            mentions: v.mentions.iter().map(|&s| seq(s)).collect(),
+            mute: v.mute_at.zip(v.muted_until).map(|(at, until)| Mute { at, until }),
             updated_at: v.updated_at,
         }));
     }
@@ -422,6 +436,8 @@ pub fn decode_changelog(
             // v1.0 records carry neither: nothing private then.
             private_cursor: seq(v.private_cursor.unwrap_or(0)),
             unread_mark: v.unread_mark.unwrap_or(false),
+            unread_mentions: v.unread_mentions.unwrap_or(0).max(0) as u32,
+            muted_until: v.muted_until,
         }),
         _ => ChangelogEntry::Upsert(update),
     })
@@ -486,6 +502,7 @@ mod tests {
             s.apply_event(&event(
                 6,
                 EventKind::MessageSent {
+                    mentions: Default::default(),
                     sender_id: "bob".parse().unwrap(),
                 },
             ));
@@ -590,6 +607,8 @@ mod tests {
         ];
         let public = change.public_update().unwrap();
         let own = ChangelogEntry::Own(OwnUpdate {
+            muted_until: None,
+            unread_mentions: 0,
             update: public.clone(),
             private_cursor: Seq(5),
             unread_mark: false,
@@ -624,6 +643,8 @@ mod tests {
             user_id: "u".into(),
         });
         let value = codec::encode_cursor_update(&CursorUpdateRecord {
+            muted_until: None,
+            unread_mentions: None,
             conversation_id: "G".into(),
             user_id: "u".into(),
             cursor: -5,

@@ -293,6 +293,7 @@ mod tests {
         state.apply_event(&event(
             2,
             EventKind::MessageSent {
+                mentions: Default::default(),
                 sender_id: "bob".parse().unwrap(),
             },
         ));

@@ -88,6 +88,8 @@ mod tests {
             user_id: "u".into(),
         });
         let value = codec::encode_cursor_update(&CursorUpdateRecord {
+            muted_until: None,
+            unread_mentions: None,
             conversation_id: "G".into(),
             user_id: "u".into(),
             cursor: 3,

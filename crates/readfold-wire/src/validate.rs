@@ -4,10 +4,11 @@
 use std::fmt;
 
 use readfold_core::fold::{
-    ConversationEvent, DeliveryReport, EventKind, Input, InputKind, ReadReport, UnreadMarkReport,
+    ConversationEvent, DeliveryReport, EventKind, Input, InputKind, Mentions, MuteReport, ReadReport,
+    UnreadMarkReport,
 };
 use readfold_core::partitioner::partition_for_key;
-use readfold_core::{ConversationId, IdError, Seq, UserId};
+use readfold_core::{ConversationId, IdError, Mute, Seq, UserId};
 
 use crate::codec::{
     self, ConversationEventRecord, ConversationEventView, DecodeError, Decoded, EventView, ReadAction,
@@ -23,6 +24,8 @@ pub struct Limits {
     pub max_id_bytes: usize,
     pub max_seq: u64,
     pub check_partitioning: bool,
+    /// Most users one message may mention by name.
+    pub max_mentions: usize,
 }
 
 impl Limits {
@@ -63,10 +66,12 @@ pub enum RejectReason {
     /// Framed with a schema id the registry does not know, or whose schema
     /// is not one of readfold's versions of the topic's schema.
     UnknownSchema,
+    /// A message mentions more users than `input.max_mentions`.
+    TooManyMentions,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 8] = [
+    pub const ALL: [RejectReason; 9] = [
         RejectReason::MissingValue,
         RejectReason::Decode,
         RejectReason::EmptyId,
@@ -75,6 +80,7 @@ impl RejectReason {
         RejectReason::KeyMismatch,
         RejectReason::WrongPartition,
         RejectReason::UnknownSchema,
+        RejectReason::TooManyMentions,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -87,6 +93,7 @@ impl RejectReason {
             RejectReason::KeyMismatch => "key_mismatch",
             RejectReason::WrongPartition => "wrong_partition",
             RejectReason::UnknownSchema => "unknown_schema",
+            RejectReason::TooManyMentions => "too_many_mentions",
         }
     }
 }
@@ -233,6 +240,17 @@ pub fn read_report_view(r: ReadReportView<'_>, limits: &Limits) -> Result<Input,
             reported_at: r.reported_at,
             private: r.private,
         }),
+        ReadAction::Mute | ReadAction::Unmute => Input::Mute(MuteReport {
+            conversation_id,
+            user_id,
+            mute: Mute {
+                at: r.reported_at,
+                until: match r.action {
+                    ReadAction::Unmute => Mute::OFF,
+                    _ => r.muted_until.unwrap_or(Mute::FOREVER),
+                },
+            },
+        }),
         ReadAction::Delivered => Input::Delivery(DeliveryReport {
             conversation_id,
             user_id,
@@ -270,12 +288,36 @@ pub fn conversation_event_view(
         ConversationId::parse,
     )?;
     let (kind, min_seq) = match e.event {
-        EventView::MessageSent { sender_id } => (
-            EventKind::MessageSent {
-                sender_id: id("sender_id", sender_id, limits, UserId::parse)?,
-            },
-            1,
-        ),
+        EventView::MessageSent {
+            sender_id,
+            mentions,
+            mention_all,
+        } => {
+            if mentions.len() > limits.max_mentions {
+                return Err(Rejection {
+                    reason: RejectReason::TooManyMentions,
+                    detail: format!(
+                        "the message mentions {} users, more than input.max_mentions ({})",
+                        mentions.len(),
+                        limits.max_mentions
+                    ),
+                });
+            }
+            let users = mentions
+                .into_iter()
+                .map(|m| id("mentions", m, limits, UserId::parse))
+                .collect::<Result<Vec<_>, _>>()?;
+            (
+                EventKind::MessageSent {
+                    sender_id: id("sender_id", sender_id, limits, UserId::parse)?,
+                    mentions: Mentions {
+                        users,
+                        all: mention_all,
+                    },
+                },
+                1,
+            )
+        }
         EventView::MemberJoined { user_id } => (
             EventKind::MemberJoined {
                 user_id: id("user_id", user_id, limits, UserId::parse)?,
@@ -304,6 +346,7 @@ mod tests {
 
     fn record(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
         ReadReportRecord {
+            muted_until: None,
             conversation_id: conversation.into(),
             user_id: user.into(),
             seq,
@@ -389,6 +432,8 @@ mod tests {
         let sent = encode_conversation_event(&event(
             0,
             EventRecord::MessageSent {
+                mention_all: false,
+                mentions: Default::default(),
                 sender_id: "u".into(),
             },
         ));
@@ -448,6 +493,23 @@ mod tests {
             ..record("G", "u", 7)
         };
         assert!(matches!(read_report(delivered, &limits), Ok(Input::Delivery(d)) if d.seq == Seq(7)));
+        let mute = ReadReportRecord {
+            action: ReadAction::Mute,
+            ..record("G", "u", 0)
+        };
+        assert!(matches!(read_report(mute, &limits), Ok(Input::Mute(m)) if m.mute.until == Mute::FOREVER));
+        let until = ReadReportRecord {
+            action: ReadAction::Mute,
+            muted_until: Some(99),
+            ..record("G", "u", 0)
+        };
+        assert!(matches!(read_report(until, &limits), Ok(Input::Mute(m)) if m.mute.until == 99));
+        let unmute = ReadReportRecord {
+            action: ReadAction::Unmute,
+            muted_until: Some(99),
+            ..record("G", "u", 0)
+        };
+        assert!(matches!(read_report(unmute, &limits), Ok(Input::Mute(m)) if m.mute.until == Mute::OFF));
         let nothing_delivered = ReadReportRecord {
             action: ReadAction::Delivered,
             ..record("G", "u", 0)
@@ -480,5 +542,43 @@ mod tests {
             ..default_limits()
         };
         assert!(too_big.check().unwrap_err().contains("input.max_seq"));
+    }
+}
+
+#[cfg(test)]
+mod mention_tests {
+    use super::tests::default_limits;
+    use super::*;
+
+    fn message(mentions: Vec<String>) -> ConversationEventRecord {
+        ConversationEventRecord {
+            conversation_id: "G".into(),
+            seq: 3,
+            at: 1,
+            event: codec::EventRecord::MessageSent {
+                sender_id: "a".into(),
+                mentions,
+                mention_all: true,
+            },
+        }
+    }
+
+    #[test]
+    fn mentions_are_checked_ids_and_at_most_max_mentions() {
+        let limits = default_limits();
+        let ok = conversation_event(message(vec!["b".into()]), &limits).unwrap();
+        assert!(
+            matches!(ok.kind, EventKind::MessageSent { mentions, .. } if mentions.all && mentions.users.len() == 1)
+        );
+        let empty = conversation_event(message(vec![String::new()]), &limits).unwrap_err();
+        assert_eq!(empty.reason, RejectReason::EmptyId);
+        let many = (0..=limits.max_mentions).map(|i| format!("u{i}")).collect();
+        let too_many = conversation_event(message(many), &limits).unwrap_err();
+        assert_eq!(too_many.reason, RejectReason::TooManyMentions);
+        assert!(
+            too_many.detail.contains("input.max_mentions"),
+            "{}",
+            too_many.detail
+        );
     }
 }

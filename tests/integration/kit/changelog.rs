@@ -57,6 +57,8 @@ impl Changelog {
                     update: u,
                     private_cursor,
                     unread_mark,
+                    unread_mentions,
+                    muted_until,
                 }) => {
                     log.own.insert(
                         id.clone(),
@@ -65,6 +67,8 @@ impl Changelog {
                             join_seq: u.join_seq.get() as i64,
                             private_cursor: private_cursor.get() as i64,
                             unread_mark,
+                            unread_mentions,
+                            muted_until,
                         }),
                     );
                     Some((u.cursor.get() as i64, u.join_seq.get() as i64))

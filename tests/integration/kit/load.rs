@@ -47,6 +47,8 @@ async fn produce(env: &TestEnv, duration: Duration, seed: u64, mixed: bool) -> L
                     &conv,
                     latest[c],
                     EventRecord::MessageSent {
+                        mention_all: false,
+                        mentions: Default::default(),
                         sender_id: format!("u{}", rng.below(12)),
                     },
                 );
@@ -132,6 +134,8 @@ pub fn random_records(
                     &conv,
                     latest[c],
                     EventRecord::MessageSent {
+                        mention_all: false,
+                        mentions: Default::default(),
                         sender_id: format!("u{}", rng.below(users)),
                     },
                 );

@@ -21,6 +21,8 @@ pub struct Own {
     pub join_seq: i64,
     pub private_cursor: i64,
     pub unread_mark: bool,
+    pub unread_mentions: u32,
+    pub muted_until: Option<i64>,
 }
 
 /// The reference fold of everything a test produced.
@@ -75,6 +77,11 @@ impl Reference {
                     join_seq: m.join_seq.get() as i64,
                     private_cursor: own.private_cursor.get() as i64,
                     unread_mark: own.marked_unread(),
+                    unread_mentions: own.unread_mentions,
+                    muted_until: own
+                        .mute
+                        .map(|m| m.until)
+                        .filter(|&u| u != readfold_core::Mute::OFF),
                 });
                 out.insert((c.to_string(), u.to_string()), v);
             }
@@ -141,6 +148,7 @@ impl Reference {
 
 pub fn report(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
     ReadReportRecord {
+        muted_until: None,
         conversation_id: conversation.into(),
         user_id: user.into(),
         seq,
@@ -165,6 +173,8 @@ pub fn sent(conversation: &str, sender: &str, seq: i64) -> ConversationEventReco
         conversation,
         seq,
         EventRecord::MessageSent {
+            mention_all: false,
+            mentions: Default::default(),
             sender_id: sender.into(),
         },
     )

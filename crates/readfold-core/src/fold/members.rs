@@ -29,6 +29,7 @@
 use super::dense::DenseMap;
 use super::{Member, MembershipVersion, Outputs, UnreadMark};
 use crate::domain::{Seq, UserId};
+use crate::read_model::Mute;
 
 /// The user ids of one partition's state, each kept once and numbered.
 #[derive(Clone, Debug, Default)]
@@ -125,6 +126,10 @@ struct Extra {
     join_seq: Seq,
     private_cursor: Seq,
     mark: Option<UnreadMark>,
+    /// Unread mentions; some may be read already (a read in place does not
+    /// come here), and loading leaves those out.
+    mentions: Option<Box<[Seq]>>,
+    mute: Option<Mute>,
     /// The membership version's seq, when it is not `join_seq - 1`.
     membership_seq: Option<Seq>,
     /// The epoch, when it does not fit in the slot.
@@ -238,10 +243,16 @@ impl Slot {
                 .unwrap_or(Seq(join_seq.get().wrapping_sub(1))),
             at: membership_at,
         });
+        let private_cursor = extra.map_or(Seq::ZERO, |e| e.private_cursor);
+        let read = cursor.max(private_cursor);
         Member {
             cursor,
             delivered,
-            private_cursor: extra.map_or(Seq::ZERO, |e| e.private_cursor),
+            private_cursor,
+            mentions: extra
+                .and_then(|e| e.mentions.as_deref())
+                .map_or_else(Vec::new, |m| m.iter().copied().filter(|&s| s > read).collect()),
+            mute: extra.and_then(|e| e.mute),
             join_seq,
             left: self.bits & LEFT != 0,
             listed: self.bits & LISTED != 0,
@@ -311,9 +322,13 @@ impl Slot {
         let join_seq = u32::try_from(m.join_seq.get()).ok();
         let membership_at = m.membership.map_or(0, |v| v.at);
         let times = pack_time(m.updated_at).zip(pack_time(membership_at));
+        let read = m.cursor.max(m.private_cursor);
+        let unread_mentions = m.mentions.iter().any(|&s| s > read);
         // Most members need no extra: say so without building one.
         let plain = m.private_cursor == Seq::ZERO
             && m.mark.is_none()
+            && !unread_mentions
+            && m.mute.is_none()
             && membership_seq.is_none()
             && !wide_epoch
             && cursor.is_some()
@@ -331,6 +346,8 @@ impl Slot {
                 join_seq: m.join_seq,
                 private_cursor: m.private_cursor,
                 mark: m.mark,
+                mentions: unread_mentions.then(|| m.mentions.iter().copied().filter(|&s| s > read).collect()),
+                mute: m.mute,
                 membership_seq,
                 epoch: wide_epoch.then_some(m.epoch),
                 cursor: cursor.is_none().then_some(m.cursor),
@@ -738,10 +755,30 @@ mod tests {
                                 .into_iter()
                                 .flat_map(|p| seqs.map(|s| (p, s)))
                             {
-                                for delivered in [cursor, cursor.saturating_add(3), (wide + 2).max(cursor)] {
+                                let deliveries = [cursor, cursor.saturating_add(3), (wide + 2).max(cursor)];
+                                for (k, delivered) in deliveries.into_iter().enumerate() {
+                                    // Mentions are kept above what was read.
+                                    let read = cursor.max(private_cursor.get());
+                                    let mentions = match read.checked_add(2) {
+                                        Some(_) if k > 0 => vec![Seq(read + 1), Seq(read + 2)],
+                                        _ => Vec::new(),
+                                    };
+                                    let mutes = [
+                                        None,
+                                        Some(Mute {
+                                            at: 3,
+                                            until: Mute::FOREVER,
+                                        }),
+                                        Some(Mute {
+                                            at: -1,
+                                            until: Mute::OFF,
+                                        }),
+                                    ];
                                     let m = Member {
                                         cursor: Seq(cursor),
                                         delivered: Seq(delivered),
+                                        mentions,
+                                        mute: mutes[k],
                                         private_cursor,
                                         join_seq: Seq(join_seq),
                                         left,

@@ -18,12 +18,14 @@
 //! where they set it, or until they clear it. A third cursor, *delivered*,
 //! says which messages reached one of the member's devices (the grey
 //! ticks); reading implies delivery, so it is never below the public
-//! cursor. Every rule is a max or a
+//! cursor. A member keeps the messages that mention them above what they
+//! read (the newest [`MAX_UNREAD_MENTIONS`]), and their latest mute of the
+//! conversation. Every rule is a max, a set union or a
 //! last-writer-wins by a version, so the result does not depend on how the
 //! two inputs interleave or on duplicates.
 
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
-use crate::read_model::{ConversationView, MemberCursor, OwnCursor};
+use crate::read_model::{ConversationView, MemberCursor, Mute, OwnCursor, MAX_UNREAD_MENTIONS};
 
 mod dense;
 mod members;
@@ -56,6 +58,14 @@ pub struct DeliveryReport {
     pub user_id: UserId,
     pub seq: Seq,
     pub reported_at: i64,
+}
+
+/// A validated mute (until a time, or until unmuted) or unmute.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MuteReport {
+    pub conversation_id: ConversationId,
+    pub user_id: UserId,
+    pub mute: Mute,
 }
 
 /// A validated mark-as-unread action, or the clearing of one.
@@ -93,6 +103,7 @@ pub enum Input {
     Report(ReadReport),
     Delivery(DeliveryReport),
     Mark(UnreadMarkReport),
+    Mute(MuteReport),
     Event(ConversationEvent),
 }
 
@@ -102,6 +113,7 @@ impl Input {
             Input::Report(r) => &r.conversation_id,
             Input::Delivery(d) => &d.conversation_id,
             Input::Mark(m) => &m.conversation_id,
+            Input::Mute(m) => &m.conversation_id,
             Input::Event(e) => &e.conversation_id,
         }
     }
@@ -109,9 +121,23 @@ impl Input {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EventKind {
-    MessageSent { sender_id: UserId },
+    MessageSent { sender_id: UserId, mentions: Mentions },
     MemberJoined { user_id: UserId },
     MemberLeft { user_id: UserId },
+}
+
+/// Whom a message mentions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Mentions {
+    pub users: Vec<UserId>,
+    /// `@all`: every member who had joined by then.
+    pub all: bool,
+}
+
+impl Mentions {
+    pub fn is_empty(&self) -> bool {
+        self.users.is_empty() && !self.all
+    }
 }
 
 /// Orders membership events of one member: the later (seq, at) wins, so a
@@ -159,6 +185,11 @@ pub struct Member {
     pub epoch: u64,
     /// The latest mark-as-unread action.
     pub mark: Option<UnreadMark>,
+    /// Seqs of the messages that mention the member above what they read
+    /// (by either cursor), ascending, the newest [`MAX_UNREAD_MENTIONS`].
+    pub mentions: Vec<Seq>,
+    /// The latest mute or unmute.
+    pub mute: Option<Mute>,
     /// Latest event time of any input that touched this member.
     pub updated_at: i64,
 }
@@ -175,8 +206,52 @@ impl Member {
             membership: None,
             epoch: 0,
             mark: None,
+            mentions: Vec::new(),
+            mute: None,
             updated_at,
         }
+    }
+
+    /// How far the member has read, by either cursor.
+    pub fn read_up_to(&self) -> Seq {
+        self.cursor.max(self.private_cursor)
+    }
+
+    /// Adds a message that mentions the member, if it counts: their join
+    /// is on record (a membership event, ordered with the messages, so the
+    /// outcome does not depend on how the inputs interleave), they had
+    /// joined by then, have not left, and have not read past it. Returns
+    /// whether the unread mentions changed.
+    fn mention(&mut self, seq: Seq) -> bool {
+        if self.membership.is_none() || self.left || seq <= self.read_up_to() || seq < self.join_seq {
+            return false;
+        }
+        self.add_mention(seq)
+    }
+
+    /// Adds `seq` to the unread mentions, keeping the newest
+    /// [`MAX_UNREAD_MENTIONS`].
+    fn add_mention(&mut self, seq: Seq) -> bool {
+        self.forget_read_mentions();
+        let Err(at) = self.mentions.binary_search(&seq) else {
+            return false;
+        };
+        if at == 0 && self.mentions.len() >= MAX_UNREAD_MENTIONS {
+            // Older than all the newest kept: counted already as "99+".
+            return false;
+        }
+        self.mentions.insert(at, seq);
+        if self.mentions.len() > MAX_UNREAD_MENTIONS {
+            self.mentions.remove(0);
+        }
+        true
+    }
+
+    /// Drops the mentions the member has read past.
+    fn forget_read_mentions(&mut self) {
+        let read = self.read_up_to();
+        let read_count = self.mentions.partition_point(|&s| s <= read);
+        self.mentions.drain(..read_count);
     }
 
     /// The member as other members see them; `None` once they left, or if
@@ -195,12 +270,17 @@ impl Member {
             cursor: self.cursor,
             private_cursor: self.private_cursor,
             mark_seq: self.mark.and_then(|m| m.seq),
+            unread_mentions: self.mentions.iter().filter(|&&s| s > self.read_up_to()).count() as u32,
+            mute: self.mute,
         }
     }
 
     /// Whether the member has state that only their own devices see.
     pub fn has_private_state(&self) -> bool {
-        self.private_cursor > Seq::ZERO || self.mark.is_some()
+        self.private_cursor > Seq::ZERO
+            || self.mark.is_some()
+            || !self.mentions.is_empty()
+            || self.mute.is_some()
     }
 }
 
@@ -361,6 +441,8 @@ fn member_state(key: CursorKey, member: &Member) -> MemberStateUpdate {
         left: member.left,
         membership: member.membership,
         epoch: member.epoch,
+        mentions: member.mentions.clone(),
+        mute: member.mute,
         updated_at: member.updated_at,
     }
 }
@@ -396,6 +478,9 @@ pub struct MemberStateUpdate {
     pub left: bool,
     pub membership: Option<MembershipVersion>,
     pub epoch: u64,
+    /// Unread mentions, as [`Member::mentions`].
+    pub mentions: Vec<Seq>,
+    pub mute: Option<Mute>,
     pub updated_at: i64,
 }
 
@@ -626,6 +711,7 @@ impl PartitionState {
             Input::Report(r) => self.apply_report(r),
             Input::Delivery(d) => self.apply_delivery(d),
             Input::Mark(m) => self.apply_mark(m),
+            Input::Mute(m) => self.apply_mute(m),
             Input::Event(e) => self.apply_event(e),
         }
     }
@@ -735,6 +821,31 @@ impl PartitionState {
         changed
     }
 
+    /// Folds a mute or unmute; the greatest [`Mute`] wins. Returns whether
+    /// the member's mute changed.
+    pub fn apply_mute(&mut self, report: &MuteReport) -> bool {
+        let number = self.conversation_number(&report.conversation_id);
+        let conv = self.conversations.value_mut(number);
+        let (changed, created, position) = with_member(
+            &mut self.users,
+            &mut self.extras,
+            conv,
+            &report.user_id,
+            report.mute.at,
+            |member| {
+                let changed = member.mute.is_none_or(|m| report.mute > m);
+                if changed {
+                    member.mute = Some(report.mute);
+                }
+                changed
+            },
+        );
+        if changed || created {
+            self.dirty.mark(number, conv, position, Outputs::STATE);
+        }
+        changed
+    }
+
     /// Folds one conversation event. Returns whether any member changed.
     pub fn apply_event(&mut self, event: &ConversationEvent) -> bool {
         let number = self.conversation_number(&event.conversation_id);
@@ -750,13 +861,25 @@ impl PartitionState {
         };
         let (users, extras) = (&mut self.users, &mut self.extras);
         let (position, outputs) = match &event.kind {
-            EventKind::MessageSent { sender_id } => {
+            EventKind::MessageSent { sender_id, mentions } => {
                 // The sender has read what they wrote.
                 let (moved, created, position) =
                     with_member(users, extras, conv, sender_id, event.at, |member| {
                         let listed = list(member);
                         advance(&mut member.cursor, event.seq) || listed
                     });
+                if !mentions.is_empty() {
+                    mention(
+                        users,
+                        extras,
+                        &mut self.dirty,
+                        number,
+                        conv,
+                        event,
+                        sender_id,
+                        mentions,
+                    );
+                }
                 (
                     position,
                     if moved || created || raised {
@@ -882,6 +1005,10 @@ impl PartitionState {
             |member| {
                 member.private_cursor = member.private_cursor.max(state.private_cursor);
                 member.mark = member.mark.max(state.mark);
+                member.mute = member.mute.max(state.mute);
+                for &seq in &state.mentions {
+                    member.add_mention(seq);
+                }
                 if state.epoch >= member.epoch {
                     member.epoch = state.epoch;
                     member.left = state.left;
@@ -1112,6 +1239,46 @@ fn with_member_at<R>(
     let result = change(&mut member);
     slot.store(extras, &member);
     (result, created, position)
+}
+
+/// Adds message `event.seq` to the unread mentions of the members it
+/// mentions (by name, or all who had joined by then), but its sender's.
+#[allow(clippy::too_many_arguments)]
+fn mention(
+    users: &mut UserTable,
+    extras: &mut Extras,
+    dirty: &mut DirtySet,
+    number: u32,
+    conv: &mut Conversation,
+    event: &ConversationEvent,
+    sender: &UserId,
+    mentions: &Mentions,
+) {
+    // Only members already held can have a join on record.
+    let sender = users.find(sender);
+    let mut mention_at = |extras: &mut Extras, conv: &mut Conversation, position: usize| {
+        let slot = conv.members.slot_mut(position);
+        if Some(slot.user()) == sender {
+            return;
+        }
+        let mut member = slot.load(extras);
+        // Not a touch of the member: `updated_at` stays theirs.
+        if member.mention(event.seq) {
+            slot.store(extras, &member);
+            dirty.mark(number, conv, position, Outputs::STATE);
+        }
+    };
+    if mentions.all {
+        for position in 0..conv.members.len() {
+            mention_at(extras, conv, position);
+        }
+    } else {
+        for user in &mentions.users {
+            if let Some(position) = users.find(user).and_then(|u| conv.members.position(u)) {
+                mention_at(extras, conv, position);
+            }
+        }
+    }
 }
 
 /// Applies a join (or a leave) at `version` to the member; a replayed or

@@ -65,6 +65,7 @@ fn sent(c: &str, sender: &str, seq: u64) -> ConversationEvent {
         seq as i64,
         EventKind::MessageSent {
             sender_id: user(sender),
+            mentions: Mentions::default(),
         },
     )
 }
@@ -485,11 +486,23 @@ const CONVS: [&str; 2] = ["c1", "c2"];
 const USERS: [&str; 4] = ["a", "b", "c", "d"];
 
 fn arb_report() -> impl Strategy<Value = Input> {
-    (0..CONVS.len(), 0..USERS.len(), 1u64..30, 0i64..1000, 0u8..11).prop_map(|(c, u, seq, at, kind)| {
+    (0..CONVS.len(), 0..USERS.len(), 1u64..30, 0i64..1000, 0u8..13).prop_map(|(c, u, seq, at, kind)| {
         let (c, u) = (CONVS[c], USERS[u]);
         match kind {
             0 => Input::Mark(mark(c, u, seq, at, true)),
             1 => Input::Mark(mark(c, u, seq, at, false)),
+            11 | 12 => Input::Mute(MuteReport {
+                conversation_id: conv(c),
+                user_id: user(u),
+                mute: Mute {
+                    at,
+                    until: match kind {
+                        11 if seq % 2 == 0 => Mute::FOREVER,
+                        11 => at + seq as i64,
+                        _ => Mute::OFF,
+                    },
+                },
+            }),
             2 => Input::Delivery(DeliveryReport {
                 reported_at: at,
                 ..delivery(c, u, seq)
@@ -509,17 +522,27 @@ fn arb_report() -> impl Strategy<Value = Input> {
 /// A plausible event log: per conversation, seqs grow by one per message and
 /// member events carry the latest seq and a strictly growing time.
 fn arb_event_log() -> impl Strategy<Value = Vec<ConversationEvent>> {
-    prop::collection::vec((0..CONVS.len(), 0..3u8, 0..USERS.len()), 0..40).prop_map(|steps| {
+    let step = (0..CONVS.len(), 0..3u8, 0..USERS.len(), 0..USERS.len(), 0u8..8);
+    prop::collection::vec(step, 0..40).prop_map(|steps| {
         let mut latest: HashMap<usize, u64> = HashMap::new();
         let mut log = Vec::new();
-        for (i, (c, kind, u)) in steps.into_iter().enumerate() {
+        for (i, (c, kind, u, mentioned, mention)) in steps.into_iter().enumerate() {
             let seq = latest.entry(c).or_insert(0);
             let at = 1000 + i as i64;
             let kind = match kind {
                 0 => {
                     *seq += 1;
+                    // Some messages mention one member, some @all, some both.
                     EventKind::MessageSent {
                         sender_id: user(USERS[u]),
+                        mentions: Mentions {
+                            users: if mention % 2 == 1 {
+                                vec![user(USERS[mentioned])]
+                            } else {
+                                Vec::new()
+                            },
+                            all: mention >= 6,
+                        },
                     }
                 }
                 1 => EventKind::MemberJoined {
@@ -694,9 +717,14 @@ proptest! {
                 prop_assert_eq!(m.listed, r.listed);
                 prop_assert_eq!(m.private_cursor, r.private_cursor);
                 prop_assert_eq!(m.mark, r.mark);
+                prop_assert_eq!(m.mute, r.mute);
                 prop_assert_eq!(m.epoch, r.epoch);
                 prop_assert_eq!(m.membership, r.membership);
+                // A departed member's cursor is not restored, so neither
+                // is what it hides of their mentions.
                 if !m.left {
+                    prop_assert_eq!(&m.mentions, &r.mentions);
+                    prop_assert_eq!(m.own(), r.own());
                     prop_assert_eq!(m.cursor, r.cursor);
                     prop_assert_eq!(m.delivered, r.delivered);
                     prop_assert_eq!(m.join_seq, r.join_seq);
@@ -1018,4 +1046,126 @@ fn delivery_moves_the_delivered_cursor_and_reading_implies_it() {
     s.apply_delivery(&delivery(g, "C", 1));
     let c = s.conversation(&conv(g)).unwrap().member(&user("C")).unwrap();
     assert!(c.listed && c.present().is_some());
+}
+
+fn sent_mentioning(c: &str, sender: &str, seq: u64, users: &[&str], all: bool) -> ConversationEvent {
+    event(
+        c,
+        seq,
+        seq as i64,
+        EventKind::MessageSent {
+            sender_id: user(sender),
+            mentions: Mentions {
+                users: users.iter().map(|u| user(u)).collect(),
+                all,
+            },
+        },
+    )
+}
+
+fn unread_mentions(s: &PartitionState, c: &str, u: &str) -> u32 {
+    s.conversation(&conv(c))
+        .and_then(|conv| conv.member(&user(u)))
+        .map_or(0, |m| m.own().unread_mentions)
+}
+
+/// Mentions count above what the member read (by either cursor), for
+/// members who had joined by then, never for the sender.
+#[test]
+fn mentions_count_until_read_and_all_only_since_joining() {
+    let mut s = PartitionState::new();
+    let g = "G";
+    for u in ["A", "B", "C"] {
+        s.apply_event(&joined(g, u, 0, 1));
+    }
+    s.apply_event(&sent_mentioning(g, "A", 1, &["B", "A"], false));
+    s.apply_event(&sent_mentioning(g, "A", 2, &[], true));
+    s.apply_event(&joined(g, "D", 2, 3));
+    s.apply_event(&sent_mentioning(g, "A", 3, &["B"], true));
+    assert_eq!(
+        unread_mentions(&s, g, "A"),
+        0,
+        "a sender mentions nobody to themselves"
+    );
+    assert_eq!(unread_mentions(&s, g, "B"), 3, "1, 2 and 3, each once");
+    assert_eq!(unread_mentions(&s, g, "C"), 2, "@all at 2 and 3");
+    assert_eq!(unread_mentions(&s, g, "D"), 1, "joined after 2: only 3");
+    let changes = s.drain();
+    assert!(
+        changes
+            .iter()
+            .any(|c| c.key.user_id.as_str() == "D" && c.outputs.state),
+        "a mention is the member's own state"
+    );
+    s.apply_report(&report(g, "C", 2));
+    assert_eq!(unread_mentions(&s, g, "C"), 1);
+    // A sender has read up to what they send.
+    s.apply_event(&sent_mentioning(g, "B", 4, &[], false));
+    assert_eq!(unread_mentions(&s, g, "B"), 0);
+    s.apply_report(&private_report(g, "C", 3));
+    assert_eq!(
+        unread_mentions(&s, g, "C"),
+        0,
+        "a private read counts for oneself"
+    );
+    // A departed member has none counted from then on.
+    s.apply_event(&left(g, "D", 4, 5));
+    s.apply_event(&sent_mentioning(g, "A", 5, &["D"], false));
+    assert_eq!(unread_mentions(&s, g, "D"), 1, "the one before leaving");
+    // Restored from the changelog, the counts are the same.
+    let mut live = s.clone();
+    let changelog: Vec<Change> = live.keys().filter_map(|k| live.current(&k)).collect();
+    live.drain();
+    let restored = restore_from(&changelog);
+    for u in ["A", "B", "C"] {
+        assert_eq!(unread_mentions(&restored, g, u), unread_mentions(&s, g, u), "{u}");
+    }
+}
+
+#[test]
+fn unread_mentions_stop_at_the_cap() {
+    let mut s = PartitionState::new();
+    s.apply_event(&joined("G", "B", 0, 1));
+    let n = MAX_UNREAD_MENTIONS as u64 + 30;
+    for seq in 1..=n {
+        s.apply_event(&sent_mentioning("G", "A", seq, &["B"], false));
+    }
+    assert_eq!(unread_mentions(&s, "G", "B") as usize, MAX_UNREAD_MENTIONS, "99+");
+    s.apply_report(&report("G", "B", n - 10));
+    assert_eq!(unread_mentions(&s, "G", "B"), 10, "the newest are exact");
+}
+
+#[test]
+fn the_latest_mute_wins_in_any_order() {
+    let mute = |at, until| {
+        Input::Mute(MuteReport {
+            conversation_id: conv("G"),
+            user_id: user("B"),
+            mute: Mute { at, until },
+        })
+    };
+    let actions = [mute(5, Mute::FOREVER), mute(9, Mute::OFF), mute(7, 100)];
+    let mut forward = PartitionState::new();
+    let mut backward = PartitionState::new();
+    for a in &actions {
+        forward.apply(a);
+    }
+    for a in actions.iter().rev() {
+        backward.apply(a);
+    }
+    let of = |s: &PartitionState| s.conversation(&conv("G")).unwrap().member(&user("B")).unwrap();
+    assert_eq!(
+        of(&forward).mute,
+        Some(Mute {
+            at: 9,
+            until: Mute::OFF
+        })
+    );
+    assert_eq!(of(&forward), of(&backward));
+    assert!(!of(&forward).own().muted(50));
+    let changes = forward.drain();
+    assert!(
+        changes[0].outputs.state && !changes[0].outputs.public,
+        "mute is private"
+    );
 }

@@ -32,7 +32,7 @@
 //! - a CRC-32C of each page of the body, then a CRC-32C of that table.
 //!
 //! A file of an earlier version (2 and 3 were decoded whole at the start;
-//! 4 had no delivered cursor) is refused by its version, and that
+//! 4 had no delivered cursor, mentions or mute) is refused by its version, and that
 //! partition restores from its changelog once (and, with CQL on, snapshots
 //! everything once).
 
@@ -44,7 +44,7 @@ use readfold_core::fold::{
     LoadError, Member, MembershipVersion, PartitionState, StoredConversation, StoredConversations,
     StoredFault, UnreadMark,
 };
-use readfold_core::{ConversationId, Seq, UserId};
+use readfold_core::{ConversationId, Mute, Seq, UserId};
 
 const MAGIC: &[u8; 6] = b"RFCKPT";
 const VERSION: u16 = 5;
@@ -695,6 +695,10 @@ const MARK: u8 = 8;
 const MARK_SEQ: u8 = 16;
 /// The delivered cursor is ahead of the cursor, and follows the mark.
 const DELIVERED: u8 = 32;
+/// Unread mentions follow (a u32 count, then the seqs).
+const MENTIONS: u8 = 64;
+/// A mute follows (its time and until).
+const MUTE: u8 = 128;
 
 fn put_member(out: &mut Vec<u8>, m: &Member) {
     let mut flags = 0;
@@ -705,6 +709,8 @@ fn put_member(out: &mut Vec<u8>, m: &Member) {
         (m.mark.is_some(), MARK),
         (m.mark.is_some_and(|k| k.seq.is_some()), MARK_SEQ),
         (m.delivered > m.cursor, DELIVERED),
+        (!m.mentions.is_empty(), MENTIONS),
+        (m.mute.is_some(), MUTE),
     ] {
         if on {
             flags |= flag;
@@ -729,6 +735,16 @@ fn put_member(out: &mut Vec<u8>, m: &Member) {
     if m.delivered > m.cursor {
         out.extend_from_slice(&m.delivered.get().to_le_bytes());
     }
+    if !m.mentions.is_empty() {
+        out.extend_from_slice(&(m.mentions.len() as u32).to_le_bytes());
+        for seq in &m.mentions {
+            out.extend_from_slice(&seq.get().to_le_bytes());
+        }
+    }
+    if let Some(mute) = m.mute {
+        out.extend_from_slice(&mute.at.to_le_bytes());
+        out.extend_from_slice(&mute.until.to_le_bytes());
+    }
 }
 
 fn take_member(input: &mut &[u8]) -> Result<Member, CheckpointError> {
@@ -736,9 +752,7 @@ fn take_member(input: &mut &[u8]) -> Result<Member, CheckpointError> {
     let private_cursor = Seq(take_u64(input)?);
     let join_seq = Seq(take_u64(input)?);
     let [flags] = take_array::<1>(input)?;
-    if flags & !(LEFT | LISTED | MEMBERSHIP | MARK | MARK_SEQ | DELIVERED) != 0
-        || (flags & MARK_SEQ != 0 && flags & MARK == 0)
-    {
+    if flags & MARK_SEQ != 0 && flags & MARK == 0 {
         return Err(CheckpointError::Malformed);
     }
     let epoch = take_u64(input)?;
@@ -767,9 +781,30 @@ fn take_member(input: &mut &[u8]) -> Result<Member, CheckpointError> {
     } else {
         cursor
     };
+    let mut mentions = Vec::new();
+    if flags & MENTIONS != 0 {
+        let count = u32::from_le_bytes(take_array(input)?) as usize;
+        // Each takes 8 bytes: a count past what is left is damage.
+        if count > input.len() / 8 {
+            return Err(CheckpointError::Malformed);
+        }
+        for _ in 0..count {
+            mentions.push(Seq(take_u64(input)?));
+        }
+    }
+    let mute = if flags & MUTE != 0 {
+        Some(Mute {
+            at: take_i64(input)?,
+            until: take_i64(input)?,
+        })
+    } else {
+        None
+    };
     Ok(Member {
         cursor,
         delivered,
+        mentions,
+        mute,
         private_cursor,
         join_seq,
         left: flags & LEFT != 0,

@@ -73,7 +73,10 @@ fn input(op: u8, c: u8, u: u8, seq: u8, at: u8) -> Input {
             at,
             marked: at % 2 == 0,
         }),
-        4 => event(EventKind::MessageSent { sender_id: user_id }),
+        4 => event(EventKind::MessageSent {
+            mentions: Default::default(),
+            sender_id: user_id,
+        }),
         7 => Input::Delivery(DeliveryReport {
             conversation_id,
             user_id,
@@ -98,7 +101,10 @@ fn realistic(input: Input, live: &PartitionState) -> Input {
                     conversation_id: r.conversation_id,
                     seq: r.seq,
                     at: r.reported_at,
-                    kind: EventKind::MessageSent { sender_id: r.user_id },
+                    kind: EventKind::MessageSent {
+                        mentions: Default::default(),
+                        sender_id: r.user_id,
+                    },
                 });
             }
             r.seq = r.seq.min(latest(&r.conversation_id));

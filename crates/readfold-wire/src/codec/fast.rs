@@ -101,12 +101,49 @@ impl<'a> Cursor<'a> {
         })
     }
 
+    /// `["null", int]`: an int is a zigzag varint too, within 32 bits.
+    fn optional_int(&mut self) -> Option<Option<i32>> {
+        Some(match self.index(2)? {
+            0 => None,
+            _ => Some(i32::try_from(self.long()?).ok()?),
+        })
+    }
+
+    /// An array's items, block by block as Avro writes them (a negative
+    /// count is followed by the block's size in bytes).
+    fn array<T>(&mut self, mut item: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
+        let mut items = Vec::new();
+        loop {
+            let count = self.long()?;
+            if count == 0 {
+                return Some(items);
+            }
+            if count < 0 {
+                self.long()?;
+            }
+            for _ in 0..count.unsigned_abs() {
+                // Each item takes at least one byte: a count past what is
+                // left is damage, not a reason to loop.
+                if self.bytes.is_empty() {
+                    return None;
+                }
+                items.push(item(self)?);
+            }
+        }
+    }
+
+    /// Whether the bytes are all read: a record of an earlier version ends
+    /// where later versions append fields.
+    fn at_end(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
     pub(crate) fn end<T>(&self, value: T) -> Option<T> {
         self.bytes.is_empty().then_some(value)
     }
 }
 
-/// `ReadReport` v1.2 (a v1.1 record is the same bytes), or `None` when the bytes are anything else.
+/// `ReadReport` v1.2 or v1.1 (which ends before `muted_until`), or `None` when the bytes are anything else.
 pub fn read_report(bytes: &[u8]) -> Option<ReadReportView<'_>> {
     let mut c = Cursor { bytes };
     let conversation_id = c.str()?;
@@ -118,12 +155,15 @@ pub fn read_report(bytes: &[u8]) -> Option<ReadReportView<'_>> {
     };
     let reported_at = c.long()?;
     let private = c.boolean()?;
-    let action = match c.index(4)? {
+    let action = match c.index(6)? {
         0 => ReadAction::Read,
         1 => ReadAction::MarkUnread,
         2 => ReadAction::ClearUnreadMark,
-        _ => ReadAction::Delivered,
+        3 => ReadAction::Delivered,
+        4 => ReadAction::Mute,
+        _ => ReadAction::Unmute,
     };
+    let muted_until = if c.at_end() { None } else { c.optional_long()? };
     c.end(ReadReportView {
         conversation_id,
         user_id,
@@ -132,10 +172,12 @@ pub fn read_report(bytes: &[u8]) -> Option<ReadReportView<'_>> {
         reported_at,
         private,
         action,
+        muted_until,
     })
 }
 
-/// `ConversationEvent`, or `None` when the bytes are anything else.
+/// `ConversationEvent` v1.2 or v1.0 (whose `MessageSent` ends after its
+/// sender), or `None` when the bytes are anything else.
 pub fn conversation_event(bytes: &[u8]) -> Option<ConversationEventView<'_>> {
     let mut c = Cursor { bytes };
     let conversation_id = c.str()?;
@@ -144,7 +186,16 @@ pub fn conversation_event(bytes: &[u8]) -> Option<ConversationEventView<'_>> {
     let branch = c.index(3)?;
     let id = c.str()?;
     let event = match branch {
-        0 => EventView::MessageSent { sender_id: id },
+        0 if c.at_end() => EventView::MessageSent {
+            sender_id: id,
+            mentions: Vec::new(),
+            mention_all: false,
+        },
+        0 => EventView::MessageSent {
+            sender_id: id,
+            mentions: c.array(Cursor::str)?,
+            mention_all: c.boolean()?,
+        },
         1 => EventView::MemberJoined { user_id: id },
         _ => EventView::MemberLeft { user_id: id },
     };
@@ -192,14 +243,17 @@ pub fn cursor_update(bytes: &[u8]) -> Option<CursorUpdateRecord> {
         private_cursor: c.optional_long()?,
         unread_mark: c.optional_boolean()?,
         delivered_cursor: c.optional_long()?,
+        unread_mentions: c.optional_int()?,
+        muted_until: c.optional_long()?,
     };
     c.end(record)
 }
 
-/// `MemberState`, or `None` when the bytes are anything else.
+/// `MemberState` v1.2 or v1.0 (which ends after `updated_at`), or `None`
+/// when the bytes are anything else.
 pub fn member_state(bytes: &[u8]) -> Option<MemberStateRecord> {
     let mut c = Cursor { bytes };
-    let record = MemberStateRecord {
+    let mut record = MemberStateRecord {
         conversation_id: c.string()?,
         user_id: c.string()?,
         private_cursor: c.long()?,
@@ -210,7 +264,15 @@ pub fn member_state(bytes: &[u8]) -> Option<MemberStateRecord> {
         membership_at: c.optional_long()?,
         epoch: c.long()?,
         updated_at: c.long()?,
+        mentions: Vec::new(),
+        mute_at: None,
+        muted_until: None,
     };
+    if !c.at_end() {
+        record.mentions = c.array(Cursor::long)?;
+        record.mute_at = c.optional_long()?;
+        record.muted_until = c.optional_long()?;
+    }
     c.end(record)
 }
 
@@ -235,7 +297,10 @@ mod tests {
             ReadAction::Read,
             ReadAction::MarkUnread,
             ReadAction::ClearUnreadMark,
-        ][i as usize % 3]
+            ReadAction::Delivered,
+            ReadAction::Mute,
+            ReadAction::Unmute,
+        ][i as usize % 6]
     }
 
     proptest! {
@@ -247,9 +312,11 @@ mod tests {
             device in proptest::option::of("[a-z]{0,4}"),
             at in any::<i64>(),
             private in any::<bool>(),
-            act in 0u8..3,
+            act in 0u8..6,
+            muted_until in proptest::option::of(any::<i64>()),
         ) {
             let record = ReadReportRecord {
+                muted_until,
                 conversation_id: conversation,
                 user_id: user,
                 seq,
@@ -280,9 +347,11 @@ mod tests {
             at in any::<i64>(),
             branch in 0u8..3,
             id in "[a-z0-9]{0,8}",
+            mentions in proptest::collection::vec("[a-z0-9]{0,4}", 0..4),
+            mention_all in any::<bool>(),
         ) {
             let event = match branch {
-                0 => EventRecord::MessageSent { sender_id: id },
+                0 => EventRecord::MessageSent { mentions, mention_all, sender_id: id },
                 1 => EventRecord::MemberJoined { user_id: id },
                 _ => EventRecord::MemberLeft { user_id: id },
             };
@@ -318,6 +387,8 @@ mod tests {
             optional in proptest::array::uniform5(proptest::option::of(any::<i64>())),
             mark in proptest::option::of(any::<bool>()),
             left in any::<bool>(),
+            mentions in proptest::collection::vec(any::<i64>(), 0..4),
+            unread_mentions in proptest::option::of(any::<i32>()),
         ) {
             let key = CursorKeyRecord { conversation_id: c.clone(), user_id: u.clone() };
             let bytes = super::super::encode_cursor_key(&key);
@@ -328,6 +399,8 @@ mod tests {
             prop_assert_eq!(user_cursor_key(&bytes), Some(key.clone()));
             prop_assert_eq!(generic_user_key(&bytes), Some(key));
             let update = CursorUpdateRecord {
+                muted_until: optional[1],
+                unread_mentions,
                 conversation_id: c.clone(),
                 user_id: u.clone(),
                 cursor: longs[0],
@@ -342,6 +415,9 @@ mod tests {
             prop_assert_eq!(cursor_update(&bytes), Some(update.clone()));
             prop_assert_eq!(generic_update(&bytes), Some(update));
             let state = MemberStateRecord {
+                mentions,
+                mute_at: optional[2],
+                muted_until: optional[3],
                 conversation_id: c,
                 user_id: u,
                 private_cursor: longs[4],
@@ -378,6 +454,8 @@ mod tests {
     #[test]
     fn a_v1_0_cursor_update_is_left_to_the_generic_reader() {
         let record = CursorUpdateRecord {
+            muted_until: None,
+            unread_mentions: None,
             conversation_id: "c".into(),
             user_id: "u".into(),
             cursor: 3,
@@ -396,6 +474,7 @@ mod tests {
     #[test]
     fn a_v1_0_report_is_left_to_the_generic_reader() {
         let record = ReadReportRecord {
+            muted_until: None,
             conversation_id: "c".into(),
             user_id: "u".into(),
             seq: 3,

@@ -95,6 +95,8 @@ pub struct CursorUpdateFields<'a> {
     pub private_cursor: Option<i64>,
     pub unread_mark: Option<bool>,
     pub delivered_cursor: Option<i64>,
+    pub unread_mentions: Option<i32>,
+    pub muted_until: Option<i64>,
 }
 
 impl<'a> CursorUpdateFields<'a> {
@@ -109,12 +111,14 @@ impl<'a> CursorUpdateFields<'a> {
             private_cursor: r.private_cursor,
             unread_mark: r.unread_mark,
             delivered_cursor: r.delivered_cursor,
+            unread_mentions: r.unread_mentions,
+            muted_until: r.muted_until,
         }
     }
 }
 
 /// A `MemberState` value whose ids are borrowed.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct MemberStateFields<'a> {
     pub conversation_id: &'a str,
     pub user_id: &'a str,
@@ -126,6 +130,9 @@ pub struct MemberStateFields<'a> {
     pub membership_at: Option<i64>,
     pub epoch: i64,
     pub updated_at: i64,
+    pub mentions: Vec<i64>,
+    pub mute_at: Option<i64>,
+    pub muted_until: Option<i64>,
 }
 
 impl<'a> MemberStateFields<'a> {
@@ -141,6 +148,9 @@ impl<'a> MemberStateFields<'a> {
             membership_at: r.membership_at,
             epoch: r.epoch,
             updated_at: r.updated_at,
+            mentions: r.mentions.clone(),
+            mute_at: r.mute_at,
+            muted_until: r.muted_until,
         }
     }
 }
@@ -165,7 +175,9 @@ pub(crate) fn write_cursor_update(w: &mut Writer, r: &CursorUpdateFields<'_>) {
         .long(r.updated_at)
         .optional_long(r.private_cursor)
         .optional_boolean(r.unread_mark)
-        .optional_long(r.delivered_cursor);
+        .optional_long(r.delivered_cursor)
+        .optional_long(r.unread_mentions.map(i64::from))
+        .optional_long(r.muted_until);
 }
 
 pub(crate) fn write_member_state(w: &mut Writer, r: &MemberStateFields<'_>) {
@@ -179,6 +191,13 @@ pub(crate) fn write_member_state(w: &mut Writer, r: &MemberStateFields<'_>) {
         .optional_long(r.membership_at)
         .long(r.epoch)
         .long(r.updated_at);
+    if !r.mentions.is_empty() {
+        w.long(r.mentions.len() as i64);
+        for &seq in &r.mentions {
+            w.long(seq);
+        }
+    }
+    w.long(0).optional_long(r.mute_at).optional_long(r.muted_until);
 }
 
 pub fn cursor_key(r: &CursorKeyRecord) -> Vec<u8> {
@@ -228,8 +247,11 @@ mod tests {
             private in proptest::option::of(any::<i64>()),
             mark in proptest::option::of(any::<bool>()),
             delivered in proptest::option::of(any::<i64>()),
+            unread_mentions in proptest::option::of(any::<i32>()),
         ) {
             let r = CursorUpdateRecord {
+                muted_until: delivered.map(|d| d ^ 1),
+                unread_mentions,
                 conversation_id: c,
                 user_id: u,
                 cursor: longs[0],
@@ -250,8 +272,12 @@ mod tests {
             longs in proptest::array::uniform3(any::<i64>()),
             optional in proptest::array::uniform4(proptest::option::of(any::<i64>())),
             left in any::<bool>(),
+            mentions in proptest::collection::vec(any::<i64>(), 0..4),
         ) {
             let r = MemberStateRecord {
+                mentions,
+                mute_at: optional[0],
+                muted_until: optional[1],
                 conversation_id: c,
                 user_id: u,
                 private_cursor: longs[0],

@@ -45,7 +45,9 @@ pub struct Schemas {
     /// Earlier versions of evolved schemas, newest first: records written
     /// with them still decode, with the added fields at their defaults.
     pub read_report_history: Vec<Schema>,
+    pub conversation_event_history: Vec<Schema>,
     pub cursor_update_history: Vec<Schema>,
+    pub member_state_history: Vec<Schema>,
 }
 
 pub const READ_REPORT_AVSC: &str = include_str!("../../../../schemas/ReadReport.avsc");
@@ -55,12 +57,14 @@ pub const USER_CURSOR_KEY_AVSC: &str = include_str!("../../../../schemas/UserCur
 pub const CURSOR_UPDATE_AVSC: &str = include_str!("../../../../schemas/CursorUpdate.avsc");
 pub const MEMBER_STATE_AVSC: &str = include_str!("../../../../schemas/MemberState.avsc");
 /// Earlier versions of the evolved schemas, kept to read what their
-/// producers wrote. (A v1.1 ReadReport is also a v1.2 one: v1.2 only
-/// appends an enum symbol.)
+/// producers wrote.
 pub const READ_REPORT_V1_0_AVSC: &str = include_str!("../../../../schemas/history/ReadReport.v1.avsc");
 pub const READ_REPORT_V1_1_AVSC: &str = include_str!("../../../../schemas/history/ReadReport.v1.1.avsc");
 pub const CURSOR_UPDATE_V1_0_AVSC: &str = include_str!("../../../../schemas/history/CursorUpdate.v1.avsc");
 pub const CURSOR_UPDATE_V1_1_AVSC: &str = include_str!("../../../../schemas/history/CursorUpdate.v1.1.avsc");
+pub const CONVERSATION_EVENT_V1_0_AVSC: &str =
+    include_str!("../../../../schemas/history/ConversationEvent.v1.avsc");
+pub const MEMBER_STATE_V1_0_AVSC: &str = include_str!("../../../../schemas/history/MemberState.v1.avsc");
 
 /// The schemas, parsed once. The files are compiled in and covered by tests,
 /// so a parse failure is a build defect, not a runtime condition.
@@ -78,7 +82,15 @@ pub fn schemas() -> &'static Schemas {
             user_cursor_key: parse("UserCursorKey", USER_CURSOR_KEY_AVSC),
             cursor_update: parse("CursorUpdate", CURSOR_UPDATE_AVSC),
             member_state: parse("MemberState", MEMBER_STATE_AVSC),
-            read_report_history: vec![parse("history/ReadReport.v1", READ_REPORT_V1_0_AVSC)],
+            read_report_history: vec![
+                parse("history/ReadReport.v1.1", READ_REPORT_V1_1_AVSC),
+                parse("history/ReadReport.v1", READ_REPORT_V1_0_AVSC),
+            ],
+            conversation_event_history: vec![parse(
+                "history/ConversationEvent.v1",
+                CONVERSATION_EVENT_V1_0_AVSC,
+            )],
+            member_state_history: vec![parse("history/MemberState.v1", MEMBER_STATE_V1_0_AVSC)],
             cursor_update_history: vec![
                 parse("history/CursorUpdate.v1.1", CURSOR_UPDATE_V1_1_AVSC),
                 parse("history/CursorUpdate.v1", CURSOR_UPDATE_V1_0_AVSC),
@@ -205,11 +217,15 @@ fn codecs() -> &'static Codecs {
         };
         Codecs {
             read_report: codec("ReadReport", &s.read_report, &s.read_report_history),
-            conversation_event: codec("ConversationEvent", &s.conversation_event, &[]),
+            conversation_event: codec(
+                "ConversationEvent",
+                &s.conversation_event,
+                &s.conversation_event_history,
+            ),
             cursor_key: codec("CursorKey", &s.cursor_key, &[]),
             user_cursor_key: codec("UserCursorKey", &s.user_cursor_key, &[]),
             cursor_update: codec("CursorUpdate", &s.cursor_update, &s.cursor_update_history),
-            member_state: codec("MemberState", &s.member_state, &[]),
+            member_state: codec("MemberState", &s.member_state, &s.member_state_history),
         }
     })
 }
@@ -318,6 +334,22 @@ fn overlong_length(schema: &Schema, bytes: &[u8]) -> Option<(i64, usize)> {
                 walk(variant, c)
             }
             Schema::Record(record) => record.fields.iter().try_for_each(|f| walk(&f.schema, c)),
+            // Blocks of items; a negative count is followed by the block's size.
+            Schema::Array(array) => loop {
+                let count = c.long().ok_or(Stop::Elsewhere)?;
+                if count == 0 {
+                    return Ok(());
+                }
+                if count < 0 {
+                    c.long().ok_or(Stop::Elsewhere)?;
+                }
+                for _ in 0..count.unsigned_abs() {
+                    if c.left() == 0 {
+                        return Err(Stop::Elsewhere);
+                    }
+                    walk(&array.items, c)?;
+                }
+            },
             _ => Err(Stop::Elsewhere),
         }
     }
@@ -454,10 +486,10 @@ pub fn encode_member_state(record: &MemberStateRecord) -> Vec<u8> {
 /// Encodes a read report as v1.0 did: for tests that old records still decode.
 #[doc(hidden)]
 pub fn encode_historic_read_report(record: &ReadReportRecord) -> Vec<u8> {
-    let schema = &schemas().read_report_history[0];
+    let schema = &schemas().read_report_history[1];
     let mut value = record.to_value();
     if let Value::Record(fields) = &mut value {
-        fields.retain(|(name, _)| name != "action");
+        fields.retain(|(name, _)| name != "action" && name != "muted_until");
     }
     GenericDatumWriter::builder(schema)
         .build()
@@ -472,9 +504,14 @@ pub fn encode_historic_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
     let schema = &schemas().cursor_update_history[1];
     let mut value = record.to_value();
     if let Value::Record(fields) = &mut value {
-        fields.retain(|(name, _)| {
-            !["private_cursor", "unread_mark", "delivered_cursor"].contains(&name.as_str())
-        });
+        let added = [
+            "private_cursor",
+            "unread_mark",
+            "delivered_cursor",
+            "unread_mentions",
+            "muted_until",
+        ];
+        fields.retain(|(name, _)| !added.contains(&name.as_str()));
     }
     GenericDatumWriter::builder(schema)
         .build()
@@ -489,10 +526,63 @@ pub fn encode_v1_1_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
     let schema = &schemas().cursor_update_history[0];
     let mut value = record.to_value();
     if let Value::Record(fields) = &mut value {
-        fields.retain(|(name, _)| name != "delivered_cursor");
+        let added = ["delivered_cursor", "unread_mentions", "muted_until"];
+        fields.retain(|(name, _)| !added.contains(&name.as_str()));
     }
     GenericDatumWriter::builder(schema)
         .build()
         .and_then(|w| w.write_value_to_vec(value))
         .expect("v1.1 record")
+}
+
+/// Encodes a read report as v1.1 did: for tests that old records still
+/// decode.
+#[doc(hidden)]
+pub fn encode_v1_1_read_report(record: &ReadReportRecord) -> Vec<u8> {
+    let schema = &schemas().read_report_history[0];
+    let mut value = record.to_value();
+    if let Value::Record(fields) = &mut value {
+        fields.retain(|(name, _)| name != "muted_until");
+    }
+    GenericDatumWriter::builder(schema)
+        .build()
+        .and_then(|w| w.write_value_to_vec(value))
+        .expect("v1.1 record")
+}
+
+/// Encodes a conversation event as v1.0 did (no mentions): for tests that
+/// old records still decode.
+#[doc(hidden)]
+pub fn encode_historic_conversation_event(record: &ConversationEventRecord) -> Vec<u8> {
+    let schema = &schemas().conversation_event_history[0];
+    let mut value = record.to_value();
+    if let Value::Record(fields) = &mut value {
+        for (name, field) in fields.iter_mut() {
+            if let (true, Value::Union(_, inner)) = (name == "event", field) {
+                if let Value::Record(event) = inner.as_mut() {
+                    event.retain(|(name, _)| name != "mentions" && name != "mention_all");
+                }
+            }
+        }
+    }
+    GenericDatumWriter::builder(schema)
+        .build()
+        .and_then(|w| w.write_value_to_vec(value))
+        .expect("v1.0 record")
+}
+
+/// Encodes a member-state value as v1.0 did: for tests that old records
+/// still decode.
+#[doc(hidden)]
+pub fn encode_historic_member_state(record: &MemberStateRecord) -> Vec<u8> {
+    let schema = &schemas().member_state_history[0];
+    let mut value = record.to_value();
+    if let Value::Record(fields) = &mut value {
+        let added = ["mentions", "mute_at", "muted_until"];
+        fields.retain(|(name, _)| !added.contains(&name.as_str()));
+    }
+    GenericDatumWriter::builder(schema)
+        .build()
+        .and_then(|w| w.write_value_to_vec(value))
+        .expect("v1.0 record")
 }

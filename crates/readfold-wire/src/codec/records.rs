@@ -17,6 +17,8 @@ pub struct ReadReportRecord {
     pub private: bool,
     /// Added in v1.1; v1.0 records decode as `Read`.
     pub action: ReadAction,
+    /// Added in v1.2. `Mute` only: until when; `None`: until unmuted.
+    pub muted_until: Option<i64>,
 }
 
 /// A [`ReadReportRecord`] with its strings borrowed, from the record's
@@ -32,6 +34,7 @@ pub struct ReadReportView<'a> {
     pub reported_at: i64,
     pub private: bool,
     pub action: ReadAction,
+    pub muted_until: Option<i64>,
 }
 
 impl ReadReportRecord {
@@ -44,6 +47,7 @@ impl ReadReportRecord {
             reported_at: self.reported_at,
             private: self.private,
             action: self.action,
+            muted_until: self.muted_until,
         }
     }
 }
@@ -58,6 +62,7 @@ impl ReadReportView<'_> {
             reported_at: self.reported_at,
             private: self.private,
             action: self.action,
+            muted_until: self.muted_until,
         }
     }
 }
@@ -72,10 +77,21 @@ pub enum ReadAction {
     ClearUnreadMark,
     /// Added in v1.2.
     Delivered,
+    /// Added in v1.2.
+    Mute,
+    /// Added in v1.2.
+    Unmute,
 }
 
 impl ReadAction {
-    const SYMBOLS: [&'static str; 4] = ["READ", "MARK_UNREAD", "CLEAR_UNREAD_MARK", "DELIVERED"];
+    const SYMBOLS: [&'static str; 6] = [
+        "READ",
+        "MARK_UNREAD",
+        "CLEAR_UNREAD_MARK",
+        "DELIVERED",
+        "MUTE",
+        "UNMUTE",
+    ];
 
     fn index(self) -> u32 {
         match self {
@@ -83,6 +99,8 @@ impl ReadAction {
             ReadAction::MarkUnread => 1,
             ReadAction::ClearUnreadMark => 2,
             ReadAction::Delivered => 3,
+            ReadAction::Mute => 4,
+            ReadAction::Unmute => 5,
         }
     }
 
@@ -92,6 +110,8 @@ impl ReadAction {
             1 => Some(ReadAction::MarkUnread),
             2 => Some(ReadAction::ClearUnreadMark),
             3 => Some(ReadAction::Delivered),
+            4 => Some(ReadAction::Mute),
+            5 => Some(ReadAction::Unmute),
             _ => None,
         }
     }
@@ -110,14 +130,23 @@ pub struct ConversationEventRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "type")]
 pub enum EventRecord {
-    MessageSent { sender_id: String },
-    MemberJoined { user_id: String },
-    MemberLeft { user_id: String },
+    /// `mentions` and `mention_all` were added in v1.2.
+    MessageSent {
+        sender_id: String,
+        mentions: Vec<String>,
+        mention_all: bool,
+    },
+    MemberJoined {
+        user_id: String,
+    },
+    MemberLeft {
+        user_id: String,
+    },
 }
 
 /// A [`ConversationEventRecord`] with its strings borrowed (see
 /// [`ReadReportView`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConversationEventView<'a> {
     pub conversation_id: &'a str,
     pub seq: i64,
@@ -126,11 +155,19 @@ pub struct ConversationEventView<'a> {
 }
 
 /// [`EventRecord`], borrowed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EventView<'a> {
-    MessageSent { sender_id: &'a str },
-    MemberJoined { user_id: &'a str },
-    MemberLeft { user_id: &'a str },
+    MessageSent {
+        sender_id: &'a str,
+        mentions: Vec<&'a str>,
+        mention_all: bool,
+    },
+    MemberJoined {
+        user_id: &'a str,
+    },
+    MemberLeft {
+        user_id: &'a str,
+    },
 }
 
 impl ConversationEventRecord {
@@ -140,7 +177,15 @@ impl ConversationEventRecord {
             seq: self.seq,
             at: self.at,
             event: match &self.event {
-                EventRecord::MessageSent { sender_id } => EventView::MessageSent { sender_id },
+                EventRecord::MessageSent {
+                    sender_id,
+                    mentions,
+                    mention_all,
+                } => EventView::MessageSent {
+                    sender_id,
+                    mentions: mentions.iter().map(String::as_str).collect(),
+                    mention_all: *mention_all,
+                },
                 EventRecord::MemberJoined { user_id } => EventView::MemberJoined { user_id },
                 EventRecord::MemberLeft { user_id } => EventView::MemberLeft { user_id },
             },
@@ -154,15 +199,21 @@ impl ConversationEventView<'_> {
             conversation_id: self.conversation_id.to_owned(),
             seq: self.seq,
             at: self.at,
-            event: match self.event {
-                EventView::MessageSent { sender_id } => EventRecord::MessageSent {
-                    sender_id: sender_id.to_owned(),
+            event: match &self.event {
+                EventView::MessageSent {
+                    sender_id,
+                    mentions,
+                    mention_all,
+                } => EventRecord::MessageSent {
+                    sender_id: (*sender_id).to_owned(),
+                    mentions: mentions.iter().map(|&m| m.to_owned()).collect(),
+                    mention_all: *mention_all,
                 },
                 EventView::MemberJoined { user_id } => EventRecord::MemberJoined {
-                    user_id: user_id.to_owned(),
+                    user_id: (*user_id).to_owned(),
                 },
                 EventView::MemberLeft { user_id } => EventRecord::MemberLeft {
-                    user_id: user_id.to_owned(),
+                    user_id: (*user_id).to_owned(),
                 },
             },
         }
@@ -198,6 +249,10 @@ pub struct CursorUpdateRecord {
     pub unread_mark: Option<bool>,
     /// Added in v1.2; `None` from earlier writers, read as `cursor`.
     pub delivered_cursor: Option<i64>,
+    /// Added in v1.2: by-user changelog only.
+    pub unread_mentions: Option<i32>,
+    /// Added in v1.2: by-user changelog only; `None`: not muted.
+    pub muted_until: Option<i64>,
 }
 
 /// `readfold.v1.MemberState`: value of the internal member-state topic.
@@ -213,6 +268,11 @@ pub struct MemberStateRecord {
     pub membership_at: Option<i64>,
     pub epoch: i64,
     pub updated_at: i64,
+    /// Added in v1.2.
+    pub mentions: Vec<i64>,
+    /// Added in v1.2, with `muted_until`.
+    pub mute_at: Option<i64>,
+    pub muted_until: Option<i64>,
 }
 
 /// Reads the fields of a decoded record by position; the decoder has already
@@ -272,6 +332,54 @@ impl Fields {
         }
     }
 
+    fn optional_int(&mut self) -> Result<Option<i32>, DecodeError> {
+        match self.next()? {
+            Value::Union(_, inner) => match *inner {
+                Value::Null => Ok(None),
+                Value::Int(n) => Ok(Some(n)),
+                _ => Err(DecodeError::Shape(self.schema)),
+            },
+            _ => Err(DecodeError::Shape(self.schema)),
+        }
+    }
+
+    fn optional_timestamp(&mut self) -> Result<Option<i64>, DecodeError> {
+        match self.next()? {
+            Value::Union(_, inner) => match *inner {
+                Value::Null => Ok(None),
+                Value::Long(n) | Value::TimestampMillis(n) => Ok(Some(n)),
+                _ => Err(DecodeError::Shape(self.schema)),
+            },
+            _ => Err(DecodeError::Shape(self.schema)),
+        }
+    }
+
+    fn strings(&mut self) -> Result<Vec<String>, DecodeError> {
+        match self.next()? {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|v| match v {
+                    Value::String(s) => Ok(s),
+                    _ => Err(DecodeError::Shape(self.schema)),
+                })
+                .collect(),
+            _ => Err(DecodeError::Shape(self.schema)),
+        }
+    }
+
+    fn longs(&mut self) -> Result<Vec<i64>, DecodeError> {
+        match self.next()? {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|v| match v {
+                    Value::Long(n) => Ok(n),
+                    _ => Err(DecodeError::Shape(self.schema)),
+                })
+                .collect(),
+            _ => Err(DecodeError::Shape(self.schema)),
+        }
+    }
+
     fn optional_boolean(&mut self) -> Result<Option<bool>, DecodeError> {
         match self.next()? {
             Value::Union(_, inner) => match *inner {
@@ -324,6 +432,7 @@ impl ReadReportRecord {
             reported_at: f.long()?,
             private: f.boolean()?,
             action: f.action()?,
+            muted_until: f.optional_timestamp()?,
         })
     }
 
@@ -346,6 +455,10 @@ impl ReadReportRecord {
                     ReadAction::SYMBOLS[self.action.index() as usize].to_owned(),
                 ),
             ),
+            (
+                "muted_until",
+                optional(self.muted_until.map(Value::TimestampMillis)),
+            ),
         ])
     }
 }
@@ -363,6 +476,8 @@ impl ConversationEventRecord {
                 match branch {
                     0 => EventRecord::MessageSent {
                         sender_id: g.string()?,
+                        mentions: g.strings()?,
+                        mention_all: g.boolean()?,
                     },
                     1 => EventRecord::MemberJoined { user_id: g.string()? },
                     2 => EventRecord::MemberLeft { user_id: g.string()? },
@@ -380,19 +495,34 @@ impl ConversationEventRecord {
     }
 
     pub(super) fn to_value(&self) -> Value {
-        let (branch, field, id) = match &self.event {
-            EventRecord::MessageSent { sender_id } => (0, "sender_id", sender_id),
-            EventRecord::MemberJoined { user_id } => (1, "user_id", user_id),
-            EventRecord::MemberLeft { user_id } => (2, "user_id", user_id),
+        let (branch, event) = match &self.event {
+            EventRecord::MessageSent {
+                sender_id,
+                mentions,
+                mention_all,
+            } => (
+                0,
+                record(vec![
+                    ("sender_id", Value::String(sender_id.clone())),
+                    (
+                        "mentions",
+                        Value::Array(mentions.iter().cloned().map(Value::String).collect()),
+                    ),
+                    ("mention_all", Value::Boolean(*mention_all)),
+                ]),
+            ),
+            EventRecord::MemberJoined { user_id } => {
+                (1, record(vec![("user_id", Value::String(user_id.clone()))]))
+            }
+            EventRecord::MemberLeft { user_id } => {
+                (2, record(vec![("user_id", Value::String(user_id.clone()))]))
+            }
         };
         record(vec![
             ("conversation_id", Value::String(self.conversation_id.clone())),
             ("seq", Value::Long(self.seq)),
             ("at", Value::TimestampMillis(self.at)),
-            (
-                "event",
-                Value::Union(branch, Box::new(record(vec![(field, Value::String(id.clone()))]))),
-            ),
+            ("event", Value::Union(branch, Box::new(event))),
         ])
     }
 }
@@ -448,6 +578,8 @@ impl CursorUpdateRecord {
             private_cursor: f.optional_long()?,
             unread_mark: f.optional_boolean()?,
             delivered_cursor: f.optional_long()?,
+            unread_mentions: f.optional_int()?,
+            muted_until: f.optional_timestamp()?,
         })
     }
 
@@ -464,6 +596,11 @@ impl CursorUpdateRecord {
             (
                 "delivered_cursor",
                 optional(self.delivered_cursor.map(Value::Long)),
+            ),
+            ("unread_mentions", optional(self.unread_mentions.map(Value::Int))),
+            (
+                "muted_until",
+                optional(self.muted_until.map(Value::TimestampMillis)),
             ),
         ])
     }
@@ -483,11 +620,13 @@ impl MemberStateRecord {
             membership_at: f.optional_long()?,
             epoch: f.long()?,
             updated_at: f.long()?,
+            mentions: f.longs()?,
+            mute_at: f.optional_long()?,
+            muted_until: f.optional_long()?,
         })
     }
 
     /// The generic writer's input, to hold the hand-written encoder to.
-    #[cfg(test)]
     pub(super) fn to_value(&self) -> Value {
         record(vec![
             ("conversation_id", Value::String(self.conversation_id.clone())),
@@ -500,6 +639,12 @@ impl MemberStateRecord {
             ("membership_at", optional(self.membership_at.map(Value::Long))),
             ("epoch", Value::Long(self.epoch)),
             ("updated_at", Value::TimestampMillis(self.updated_at)),
+            (
+                "mentions",
+                Value::Array(self.mentions.iter().copied().map(Value::Long).collect()),
+            ),
+            ("mute_at", optional(self.mute_at.map(Value::Long))),
+            ("muted_until", optional(self.muted_until.map(Value::Long))),
         ])
     }
 }

@@ -2,6 +2,7 @@ use super::*;
 
 fn report() -> ReadReportRecord {
     ReadReportRecord {
+        muted_until: None,
         conversation_id: "G".into(),
         user_id: "alice".into(),
         seq: 42,
@@ -28,7 +29,8 @@ fn every_schema_parses_with_the_documented_field_order() {
             "device_id",
             "reported_at",
             "private",
-            "action"
+            "action",
+            "muted_until"
         ]
     );
     assert_eq!(
@@ -48,8 +50,14 @@ fn every_schema_parses_with_the_documented_field_order() {
             "updated_at",
             "private_cursor",
             "unread_mark",
-            "delivered_cursor"
+            "delivered_cursor",
+            "unread_mentions",
+            "muted_until"
         ]
+    );
+    assert_eq!(
+        names(&s.member_state)[10..],
+        ["mentions", "mute_at", "muted_until"]
     );
 }
 
@@ -78,6 +86,8 @@ fn read_report_round_trips_plain_and_confluent() {
 fn conversation_events_round_trip_every_branch() {
     for event in [
         EventRecord::MessageSent {
+            mention_all: false,
+            mentions: Default::default(),
             sender_id: "a".into(),
         },
         EventRecord::MemberJoined { user_id: "b".into() },
@@ -118,6 +128,8 @@ fn changelog_records_round_trip() {
         ukey
     );
     let update = CursorUpdateRecord {
+        muted_until: None,
+        unread_mentions: None,
         conversation_id: "G".into(),
         user_id: "u".into(),
         cursor: 5,
@@ -186,10 +198,11 @@ fn trailing_bytes_are_rejected() {
     ));
 }
 
-/// v1.2 appends a symbol to the action enum: what a v1.1 producer writes
-/// is the same bytes, and reads the same.
+/// v1.2 appends symbols to the action enum and `muted_until`: what a v1.1
+/// producer writes is a v1.2 record cut before `muted_until`, and reads
+/// (by the fast decoder too) with it null.
 #[test]
-fn v1_1_read_reports_are_v1_2_read_reports() {
+fn v1_1_read_reports_read_as_v1_2_read_reports() {
     let schema = Schema::parse_str(READ_REPORT_V1_1_AVSC).unwrap();
     let v1_1 = GenericDatumWriter::builder(&schema).build().unwrap();
     for action in [
@@ -198,10 +211,27 @@ fn v1_1_read_reports_are_v1_2_read_reports() {
         ReadAction::ClearUnreadMark,
     ] {
         let record = ReadReportRecord { action, ..report() };
-        let old = v1_1.write_value_to_vec(record.to_value()).unwrap();
-        assert_eq!(old, encode_read_report(&record));
+        let mut value = record.to_value();
+        if let Value::Record(fields) = &mut value {
+            fields.retain(|(name, _)| name != "muted_until");
+        }
+        let old = v1_1.write_value_to_vec(value).unwrap();
+        let new = encode_read_report(&record);
+        assert_eq!(old, new[..new.len() - 1]);
+        assert_eq!(old, encode_v1_1_read_report(&record));
+        assert!(matches!(
+            decode_read_report_view(&old, WireFormat::Auto),
+            Ok(Decoded::Borrowed(_))
+        ));
         assert_eq!(decode_read_report(&old, WireFormat::Auto).unwrap(), record);
     }
+    let muted = ReadReportRecord {
+        action: ReadAction::Mute,
+        muted_until: Some(1_700_000_000_000),
+        ..report()
+    };
+    let bytes = encode_read_report(&muted);
+    assert_eq!(decode_read_report(&bytes, WireFormat::Auto).unwrap(), muted);
     let delivered = ReadReportRecord {
         action: ReadAction::Delivered,
         ..report()
@@ -221,6 +251,8 @@ fn v1_0_records_still_decode_with_the_added_fields_at_their_defaults() {
         report()
     );
     let update = CursorUpdateRecord {
+        muted_until: None,
+        unread_mentions: None,
         conversation_id: "G".into(),
         user_id: "u".into(),
         cursor: 5,
@@ -247,6 +279,8 @@ fn v1_1_fields_round_trip() {
         mark
     );
     let own = CursorUpdateRecord {
+        muted_until: None,
+        unread_mentions: None,
         conversation_id: "G".into(),
         user_id: "u".into(),
         cursor: 5,
@@ -259,6 +293,9 @@ fn v1_1_fields_round_trip() {
     };
     assert_eq!(decode_cursor_update(&encode_cursor_update(&own)).unwrap(), own);
     let state = MemberStateRecord {
+        mentions: Default::default(),
+        mute_at: None,
+        muted_until: None,
         conversation_id: "G".into(),
         user_id: "u".into(),
         private_cursor: 9,
@@ -403,12 +440,14 @@ fn a_record_cut_short_does_not_decode() {
         private_cursor: Some(6),
         unread_mark: Some(true),
         delivered_cursor: Some(6),
+        unread_mentions: Some(3),
+        muted_until: Some(7),
     };
     let bytes = encode_cursor_update(&own);
-    // Without delivered_cursor's long; without the mark's boolean, then
-    // without the union index before it. (Without the whole last field,
-    // it is the version before: see below.)
-    for cut in [1, 3, 4] {
+    // Cut inside or between v1.2's fields, inside the mark's boolean, and
+    // before its union index. (Without all of v1.2's fields, it is the
+    // version before: see below.)
+    for cut in [1, 2, 3, 4, 5, 7, 8] {
         let short = &bytes[..bytes.len() - cut];
         assert!(decode_cursor_update(short).is_err(), "{short:?}");
     }
@@ -423,16 +462,79 @@ fn a_record_cut_short_does_not_decode() {
         private_cursor: None,
         unread_mark: None,
         delivered_cursor: None,
+        unread_mentions: None,
+        muted_until: None,
         ..own.clone()
     };
     assert_eq!(decode_cursor_update(&old), Ok(expected));
     let v1_1 = encode_v1_1_cursor_update(&own);
-    assert_eq!(v1_1.as_slice(), &bytes[..bytes.len() - 2]);
+    assert_eq!(v1_1.as_slice(), &bytes[..bytes.len() - 6]);
     let expected = CursorUpdateRecord {
         delivered_cursor: None,
+        unread_mentions: None,
+        muted_until: None,
         ..own
     };
     assert_eq!(decode_cursor_update(&v1_1), Ok(expected));
     // A string cut short at the end of a key.
     assert!(decode_cursor_key(&[0x02, b'G', 0x04, b'u']).is_err());
+}
+
+/// Mentions (v1.2) on a message; a v1.0 message, without them, still reads
+/// by both decoders. The same for a v1.0 member-state record.
+#[test]
+fn v1_0_events_and_member_states_read_with_no_mentions() {
+    let record = ConversationEventRecord {
+        conversation_id: "G".into(),
+        seq: 4,
+        at: 9,
+        event: EventRecord::MessageSent {
+            sender_id: "a".into(),
+            mentions: vec!["b".into(), "c".into()],
+            mention_all: true,
+        },
+    };
+    let bytes = encode_conversation_event(&record);
+    assert_eq!(
+        decode_conversation_event(&bytes, WireFormat::Auto).unwrap(),
+        record
+    );
+    let old = encode_historic_conversation_event(&record);
+    let plain = ConversationEventRecord {
+        event: EventRecord::MessageSent {
+            sender_id: "a".into(),
+            mentions: Vec::new(),
+            mention_all: false,
+        },
+        ..record
+    };
+    assert!(matches!(
+        decode_conversation_event_view(&old, WireFormat::Auto),
+        Ok(Decoded::Borrowed(_))
+    ));
+    assert_eq!(decode_conversation_event(&old, WireFormat::Auto).unwrap(), plain);
+    let state = MemberStateRecord {
+        conversation_id: "G".into(),
+        user_id: "b".into(),
+        private_cursor: 3,
+        mark_at: None,
+        mark_seq: None,
+        left: false,
+        membership_seq: Some(0),
+        membership_at: Some(1),
+        epoch: 1,
+        updated_at: 7,
+        mentions: vec![4, 9],
+        mute_at: Some(5),
+        muted_until: Some(i64::MAX),
+    };
+    assert_eq!(decode_member_state(&encode_member_state(&state)).unwrap(), state);
+    let old = encode_historic_member_state(&state);
+    let expected = MemberStateRecord {
+        mentions: Vec::new(),
+        mute_at: None,
+        muted_until: None,
+        ..state
+    };
+    assert_eq!(decode_member_state(&old).unwrap(), expected);
 }
