@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadReportRecord};
 
 use super::env::TestEnv;
-use super::reference::{delivery, event, private_report, report, unread_mark, Reference};
+use super::reference::{delivery, event, mute, private_report, report, unmute, unread_mark, Reference};
+use super::services::now_ms;
 use super::services::Rng;
 
 /// What a load run produced.
@@ -23,7 +24,7 @@ pub async fn produce_load(env: &TestEnv, duration: Duration, seed: u64) -> Load 
 }
 
 /// [`produce_load`], with private receipts, unread marks and clears,
-/// delivery reports, departures and rejoins mixed in.
+/// delivery reports, mentions, mutes, departures and rejoins mixed in.
 pub async fn produce_mixed_load(env: &TestEnv, duration: Duration, seed: u64) -> Load {
     produce(env, duration, seed, true).await
 }
@@ -43,12 +44,19 @@ async fn produce(env: &TestEnv, duration: Duration, seed: u64, mixed: bool) -> L
             let conv = format!("c{c}");
             if rng.below(6) == 0 {
                 latest[c] += 1;
+                // In the mixed load some messages mention a member or @all.
+                let (mentions, mention_all) = match mixed.then(|| rng.below(8)) {
+                    Some(0) => (vec![format!("j{}", rng.below(4))], false),
+                    Some(1) => (vec![format!("u{}", rng.below(12)), format!("j{}", rng.below(4))], false),
+                    Some(2) => (Vec::new(), true),
+                    _ => (Vec::new(), false),
+                };
                 let e = event(
                     &conv,
                     latest[c],
                     EventRecord::MessageSent {
-                        mention_all: false,
-                        mentions: Default::default(),
+                        mention_all,
+                        mentions,
                         sender_id: format!("u{}", rng.below(12)),
                     },
                 );
@@ -79,9 +87,11 @@ async fn produce(env: &TestEnv, duration: Duration, seed: u64, mixed: bool) -> L
             } else if mixed && rng.below(4) == 0 {
                 let user = format!("u{}", rng.below(12));
                 let seq = (latest[c] - rng.below(3) as i64).max(0);
-                let r = match rng.below(6) {
+                let r = match rng.below(8) {
                     0 => unread_mark(&conv, &user, seq, true),
                     1 => unread_mark(&conv, &user, seq, false),
+                    6 => mute(&conv, &user, (rng.below(2) == 0).then(|| now_ms() + 60_000)),
+                    7 => unmute(&conv, &user),
                     2 | 3 => delivery(&conv, &user, (latest[c] - rng.below(2) as i64).max(1)),
                     _ => private_report(&conv, &user, seq.max(1)),
                 };

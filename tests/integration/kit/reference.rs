@@ -216,6 +216,22 @@ pub fn unread_mark(conversation: &str, user: &str, seq: i64, marked: bool) -> Re
     }
 }
 
+/// A mute until `until` (ms), or until unmuted.
+pub fn mute(conversation: &str, user: &str, until: Option<i64>) -> ReadReportRecord {
+    ReadReportRecord {
+        action: ReadAction::Mute,
+        muted_until: until,
+        ..report(conversation, user, 0)
+    }
+}
+
+pub fn unmute(conversation: &str, user: &str) -> ReadReportRecord {
+    ReadReportRecord {
+        action: ReadAction::Unmute,
+        ..report(conversation, user, 0)
+    }
+}
+
 pub fn left(conversation: &str, user: &str, seq: i64) -> ConversationEventRecord {
     event(
         conversation,
