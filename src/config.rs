@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use readfold_badge::BadgeConfig;
 use readfold_gateway::GatewayConfig;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_processor::{FlushConfig, Settings, ShutdownConfig, SnapshotConfig, StateConfig};
@@ -65,6 +66,7 @@ pub struct Config {
     pub serve: ServeConfig,
     pub auth: AuthConfig,
     pub gateway: GatewayConfig,
+    pub badge: BadgeConfig,
     pub schema_registry: RegistryConfig,
     pub state: StateConfig,
     pub metrics: MetricsConfig,
@@ -166,6 +168,7 @@ impl Config {
         self.cql.check().map_err(ConfigError::Invalid)?;
         self.serve.check().map_err(ConfigError::Invalid)?;
         self.auth.check().map_err(ConfigError::Invalid)?;
+        self.badge.check().map_err(ConfigError::Invalid)?;
         self.schema_registry.check().map_err(ConfigError::Invalid)?;
         if self.cql.enabled && self.input.max_seq > readfold_store::cql::write::MAX_CURSOR {
             return Err(ConfigError::Invalid(format!(

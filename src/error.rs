@@ -12,6 +12,8 @@ pub enum Error {
     Store(#[from] readfold_store::Error),
     #[error(transparent)]
     Processor(#[from] readfold_processor::Error),
+    #[error("badge stage: {0}")]
+    Badge(#[source] readfold_badge::Error),
     #[error("auth: {0}")]
     Auth(#[from] readfold_serve::AuthError),
     #[error("cannot serve metrics on {addr}: {source}")]

@@ -4,6 +4,7 @@
 //! `readfold-processor`. This crate holds what only the application needs:
 //! the whole configuration and the commands.
 
+pub mod badges;
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -37,6 +37,9 @@ enum Command {
     Serve,
     /// Run the push gateway (WebSocket) until SIGTERM or SIGINT.
     Gateway,
+    /// Run the badge stage until SIGTERM or SIGINT: one badge per user,
+    /// from the by-user changelog, and mark-all-read.
+    Badges,
     /// Print the query API's OpenAPI document.
     Openapi,
     /// Play a small chat scenario through a live processor and print the cursors.
@@ -103,6 +106,7 @@ fn real_main(cli: Cli, config: Config) -> Result<()> {
         Command::Run => runtime.block_on(readfold::run::run(config)),
         Command::Serve => runtime.block_on(readfold::serve::serve(config)),
         Command::Gateway => runtime.block_on(readfold::gateway::gateway(config)),
+        Command::Badges => runtime.block_on(readfold::badges::badges(config)),
         Command::Openapi => {
             let doc = readfold_serve::openapi()
                 .to_pretty_json()

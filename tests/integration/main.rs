@@ -6,6 +6,7 @@
 
 mod kit;
 
+mod badges;
 mod batch_producer;
 mod checkpoint;
 mod cli;

@@ -6,6 +6,7 @@
 //! - [`fold`]: the max-merge fold of read reports and conversation events.
 //! - [`read_model`]: unread, read counts and who-read, from any store's cursors.
 //! - [`recent_reads`]: a big group's recent messages' read counts, kept as cursors move.
+//! - [`badge`]: each user's totals over their conversations, for the app badge.
 //! - [`flush`]: what a flush publishes, planned from partition state.
 //! - [`backoff`]: the retry policy of flushes and connections.
 //! - [`pacing`]: how long a catch-up's next flush waits.
@@ -13,6 +14,7 @@
 //! - [`partitioner`]: Kafka's murmur2 partitioner, which places conversations.
 
 pub mod backoff;
+pub mod badge;
 pub mod domain;
 pub mod flush;
 pub mod fold;

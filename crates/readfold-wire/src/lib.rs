@@ -10,6 +10,7 @@
 //!   that use a schema registry.
 //! - [`describe`]: any topic's records as JSON.
 
+pub mod badge;
 pub mod changelog;
 pub mod checkpoint;
 pub mod codec;

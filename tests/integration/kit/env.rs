@@ -104,6 +104,9 @@ impl TestEnv {
             ),
             ("READFOLD__TOPICS__MEMBER_STATE", format!("{prefix}.member-state")),
             ("READFOLD__TOPICS__DLQ", format!("{prefix}.dlq")),
+            ("READFOLD__BADGE__GROUP_ID", format!("{prefix}-badges")),
+            ("READFOLD__BADGE__USER_BADGES", format!("{prefix}.user-badges")),
+            ("READFOLD__BADGE__USER_ACTIONS", format!("{prefix}.user-actions")),
             ("READFOLD__TOPICS__PARTITIONS", partitions.to_string()),
             ("READFOLD__FLUSH__INTERVAL_MS", "100".into()),
             ("READFOLD__METRICS__LISTEN", String::new()),
@@ -123,6 +126,16 @@ impl TestEnv {
             .await
             .expect("create test topics");
         assert_eq!(layout.partitions, partitions);
+        // The badge stage's, so that a test may produce to them before the
+        // stage runs (the broker would create them with its own count).
+        for (topic, compacted) in [
+            (&config.badge.user_badges, true),
+            (&config.badge.user_actions, false),
+        ] {
+            readfold_kafka::admin::create_topic(&config.kafka, topic, partitions, 1, compacted)
+                .await
+                .expect("create the badge topics");
+        }
         let logs = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("it-logs");
         std::fs::create_dir_all(&logs).unwrap();
         TestEnv {
@@ -330,6 +343,7 @@ async fn remove_topics_and_keys(config: &Config, extra: &[String]) {
         .topics
         .names()
         .into_iter()
+        .chain([&config.badge.user_badges, &config.badge.user_actions])
         .chain(extra)
         .map(String::as_str)
         .collect();

@@ -15,6 +15,7 @@
 //! - `P:user:{U}:marks`   hash conversation -> `<at>:<seq>` of the latest
 //!   mark-as-unread action (seq -1: cleared).
 
+mod badge;
 mod config;
 mod read;
 mod write;
@@ -25,6 +26,7 @@ use readfold_core::flush::{ConversationBatch, UserBatch};
 use readfold_core::{ConversationId, ConversationView};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+pub use badge::badge_key;
 pub use config::RedisConfig;
 pub use read::{MemberView, PrivateState, UserViews};
 pub use write::{calls, MERGE_PRIVATE_SCRIPT, MERGE_SCRIPT};

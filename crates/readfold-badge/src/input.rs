@@ -1,0 +1,189 @@
+//! The stage's two inputs, read into what the pure state takes.
+
+use rdkafka::message::{BorrowedMessage, Message};
+
+use readfold_core::badge::{Badges, MarkRead, OwnConversation};
+use readfold_core::partitioner::partition_for_key;
+use readfold_core::{ConversationId, Seq, UserId};
+use readfold_wire::badge::{decode_user_action, UserActionKind};
+use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind, OwnUpdate};
+use readfold_wire::codec::{encode_read_report, ReadAction, ReadReportRecord};
+use readfold_wire::{OutRecord, RejectReason, Rejection};
+
+use crate::BadgeSettings;
+
+/// One input record, read.
+pub(crate) enum Input {
+    /// A by-user changelog record: the member's view, `None` once they left.
+    Own {
+        user: UserId,
+        conversation: ConversationId,
+        view: Option<OwnConversation>,
+    },
+    MarkAllRead {
+        user: UserId,
+        at: i64,
+    },
+    Rejected(Rejection),
+}
+
+/// What applying a record asks the stage to send.
+pub(crate) enum Applied {
+    Nothing,
+    /// Reports for the first stage's input.
+    MarkAllRead(Vec<Report>),
+    Rejected(Rejection),
+}
+
+impl Input {
+    pub(crate) fn read(
+        settings: &BadgeSettings,
+        message: &BorrowedMessage<'_>,
+        action_partitions: i32,
+    ) -> Input {
+        let reject = |reason, detail: String| Input::Rejected(Rejection { reason, detail });
+        if message.topic() == settings.topics.user_read_cursors {
+            return match decode_changelog(
+                ChangelogKind::ByUser,
+                message.key(),
+                message.payload(),
+                settings.input.max_id_bytes,
+            ) {
+                Ok(ChangelogEntry::Own(own)) => Input::Own {
+                    user: own.update.user_id.clone(),
+                    conversation: own.update.conversation_id.clone(),
+                    view: Some(view(&own)),
+                },
+                Ok(ChangelogEntry::Left(key)) => Input::Own {
+                    user: key.user_id,
+                    conversation: key.conversation_id,
+                    view: None,
+                },
+                Ok(_) => reject(RejectReason::Decode, "not a by-user changelog record".into()),
+                Err(e) => reject(RejectReason::Decode, e.to_string()),
+            };
+        }
+        let Some(value) = message.payload() else {
+            return reject(RejectReason::MissingValue, "a user action without a value".into());
+        };
+        let action = match decode_user_action(value, settings.input.format) {
+            Ok(action) => action,
+            Err(e) => return reject(RejectReason::Decode, e.to_string()),
+        };
+        let user = match UserId::parse(&action.user_id, settings.input.max_id_bytes) {
+            Ok(user) => user,
+            Err(e) => {
+                let reason = match e {
+                    readfold_core::IdError::Empty => RejectReason::EmptyId,
+                    readfold_core::IdError::TooLong { .. } => RejectReason::IdTooLong,
+                };
+                return reject(reason, format!("user_id: {e}"));
+            }
+        };
+        // The user's state lives on murmur2(user_id)'s partition only.
+        let placed = partition_for_key(user.as_str().as_bytes(), action_partitions);
+        if settings.input.check_partitioning && placed != message.partition() {
+            return reject(
+                RejectReason::WrongPartition,
+                format!(
+                    "user {:?} belongs on partition {placed}, not {}",
+                    user.as_str(),
+                    message.partition()
+                ),
+            );
+        }
+        match action.action {
+            UserActionKind::MarkAllRead => Input::MarkAllRead { user, at: action.at },
+        }
+    }
+
+    /// Folds the record live, at `now_ms`.
+    pub(crate) fn apply(self, badges: &mut Badges, now_ms: i64) -> Applied {
+        match self {
+            Input::Own {
+                user,
+                conversation,
+                view,
+            } => {
+                badges.apply(&user, &conversation, view, now_ms);
+                Applied::Nothing
+            }
+            Input::MarkAllRead { user, at } => Applied::MarkAllRead(
+                badges
+                    .mark_all_read(&user)
+                    .into_iter()
+                    .flat_map(|m| Report::of(&user, m, at))
+                    .collect(),
+            ),
+            Input::Rejected(rejection) => Applied::Rejected(rejection),
+        }
+    }
+
+    /// Folds the record as a restore does: the state it made when it was
+    /// published at `at`; nothing is sent.
+    pub(crate) fn restore(self, badges: &mut Badges, at: i64) {
+        if let Input::Own {
+            user,
+            conversation,
+            view,
+        } = self
+        {
+            badges.apply(&user, &conversation, view, at);
+        }
+    }
+}
+
+/// The member's own view as the badge counts it.
+fn view(own: &OwnUpdate) -> OwnConversation {
+    let read_up_to = own.update.cursor.max(own.private_cursor);
+    let unread = own.update.latest_seq.get().saturating_sub(read_up_to.get());
+    OwnConversation {
+        unread: if own.unread_mark { unread.max(1) } else { unread },
+        marked_unread: own.unread_mark,
+        unread_mentions: own.unread_mentions,
+        muted_until: own.muted_until,
+        latest_seq: own.update.latest_seq,
+        read_up_to,
+    }
+}
+
+/// A read report (or a clear of a mark) a mark-all-read sends.
+pub(crate) struct Report(ReadReportRecord);
+
+impl Report {
+    fn of(user: &UserId, m: MarkRead, at: i64) -> Vec<Report> {
+        let record = |action, seq: Seq| {
+            Report(ReadReportRecord {
+                conversation_id: m.conversation_id.to_string(),
+                user_id: user.to_string(),
+                seq: seq.get() as i64,
+                device_id: Some("mark-all-read".into()),
+                reported_at: at,
+                private: false,
+                action,
+                muted_until: None,
+            })
+        };
+        let mut out = Vec::new();
+        if let Some(seq) = m.seq {
+            out.push(record(ReadAction::Read, seq));
+        }
+        if m.clear_mark {
+            out.push(record(ReadAction::ClearUnreadMark, m.seq.unwrap_or(Seq::ZERO)));
+        }
+        out
+    }
+
+    /// The record for the read-reports topic, placed as the first stage
+    /// expects: keyed and partitioned by conversation.
+    pub(crate) fn into_record(self, topic: &str, partitions: i32) -> OutRecord {
+        let key = self.0.conversation_id.as_bytes().to_vec();
+        OutRecord {
+            topic: topic.to_owned(),
+            partition: partition_for_key(&key, partitions),
+            key: Some(key),
+            value: Some(encode_read_report(&self.0)),
+            headers: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,471 @@
+//! readfold's badge stage: one badge per user, from the by-user changelog.
+//!
+//! A consumer group of its own reads `chat.user-read-cursors` (each record
+//! one member's whole own view of one conversation) and `chat.user-actions`
+//! (mark-all-read), co-partitioned by user, and folds them into
+//! [`Badges`], the pure state. Each flush publishes, in one Kafka
+//! transaction with the input offsets, the changed users' badges on
+//! compacted `chat.user-badges`, the read reports a mark-all-read sends back
+//! to the first stage's input, and dead letters; then it writes the badges
+//! to Redis.
+//!
+//! The state is restored from the input itself: a partition of the by-user
+//! changelog is compacted and keyed exactly as the state is (user,
+//! conversation), so reading it from its start up to the group's committed
+//! offset rebuilds what the previous owner had published (as Kafka Streams
+//! restores a table from its source topic). Any rebalance drops all state
+//! and restores what is assigned (the group's eager protocol revokes every
+//! partition, and consumption restarts at the committed offsets). A flush
+//! that fails is aborted and tried again, whole, at the next one; only a
+//! fenced or fatally broken producer stops the stage.
+//!
+//! Blocking: run [`BadgeStage::run`] on a thread of its own.
+
+mod config;
+mod input;
+mod telemetry;
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+use readfold_core::badge::{Badge, Badges};
+use readfold_core::partitioner::partition_for_key;
+use readfold_core::UserId;
+use readfold_kafka::reader::TopicReader;
+use readfold_kafka::{now_ms, KafkaConfig, TopicsConfig};
+use readfold_store::redis::RedisStore;
+use readfold_wire::badge::{encode_user_badge, UserBadgeRecord};
+use readfold_wire::{Limits, OutRecord};
+
+pub use config::BadgeConfig;
+use input::{Applied, Input};
+
+/// Why the stage stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kafka: {0}")]
+    Kafka(#[from] KafkaError),
+    #[error(transparent)]
+    Reader(#[from] readfold_kafka::Error),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("topics: {0}")]
+    Topology(String),
+    #[error("the transactional producer is fenced or broken: {0}")]
+    FatalTransaction(KafkaError),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Everything the stage needs.
+#[derive(Clone)]
+pub struct BadgeSettings {
+    pub kafka: KafkaConfig,
+    pub topics: TopicsConfig,
+    pub badge: BadgeConfig,
+    pub input: Limits,
+    /// Where badges are also written; `None` with Redis off.
+    pub redis: Option<RedisStore>,
+    pub runtime: tokio::runtime::Handle,
+}
+
+/// Partition counts of the topics the stage writes, read at start.
+#[derive(Clone, Copy, Debug)]
+struct Layout {
+    read_reports: i32,
+    user_actions: i32,
+    user_badges: i32,
+    dlq: i32,
+}
+
+/// Records a rebalance; the loop acts on it after the poll.
+struct RebalanceFlag(Arc<AtomicBool>);
+
+impl ClientContext for RebalanceFlag {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        readfold_kafka::context::log_line(level, fac, log_message);
+    }
+}
+
+impl ConsumerContext for RebalanceFlag {
+    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if !matches!(rebalance, Rebalance::Error(_)) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// The badge stage.
+pub struct BadgeStage {
+    settings: BadgeSettings,
+    consumer: Arc<BaseConsumer<RebalanceFlag>>,
+    rebalanced: Arc<AtomicBool>,
+    producer: ThreadedProducer<readfold_kafka::context::LogContext>,
+    layout: Layout,
+    /// State by input partition (of the by-user changelog).
+    partitions: BTreeMap<i32, Badges>,
+    /// Next offset to commit, by (topic, partition).
+    offsets: HashMap<(String, i32), i64>,
+    /// Records for the next transaction besides the badges.
+    outbox: Vec<OutRecord>,
+    /// Badges drained from the state and not yet committed.
+    pending: BTreeMap<UserId, Badge>,
+    /// Badges committed to Kafka but not yet written to Redis.
+    unstored: BTreeMap<UserId, (Badge, i64)>,
+    last_flush: Instant,
+}
+
+impl BadgeStage {
+    /// Checks the topics (creating the stage's own if allowed), creates the
+    /// transactional producer (fencing an earlier incarnation) and joins
+    /// the group.
+    pub fn new(settings: BadgeSettings) -> Result<Self> {
+        settings.badge.check().map_err(Error::Config)?;
+        let layout = settings.runtime.block_on(config::ensure_topics(&settings))?;
+        let transactional_id = format!("{}-{}", settings.badge.group_id, settings.kafka.instance_id());
+        let producer: ThreadedProducer<_> = settings
+            .kafka
+            .client_config()
+            .set("transactional.id", &transactional_id)
+            .set(
+                "transaction.timeout.ms",
+                settings.kafka.transaction_timeout_ms.to_string(),
+            )
+            .set("enable.idempotence", "true")
+            .set("linger.ms", "5")
+            .set("message.max.bytes", "2000000")
+            .create_with_context(readfold_kafka::context::LogContext)?;
+        producer.init_transactions(Duration::from_secs(30))?;
+        tracing::info!(%transactional_id, "badge stage: transactional producer ready");
+        let rebalanced = Arc::new(AtomicBool::new(false));
+        let consumer: BaseConsumer<RebalanceFlag> = settings
+            .kafka
+            .client_config()
+            .set("group.id", &settings.badge.group_id)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .set("auto.offset.reset", "earliest")
+            .create_with_context(RebalanceFlag(rebalanced.clone()))?;
+        consumer.subscribe(&[&settings.topics.user_read_cursors, &settings.badge.user_actions])?;
+        telemetry::describe();
+        Ok(BadgeStage {
+            settings,
+            consumer: Arc::new(consumer),
+            rebalanced,
+            producer,
+            layout,
+            partitions: BTreeMap::new(),
+            offsets: HashMap::new(),
+            outbox: Vec::new(),
+            pending: BTreeMap::new(),
+            unstored: BTreeMap::new(),
+            last_flush: Instant::now(),
+        })
+    }
+
+    /// Folds and publishes until `stop` is set; flushes what it holds first.
+    pub fn run(mut self, stop: Arc<AtomicBool>) -> Result<()> {
+        let interval = Duration::from_millis(self.settings.badge.flush_interval_ms);
+        // A record borrows the consumer while the stage folds it.
+        let consumer = self.consumer.clone();
+        while !stop.load(Ordering::Acquire) {
+            let wait = interval
+                .saturating_sub(self.last_flush.elapsed())
+                .max(Duration::from_millis(1));
+            let polled = consumer.poll(wait.min(Duration::from_millis(100)));
+            if self.rebalanced.swap(false, Ordering::AcqRel) {
+                self.restore_assigned()?;
+            }
+            match polled {
+                None => {}
+                Some(Err(e)) if readfold_kafka::error::is_fatal(&e) => return Err(e.into()),
+                Some(Err(e)) => tracing::warn!(error = %e, "badge stage: consumer error"),
+                Some(Ok(message)) => self.take(&message),
+            }
+            if self.last_flush.elapsed() >= interval {
+                self.flush()?;
+            }
+        }
+        self.flush()?;
+        tracing::info!("badge stage stopped");
+        Ok(())
+    }
+
+    /// Folds one input record into its partition's state.
+    fn take(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
+        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        self.offsets.insert((topic.to_owned(), partition), offset + 1);
+        let now = now_ms();
+        let input = Input::read(&self.settings, message, self.layout.user_actions);
+        let Some(badges) = self.partitions.get_mut(&partition) else {
+            // A record of a partition not restored: a rebalance is pending.
+            return;
+        };
+        match input.apply(badges, now) {
+            Applied::Nothing => {}
+            Applied::MarkAllRead(reports) => {
+                telemetry::marked_all_read(reports.len());
+                let partitions = self.layout.read_reports;
+                for report in reports {
+                    self.outbox
+                        .push(report.into_record(&self.settings.topics.read_reports, partitions));
+                }
+            }
+            Applied::Rejected(rejection) => {
+                telemetry::dead_letter(rejection.reason.as_str());
+                let source = readfold_wire::dead_letter::Source {
+                    topic: topic.to_owned(),
+                    partition,
+                    offset,
+                };
+                let out = self.output_topics();
+                self.outbox.push(readfold_wire::dead_letter::dead_letter(
+                    message.key(),
+                    message.payload(),
+                    &rejection,
+                    &source,
+                    &out,
+                ));
+            }
+        }
+    }
+
+    fn output_topics(&self) -> readfold_wire::OutputTopics {
+        readfold_wire::OutputTopics {
+            read_cursors: String::new(),
+            user_read_cursors: self.settings.topics.user_read_cursors.clone(),
+            member_state: String::new(),
+            dlq: self.settings.topics.dlq.clone(),
+            layout: readfold_wire::OutputLayout {
+                user_read_cursors_partitions: 1,
+                dlq_partitions: self.layout.dlq,
+            },
+        }
+    }
+
+    /// Publishes what changed since the last flush, with the offsets, in one
+    /// transaction; then writes the badges to Redis.
+    fn flush(&mut self) -> Result<()> {
+        self.last_flush = Instant::now();
+        let now = now_ms();
+        for badges in self.partitions.values_mut() {
+            badges.expire(now);
+            self.pending.extend(badges.drain());
+        }
+        if self.pending.is_empty() && self.outbox.is_empty() && self.offsets.is_empty() {
+            self.store();
+            return Ok(());
+        }
+        let started = Instant::now();
+        let changed: Vec<(UserId, Badge)> = self.pending.iter().map(|(u, b)| (u.clone(), *b)).collect();
+        match self.commit(&changed, now) {
+            Ok(()) => {}
+            Err(Error::FatalTransaction(e)) => return Err(Error::FatalTransaction(e)),
+            Err(e) => {
+                // Aborted: nothing of it is visible. The same (and what
+                // comes meanwhile) goes in the next flush.
+                tracing::warn!(error = %e, "badge stage: flush failed; retrying at the next one");
+                telemetry::flush_failed();
+                return Ok(());
+            }
+        }
+        telemetry::flushed(changed.len(), started.elapsed());
+        self.outbox.clear();
+        self.offsets.clear();
+        self.pending.clear();
+        for (user, badge) in changed {
+            self.unstored.insert(user, (badge, now));
+        }
+        self.store();
+        Ok(())
+    }
+
+    fn commit(&self, changed: &[(UserId, Badge)], now: i64) -> Result<()> {
+        let producer = &self.producer;
+        producer.begin_transaction().map_err(Error::FatalTransaction)?;
+        let body = || -> std::result::Result<(), KafkaError> {
+            for (user, badge) in changed {
+                let value = encode_user_badge(&UserBadgeRecord {
+                    user_id: user.to_string(),
+                    badge: *badge,
+                    updated_at: now,
+                });
+                let key = user.as_str().as_bytes();
+                let partition = partition_for_key(key, self.layout.user_badges);
+                send(
+                    producer,
+                    BaseRecord::to(&self.settings.badge.user_badges)
+                        .partition(partition)
+                        .key(key)
+                        .payload(value.as_slice()),
+                )?;
+            }
+            for record in &self.outbox {
+                let mut headers = OwnedHeaders::new();
+                for (name, value) in &record.headers {
+                    headers = headers.insert(Header {
+                        key: name,
+                        value: Some(value.as_bytes()),
+                    });
+                }
+                let mut out = BaseRecord::<[u8], [u8]>::to(&record.topic)
+                    .partition(record.partition)
+                    .headers(headers);
+                if let Some(key) = &record.key {
+                    out = out.key(key);
+                }
+                if let Some(value) = &record.value {
+                    out = out.payload(value);
+                }
+                send(producer, out)?;
+            }
+            let mut offsets = TopicPartitionList::new();
+            for ((topic, partition), offset) in &self.offsets {
+                offsets.add_partition_offset(topic, *partition, Offset::Offset(*offset))?;
+            }
+            if offsets.count() > 0 {
+                let group = self
+                    .consumer
+                    .group_metadata()
+                    .ok_or(KafkaError::Global(rdkafka::types::RDKafkaErrorCode::State))?;
+                producer.send_offsets_to_transaction(&offsets, &group, Duration::from_secs(30))?;
+            }
+            producer.commit_transaction(Duration::from_secs(30))
+        };
+        match body() {
+            Ok(()) => Ok(()),
+            Err(e) if readfold_kafka::is_fatal(&e) => Err(Error::FatalTransaction(e)),
+            Err(e) => {
+                producer
+                    .abort_transaction(Duration::from_secs(30))
+                    .map_err(Error::FatalTransaction)?;
+                Err(Error::Kafka(e))
+            }
+        }
+    }
+
+    /// Writes the committed badges to Redis; what fails is tried again at
+    /// the next flush.
+    fn store(&mut self) {
+        let Some(redis) = &self.settings.redis else {
+            self.unstored.clear();
+            return;
+        };
+        if self.unstored.is_empty() {
+            return;
+        }
+        let batch: Vec<(UserId, Badge, i64)> = self
+            .unstored
+            .iter()
+            .map(|(u, (b, at))| (u.clone(), *b, *at))
+            .collect();
+        match self.settings.runtime.block_on(redis.write_badges(&batch)) {
+            Ok(()) => self.unstored.clear(),
+            Err(e) => {
+                telemetry::redis_failed();
+                tracing::warn!(error = %e, users = batch.len(), "badge stage: Redis write failed; retrying at the next flush");
+            }
+        }
+    }
+
+    /// Drops all state and rebuilds the assigned partitions' from the input
+    /// up to the group's committed offsets.
+    fn restore_assigned(&mut self) -> Result<()> {
+        let started = Instant::now();
+        // What was not committed is read again from the committed offsets.
+        self.partitions.clear();
+        self.offsets.clear();
+        self.outbox.clear();
+        self.pending.clear();
+        let topic = self.settings.topics.user_read_cursors.clone();
+        let assignment = self.consumer.assignment()?;
+        let assigned: Vec<i32> = assignment
+            .elements_for_topic(&topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect();
+        if assigned.is_empty() {
+            return Ok(());
+        }
+        let committed = self.consumer.committed(Duration::from_secs(30))?;
+        let ends: Vec<(i32, i64)> = assigned
+            .iter()
+            .map(|&p| {
+                let end = committed
+                    .find_partition(&topic, p)
+                    .and_then(|e| match e.offset() {
+                        Offset::Offset(o) => Some(o),
+                        _ => None,
+                    })
+                    .unwrap_or(0);
+                (p, end)
+            })
+            .collect();
+        let rules = self.settings.badge.rules().map_err(Error::Config)?;
+        for &p in &assigned {
+            self.partitions.insert(p, Badges::new(rules));
+        }
+        let to_read: Vec<(i32, i64)> = ends.iter().copied().filter(|&(_, end)| end > 0).collect();
+        let mut records = 0u64;
+        if !to_read.is_empty() {
+            let reader = TopicReader::new(
+                &self.settings.kafka,
+                &format!("{}-restore", self.settings.badge.group_id),
+                true,
+            )?;
+            let partitions: Vec<i32> = to_read.iter().map(|&(p, _)| p).collect();
+            reader.assign_from_beginning(&topic, Some(&partitions))?;
+            let settings = self.settings.clone();
+            let state = &mut self.partitions;
+            records = reader.read_to(&topic, &to_read, Duration::from_secs(600), |message| {
+                let end = to_read
+                    .iter()
+                    .find(|&&(p, _)| p == message.partition())
+                    .map_or(0, |&(_, e)| e);
+                if message.offset() < end {
+                    // At the time it was published: the state it made then.
+                    let at = message.timestamp().to_millis().unwrap_or_else(now_ms);
+                    if let Some(badges) = state.get_mut(&message.partition()) {
+                        Input::read(&settings, message, 1).restore(badges, at);
+                    }
+                }
+                ControlFlow::Continue(())
+            })?;
+        }
+        for badges in self.partitions.values_mut() {
+            // Published already; mutes that ran out since are changes.
+            badges.drain();
+            badges.expire(now_ms());
+        }
+        telemetry::restored(records, started.elapsed());
+        tracing::info!(partitions = ?assigned, records, ms = started.elapsed().as_millis() as u64, "badge stage: partitions restored");
+        Ok(())
+    }
+}
+
+/// Queues a record, waiting while librdkafka's queue is full.
+fn send(
+    producer: &ThreadedProducer<readfold_kafka::context::LogContext>,
+    record: BaseRecord<'_, [u8], [u8]>,
+) -> std::result::Result<(), KafkaError> {
+    let mut record = record;
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                std::thread::sleep(Duration::from_millis(5));
+                record = back;
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}

@@ -1,0 +1,522 @@
+//! The badge: one number per user for the app icon, and the totals behind
+//! it, pure and I/O-free.
+//!
+//! The badge stage reads the by-user changelog, where each record is one
+//! member's whole own view of one conversation (unread, mark, mentions,
+//! mute), and keeps, per user, the last view of each of their
+//! conversations and what each adds to the totals. A record replaces a
+//! conversation's view (a tombstone removes it: the member left), so the
+//! totals follow from the latest records alone: replaying the changelog
+//! from its start, or any suffix of it after a state that was right, gives
+//! the same totals.
+//!
+//! A muted conversation counts as [`MutedRule`] says. A mute that runs out
+//! is a change with no record: [`Badges::expire`] recounts the
+//! conversations whose mute ended by then, and [`Badges::next_expiry`] says
+//! when to call it.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::domain::{ConversationId, Seq, UserId};
+
+/// How a muted conversation counts in its user's badge.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MutedRule {
+    /// Only through its unread mentions (as most chat apps do): it adds
+    /// them to `mentions` and to `messages`, and counts as an unread
+    /// conversation while it has any.
+    #[default]
+    MentionsOnly,
+    /// Not at all.
+    Exclude,
+    /// As if it were not muted.
+    Include,
+}
+
+/// What the badge number counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BadgeCount {
+    /// Unread messages (Telegram, Slack).
+    #[default]
+    Messages,
+    /// Conversations with anything unread (WhatsApp).
+    Conversations,
+}
+
+impl std::str::FromStr for MutedRule {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "mentions_only" => Ok(MutedRule::MentionsOnly),
+            "exclude" => Ok(MutedRule::Exclude),
+            "include" => Ok(MutedRule::Include),
+            other => Err(format!(
+                "unknown muted rule {other:?} (expected mentions_only, exclude or include)"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for BadgeCount {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "messages" => Ok(BadgeCount::Messages),
+            "conversations" => Ok(BadgeCount::Conversations),
+            other => Err(format!(
+                "unknown badge count {other:?} (expected messages or conversations)"
+            )),
+        }
+    }
+}
+
+/// The badge's rules: `[badge]` in the configuration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BadgeRules {
+    pub muted: MutedRule,
+    pub count: BadgeCount,
+}
+
+/// One conversation as its member's own devices see it: what the by-user
+/// changelog's last record of it says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnConversation {
+    /// The member's own unread count (at least 1 while marked unread).
+    pub unread: u64,
+    pub marked_unread: bool,
+    pub unread_mentions: u32,
+    /// Muted while the time is below this; `None`: not muted.
+    pub muted_until: Option<i64>,
+    /// The conversation's latest seq and how far the member read it (by
+    /// either cursor): what marking everything read moves.
+    pub latest_seq: Seq,
+    pub read_up_to: Seq,
+}
+
+impl OwnConversation {
+    fn muted_at(&self, now_ms: i64) -> bool {
+        self.muted_until.is_some_and(|until| now_ms < until)
+    }
+}
+
+/// A user's totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Conversations with anything unread or marked unread that count.
+    pub conversations: u64,
+    /// Unread messages of the conversations that count.
+    pub messages: u64,
+    /// Unread mentions, muted conversations' included.
+    pub mentions: u64,
+}
+
+impl Totals {
+    fn add(&mut self, other: Totals) {
+        self.conversations += other.conversations;
+        self.messages += other.messages;
+        self.mentions += other.mentions;
+    }
+
+    fn sub(&mut self, other: Totals) {
+        self.conversations -= other.conversations;
+        self.messages -= other.messages;
+        self.mentions -= other.mentions;
+    }
+}
+
+/// What a conversation adds to its user's totals, muted or not.
+fn contribution(c: &OwnConversation, muted: bool, rule: MutedRule) -> Totals {
+    let mentions = u64::from(c.unread_mentions);
+    let (messages, unread) = match (muted, rule) {
+        (true, MutedRule::Exclude) => return Totals::default(),
+        (true, MutedRule::MentionsOnly) => (mentions, mentions > 0),
+        _ => (c.unread, c.unread > 0 || c.marked_unread),
+    };
+    Totals {
+        conversations: u64::from(unread),
+        messages,
+        mentions,
+    }
+}
+
+/// A user's badge as published.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Badge {
+    /// The number on the app icon, as [`BadgeCount`] says.
+    pub badge: u64,
+    pub totals: Totals,
+}
+
+/// A conversation held for a user: its view, and whether it was counted as
+/// muted (so that what it added can be taken off exactly).
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    view: OwnConversation,
+    counted_muted: bool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct UserState {
+    conversations: HashMap<ConversationId, Held>,
+    totals: Totals,
+}
+
+/// The badges of the users of one input partition.
+#[derive(Clone, Debug, Default)]
+pub struct Badges {
+    rules: BadgeRules,
+    users: HashMap<UserId, UserState>,
+    /// Mutes that end after the time they were counted at: (end, user,
+    /// conversation).
+    expiries: BTreeSet<(i64, UserId, ConversationId)>,
+    /// Users whose badge changed since the last drain.
+    dirty: BTreeSet<UserId>,
+}
+
+impl Badges {
+    pub fn new(rules: BadgeRules) -> Self {
+        Badges {
+            rules,
+            ..Badges::default()
+        }
+    }
+
+    /// Applies one by-user changelog record at `now_ms`: the member's view
+    /// of the conversation, or `None` when they left it. Returns whether
+    /// the user's badge changed.
+    pub fn apply(
+        &mut self,
+        user: &UserId,
+        conversation: &ConversationId,
+        view: Option<OwnConversation>,
+        now_ms: i64,
+    ) -> bool {
+        let rule = self.rules.muted;
+        let state = self.users.entry(user.clone()).or_default();
+        let before = state.totals;
+        if let Some(old) = state.conversations.remove(conversation) {
+            state.totals.sub(contribution(&old.view, old.counted_muted, rule));
+            if let Some(until) = old.view.muted_until.filter(|_| old.counted_muted) {
+                self.expiries.remove(&(until, user.clone(), conversation.clone()));
+            }
+        }
+        if let Some(view) = view {
+            let muted = view.muted_at(now_ms);
+            state.totals.add(contribution(&view, muted, rule));
+            if let Some(until) = view.muted_until.filter(|_| muted) {
+                self.expiries.insert((until, user.clone(), conversation.clone()));
+            }
+            state.conversations.insert(
+                conversation.clone(),
+                Held {
+                    view,
+                    counted_muted: muted,
+                },
+            );
+        }
+        let changed = state.totals != before;
+        if state.conversations.is_empty() {
+            self.users.remove(user);
+        }
+        if changed {
+            self.dirty.insert(user.clone());
+        }
+        changed
+    }
+
+    /// When the next mute runs out, if any: call [`Badges::expire`] then.
+    pub fn next_expiry(&self) -> Option<i64> {
+        self.expiries.first().map(|(until, ..)| *until)
+    }
+
+    /// Counts again, unmuted, the conversations whose mute ended at or
+    /// before `now_ms`. Returns how many users' badges changed.
+    pub fn expire(&mut self, now_ms: i64) -> usize {
+        let mut changed = 0;
+        while let Some((until, ..)) = self.expiries.first() {
+            if *until > now_ms {
+                break;
+            }
+            let (_, user, conversation) = self.expiries.pop_first().expect("just looked");
+            let Some(held) = self
+                .users
+                .get(&user)
+                .and_then(|s| s.conversations.get(&conversation))
+                .copied()
+            else {
+                continue;
+            };
+            // Applied again at `now_ms`: counted unmuted from now on.
+            changed += usize::from(self.apply(&user, &conversation, Some(held.view), now_ms));
+        }
+        changed
+    }
+
+    /// A user's badge now.
+    pub fn badge(&self, user: &UserId) -> Badge {
+        let totals = self.users.get(user).map_or_else(Totals::default, |s| s.totals);
+        Badge {
+            badge: match self.rules.count {
+                BadgeCount::Messages => totals.messages,
+                BadgeCount::Conversations => totals.conversations,
+            },
+            totals,
+        }
+    }
+
+    /// The users whose badge changed since the last drain, with their badge
+    /// now, in user order.
+    pub fn drain(&mut self) -> Vec<(UserId, Badge)> {
+        let dirty = std::mem::take(&mut self.dirty);
+        dirty
+            .into_iter()
+            .map(|user| {
+                let badge = self.badge(&user);
+                (user, badge)
+            })
+            .collect()
+    }
+
+    /// Users whose badge changed since the last drain.
+    pub fn dirty_len(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Users held.
+    pub fn user_count(&self) -> usize {
+        self.users.len()
+    }
+
+    /// What marking everything read takes for `user`: each of their
+    /// conversations with something unread, its latest seq (a read report
+    /// up to it), and whether it is marked unread (a clear of the mark,
+    /// which reading up to where it was set does not lift). In id order.
+    pub fn mark_all_read(&self, user: &UserId) -> Vec<MarkRead> {
+        let Some(state) = self.users.get(user) else {
+            return Vec::new();
+        };
+        let mut out: Vec<MarkRead> = state
+            .conversations
+            .iter()
+            .filter(|(_, h)| h.view.read_up_to < h.view.latest_seq || h.view.marked_unread)
+            .map(|(c, h)| MarkRead {
+                conversation_id: c.clone(),
+                seq: (h.view.read_up_to < h.view.latest_seq).then_some(h.view.latest_seq),
+                clear_mark: h.view.marked_unread,
+            })
+            .collect();
+        out.sort_by(|a, b| a.conversation_id.cmp(&b.conversation_id));
+        out
+    }
+}
+
+/// One conversation of a mark-all-read: what to send back to the first
+/// stage's input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MarkRead {
+    pub conversation_id: ConversationId,
+    /// A read report up to this seq, when something is unread.
+    pub seq: Option<Seq>,
+    /// A clear of the unread mark.
+    pub clear_mark: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn user(s: &str) -> UserId {
+        s.parse().unwrap()
+    }
+    fn conv(s: &str) -> ConversationId {
+        s.parse().unwrap()
+    }
+    fn view(unread: u64, mentions: u32, muted_until: Option<i64>) -> OwnConversation {
+        OwnConversation {
+            unread,
+            marked_unread: false,
+            unread_mentions: mentions,
+            muted_until,
+            latest_seq: Seq(10),
+            read_up_to: Seq(10 - unread.min(10)),
+        }
+    }
+
+    #[test]
+    fn totals_follow_the_latest_view_of_each_conversation() {
+        let mut b = Badges::new(BadgeRules::default());
+        let u = user("u");
+        assert!(b.apply(&u, &conv("a"), Some(view(3, 0, None)), 0));
+        assert!(b.apply(&u, &conv("b"), Some(view(2, 1, None)), 0));
+        let badge = b.badge(&u);
+        assert_eq!(
+            badge.totals,
+            Totals {
+                conversations: 2,
+                messages: 5,
+                mentions: 1
+            }
+        );
+        assert_eq!(badge.badge, 5);
+        // Reading a: replaced, not added.
+        assert!(b.apply(&u, &conv("a"), Some(view(0, 0, None)), 0));
+        assert_eq!(
+            b.badge(&u).totals,
+            Totals {
+                conversations: 1,
+                messages: 2,
+                mentions: 1
+            }
+        );
+        // Leaving b takes it off; the same record again changes nothing.
+        assert!(b.apply(&u, &conv("b"), None, 0));
+        assert!(!b.apply(&u, &conv("b"), None, 0));
+        assert_eq!(b.badge(&u).totals, Totals::default());
+        assert_eq!(b.drain(), vec![(u, Badge::default())]);
+        assert_eq!(b.user_count(), 1, "a is still held, read");
+    }
+
+    #[test]
+    fn a_muted_conversation_counts_only_through_mentions_until_the_mute_ends() {
+        let mut b = Badges::new(BadgeRules::default());
+        let u = user("u");
+        b.apply(&u, &conv("loud"), Some(view(4, 0, None)), 0);
+        b.apply(&u, &conv("muted"), Some(view(7, 2, Some(100))), 0);
+        assert_eq!(
+            b.badge(&u).totals,
+            Totals {
+                conversations: 2,
+                messages: 6,
+                mentions: 2
+            }
+        );
+        assert_eq!(b.next_expiry(), Some(100));
+        assert_eq!(b.expire(99), 0);
+        b.drain();
+        assert_eq!(b.expire(100), 1, "the mute ran out: counted in full");
+        assert_eq!(
+            b.badge(&u).totals,
+            Totals {
+                conversations: 2,
+                messages: 11,
+                mentions: 2
+            }
+        );
+        assert_eq!(b.next_expiry(), None);
+        assert_eq!(b.drain().len(), 1);
+        // A mute that already ran out counts as none.
+        b.apply(&u, &conv("old"), Some(view(1, 0, Some(50))), 100);
+        assert_eq!(b.badge(&u).totals.messages, 12);
+        // Muted without mentions: not an unread conversation at all.
+        b.apply(&u, &conv("loud"), Some(view(4, 0, Some(i64::MAX))), 100);
+        assert_eq!(
+            b.badge(&u).totals,
+            Totals {
+                conversations: 2,
+                messages: 8,
+                mentions: 2
+            }
+        );
+    }
+
+    #[test]
+    fn the_rules_change_what_counts() {
+        let u = user("u");
+        let counted = |muted, count| {
+            let mut b = Badges::new(BadgeRules { muted, count });
+            b.apply(&u, &conv("m"), Some(view(5, 1, Some(i64::MAX))), 0);
+            b.apply(&u, &conv("n"), Some(view(2, 0, None)), 0);
+            b.badge(&u).badge
+        };
+        assert_eq!(counted(MutedRule::MentionsOnly, BadgeCount::Messages), 3);
+        assert_eq!(counted(MutedRule::Exclude, BadgeCount::Messages), 2);
+        assert_eq!(counted(MutedRule::Include, BadgeCount::Messages), 7);
+        assert_eq!(counted(MutedRule::MentionsOnly, BadgeCount::Conversations), 2);
+        assert_eq!(counted(MutedRule::Exclude, BadgeCount::Conversations), 1);
+    }
+
+    #[test]
+    fn a_marked_conversation_counts_and_mark_all_read_lists_what_to_send() {
+        let mut b = Badges::new(BadgeRules::default());
+        let u = user("u");
+        let marked = OwnConversation {
+            unread: 1,
+            marked_unread: true,
+            latest_seq: Seq(4),
+            read_up_to: Seq(4),
+            ..OwnConversation::default()
+        };
+        b.apply(&u, &conv("b"), Some(marked), 0);
+        b.apply(&u, &conv("a"), Some(view(3, 0, None)), 0);
+        b.apply(&u, &conv("c"), Some(view(0, 0, None)), 0);
+        assert_eq!(b.badge(&u).totals.conversations, 2);
+        assert_eq!(
+            b.mark_all_read(&u),
+            vec![
+                MarkRead {
+                    conversation_id: conv("a"),
+                    seq: Some(Seq(10)),
+                    clear_mark: false
+                },
+                MarkRead {
+                    conversation_id: conv("b"),
+                    seq: None,
+                    clear_mark: true
+                },
+            ]
+        );
+        assert!(b.mark_all_read(&user("nobody")).is_empty());
+    }
+
+    fn arb_view() -> impl Strategy<Value = Option<OwnConversation>> {
+        prop::option::weighted(
+            0.8,
+            (0u64..5, any::<bool>(), 0u32..3, prop::option::of(0i64..40)).prop_map(
+                |(unread, marked, mentions, until)| OwnConversation {
+                    unread: if marked { unread.max(1) } else { unread },
+                    marked_unread: marked,
+                    unread_mentions: mentions,
+                    muted_until: until,
+                    latest_seq: Seq(9),
+                    read_up_to: Seq(9 - unread),
+                },
+            ),
+        )
+    }
+
+    proptest! {
+        /// However records and mute expiries interleave, the totals equal a
+        /// count from scratch over the latest view of each conversation.
+        #[test]
+        fn totals_equal_a_recount_of_the_latest_views(
+            records in prop::collection::vec((0u8..3, 0u8..4, arb_view(), 0i64..5), 0..60),
+            muted in prop_oneof![Just(MutedRule::MentionsOnly), Just(MutedRule::Exclude), Just(MutedRule::Include)],
+        ) {
+            let rules = BadgeRules { muted, count: BadgeCount::Messages };
+            let mut b = Badges::new(rules);
+            let mut latest: HashMap<(UserId, ConversationId), OwnConversation> = HashMap::new();
+            let mut now = 0;
+            for (u, c, v, step) in records {
+                now += step;
+                b.expire(now);
+                let (u, c) = (user(&format!("u{u}")), conv(&format!("c{c}")));
+                b.apply(&u, &c, v, now);
+                match v {
+                    Some(v) => latest.insert((u, c), v),
+                    None => latest.remove(&(u, c)),
+                };
+                for u in (0..3).map(|u| user(&format!("u{u}"))) {
+                    let mut want = Totals::default();
+                    for ((owner, _), v) in &latest {
+                        if *owner == u {
+                            want.add(contribution(v, v.muted_at(now), muted));
+                        }
+                    }
+                    prop_assert_eq!(b.badge(&u).totals, want);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! The badge stage (`readfold badges`) against the real services: after a
+//! mixed workload with both stages SIGKILLed, every user's badge on the
+//! badges topic and in Redis equals a count from scratch over the
+//! conversations' final state; mark-all-read clears a user's badge through
+//! the first stage; bad user actions are dead-lettered.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use readfold_core::badge::{Badge, BadgeRules, Badges, OwnConversation};
+use readfold_core::partitioner::partition_for_key;
+use readfold_core::UserId;
+use readfold_store::redis::RedisStore;
+use readfold_wire::badge::{decode_user_badge, encode_user_action, UserActionKind, UserActionRecord};
+
+use crate::kit::load::produce_mixed_load;
+use crate::kit::reference::Reference;
+use crate::kit::*;
+
+/// Each user's badge as the reference fold's final state gives it, counted
+/// from scratch at `now_ms` (users with nothing unread anywhere included).
+fn expected_badges(reference: &Reference, rules: BadgeRules, now_ms: i64) -> BTreeMap<String, Badge> {
+    let mut badges = Badges::new(rules);
+    let mut users = Vec::new();
+    for (c, conv) in reference.state.conversations() {
+        for (u, m) in conv.members().filter(|(_, m)| !m.left) {
+            let own = m.own();
+            let view = OwnConversation {
+                unread: own.unread(conv.latest_seq()),
+                marked_unread: own.marked_unread(),
+                unread_mentions: own.unread_mentions,
+                muted_until: own
+                    .mute
+                    .map(|m| m.until)
+                    .filter(|&u| u != readfold_core::Mute::OFF),
+                latest_seq: conv.latest_seq(),
+                read_up_to: own.read_up_to(),
+            };
+            badges.apply(u, c, Some(view), now_ms);
+            users.push(u.clone());
+        }
+    }
+    users
+        .into_iter()
+        .map(|u| (u.to_string(), badges.badge(&u)))
+        .collect()
+}
+
+/// The latest badge per user on the badges topic.
+fn published(env: &TestEnv) -> BTreeMap<String, Badge> {
+    env.raw_records(&env.config.badge.user_badges)
+        .into_iter()
+        .filter_map(|(_, value)| decode_user_badge(&value?).ok())
+        .map(|r| (r.user_id, r.badge))
+        .collect()
+}
+
+/// Waits until the topic and Redis hold `want` for every user (a user
+/// missing from either counts as an empty badge).
+async fn wait_for_badges(env: &TestEnv, want: &BTreeMap<String, Badge>, timeout: Duration) {
+    let redis = RedisStore::connect(&env.config.redis).await.unwrap();
+    let started = Instant::now();
+    loop {
+        let got = published(env);
+        let mut wrong = Vec::new();
+        for (user, badge) in want {
+            let on_topic = got.get(user).copied().unwrap_or_default();
+            let in_redis = redis
+                .badge(user)
+                .await
+                .unwrap()
+                .map(|(b, _)| b)
+                .unwrap_or_default();
+            if on_topic != *badge || in_redis != *badge {
+                wrong.push(format!(
+                    "{user}: topic {on_topic:?}, redis {in_redis:?}, want {badge:?}"
+                ));
+            }
+        }
+        if wrong.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "badges differ from a recount of the final state:\n{}",
+            wrong[..wrong.len().min(10)].join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn badges_equal_a_recount_after_a_mixed_workload_with_both_stages_killed() {
+    let env = TestEnv::new("badges", 3).await;
+    let mut processor = env.spawn("a");
+    let mut stage = env.spawn_command("badges", "b1", &[]);
+    let killer = async {
+        for round in 0..3u64 {
+            tokio::time::sleep(Duration::from_millis(1500 + 700 * round)).await;
+            assert!(
+                stage.is_running(),
+                "the badge stage died by itself:\n{}",
+                stage.log_text()
+            );
+            stage.kill();
+            stage = env.spawn_command("badges", "b1", &[]);
+            if round == 1 {
+                assert!(processor.is_running(), "{}", processor.log_text());
+                processor.kill();
+                processor = env.spawn("a");
+            }
+        }
+    };
+    let (load, ()) = tokio::join!(produce_mixed_load(&env, Duration::from_secs(10), 77), killer);
+    env.wait_for_reference(&load.reference, Duration::from_secs(60))
+        .await;
+    let rules = env.config.badge.rules().unwrap();
+    let want = expected_badges(&load.reference, rules, readfold_kafka::now_ms());
+    assert!(
+        want.values().any(|b| b.badge > 0),
+        "the load leaves something unread"
+    );
+    wait_for_badges(&env, &want, Duration::from_secs(60)).await;
+
+    // Mark all read: the stage sends read reports (and clears of marks)
+    // through the first stage, and the user's badge follows to nothing.
+    let (user, _) = want.iter().max_by_key(|(_, b)| b.totals.messages).unwrap();
+    let action = UserActionRecord {
+        user_id: user.clone(),
+        action: UserActionKind::MarkAllRead,
+        at: readfold_kafka::now_ms(),
+    };
+    let partition = partition_for_key(user.as_bytes(), env.partitions);
+    env.producer()
+        .send(
+            &env.config.badge.user_actions,
+            user,
+            Some(&encode_user_action(&action)),
+            Some(partition),
+        )
+        .await
+        .unwrap();
+    let redis = RedisStore::connect(&env.config.redis).await.unwrap();
+    let started = Instant::now();
+    loop {
+        let badge = redis
+            .badge(user)
+            .await
+            .unwrap()
+            .map(|(b, _)| b)
+            .unwrap_or_default();
+        // Muted conversations' unread messages are not part of the badge,
+        // but a read clears everything.
+        if badge.totals.conversations == 0 && badge.totals.messages == 0 && badge.totals.mentions == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "mark-all-read left {user}'s badge at {badge:?}\n{}",
+            stage.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Every conversation of the user is read to its latest seq.
+    let user_id: UserId = user.parse().unwrap();
+    let log = env.user_changelog();
+    for (c, conv) in load.reference.state.conversations() {
+        if conv.member(&user_id).is_some_and(|m| !m.left) {
+            let key = (c.to_string(), user.clone());
+            let own = log.own.get(&key).copied().flatten().expect("the user's view");
+            assert!(
+                own.cursor.max(own.private_cursor) >= conv.latest_seq().get() as i64 && !own.unread_mark,
+                "{c}: {own:?}"
+            );
+        }
+    }
+    assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_user_actions_go_to_the_dead_letter_topic() {
+    let env = TestEnv::new("badges-dlq", 2).await;
+    let _processor = env.spawn("a");
+    let mut stage = env.spawn_command("badges", "b1", &[]);
+    let producer = env.producer();
+    let topic = env.config.badge.user_actions.clone();
+    producer
+        .send(&topic, "u", Some(b"\x02\xff"), Some(0))
+        .await
+        .unwrap();
+    // A user's action on another user's partition.
+    let user = "someone";
+    let wrong = (partition_for_key(user.as_bytes(), 2) + 1) % 2;
+    let action = UserActionRecord {
+        user_id: user.into(),
+        action: UserActionKind::MarkAllRead,
+        at: 1,
+    };
+    producer
+        .send(&topic, user, Some(&encode_user_action(&action)), Some(wrong))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    loop {
+        let reasons: Vec<String> = env
+            .dead_letters()
+            .iter()
+            .filter_map(|d| d["headers"]["readfold.reason"].as_str().map(str::to_owned))
+            .collect();
+        if reasons.contains(&"decode_error".to_owned()) && reasons.contains(&"wrong_partition".to_owned()) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "dead letters: {reasons:?}\n{}",
+            stage.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(
+        stage.is_running(),
+        "bad input must not stop the stage:\n{}",
+        stage.log_text()
+    );
+    assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());
+}
