@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use readfold_core::badge::{Badge, BadgeRules, Badges, OwnConversation};
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::UserId;
+use readfold_serve::client::HttpClient;
 use readfold_store::redis::RedisStore;
 use readfold_wire::badge::{decode_user_badge, encode_user_action, UserActionKind, UserActionRecord};
 
@@ -121,6 +122,34 @@ async fn badges_equal_a_recount_after_a_mixed_workload_with_both_stages_killed()
         "the load leaves something unread"
     );
     wait_for_badges(&env, &want, Duration::from_secs(60)).await;
+
+    // The query API answers them from Redis.
+    let addr = free_local_addr();
+    let mut serve = env.spawn_command("serve", "api", &[("READFOLD__SERVE__LISTEN", addr.as_str())]);
+    let started = Instant::now();
+    while HttpClient::new(addr.clone()).get("/healthz").await.is_err() {
+        assert!(
+            serve.is_running() && started.elapsed() < Duration::from_secs(60),
+            "{}",
+            serve.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for (user, badge) in want.iter().take(5) {
+        let body = HttpClient::new(addr.clone())
+            .get(&format!("/v1/users/{user}/badge"))
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+        assert_eq!(body["badge"], badge.badge, "{user}: {body}");
+        assert_eq!(body["mentions"], badge.totals.mentions, "{user}: {body}");
+        assert_eq!(
+            body["conversations"], badge.totals.conversations,
+            "{user}: {body}"
+        );
+    }
+    assert!(serve.terminate(Duration::from_secs(30)), "{}", serve.log_text());
 
     // Mark all read: the stage sends read reports (and clears of marks)
     // through the first stage, and the user's badge follows to nothing.

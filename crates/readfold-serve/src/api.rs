@@ -87,6 +87,7 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(receivers))
         .routes(routes!(member_cursor))
         .routes(routes!(unread))
+        .routes(routes!(badge))
 }
 
 /// Records the endpoint's latency and status.
@@ -722,6 +723,71 @@ pub async fn unread(
         Ok(Json(UnreadResponse {
             user_id: user.to_string(),
             conversations,
+        }))
+    })
+    .await
+}
+
+/// A user's badge: the number for the app icon and the totals behind it.
+#[derive(Serialize, ToSchema)]
+pub struct BadgeResponse {
+    pub user_id: String,
+    /// Unread messages or unread conversations, as `badge.count` says.
+    pub badge: u64,
+    /// Conversations with anything unread or marked unread that count (a
+    /// muted one only with unread mentions, by default).
+    pub conversations: u64,
+    /// Unread messages of the conversations that count.
+    pub messages: u64,
+    /// Unread mentions, muted conversations' included.
+    pub mentions: u64,
+    /// When the badge stage published it (ms since the epoch); absent when
+    /// it never has (nothing unread yet, or the stage is not running).
+    pub updated_at: Option<i64>,
+}
+
+/// One user's badge, as the badge stage (`readfold badges`) keeps it in
+/// Redis: zero until it has published one.
+#[utoipa::path(
+    get,
+    path = "/v1/users/{user_id}/badge",
+    tag = "users",
+    params(("user_id" = String, Path, description = "The user; with access control on, the caller")),
+    responses(
+        (status = 200, body = BadgeResponse, description = "The user's badge"),
+        (status = 400, body = ErrorBody, description = "An invalid parameter"),
+        (status = 401, body = ErrorBody, description = "No valid token"),
+        (status = 403, body = ErrorBody, description = "Another user's badge"),
+        (status = 503, body = ErrorBody, description = "Redis could not answer")
+    ),
+    security(("bearer" = []))
+)]
+pub async fn badge(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiPath(user): ApiPath<String>,
+) -> Result<Json<BadgeResponse>, ApiError> {
+    timed("badge", async {
+        let user = user_id(&user, "user_id", "invalid_path", &state.limits)?;
+        if !caller.is(&user) {
+            return Err(ApiError::forbidden("a user may only ask for their own badge"));
+        }
+        let found = state
+            .source
+            .badge(&user)
+            .await
+            .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        let (badge, updated_at) = match found {
+            Some((badge, at)) => (badge, Some(at)),
+            None => (Default::default(), None),
+        };
+        Ok(Json(BadgeResponse {
+            user_id: user.to_string(),
+            badge: badge.badge,
+            conversations: badge.totals.conversations,
+            messages: badge.totals.messages,
+            mentions: badge.totals.mentions,
+            updated_at,
         }))
     })
     .await

@@ -302,6 +302,7 @@ mod tests {
             "/v1/conversations/{conversation_id}/read-counts",
             "/v1/conversations/{conversation_id}/messages/{seq}/readers",
             "/v1/conversations/{conversation_id}/messages/{seq}/receivers",
+            "/v1/users/{user_id}/badge",
             "/v1/conversations/{conversation_id}/members/{user_id}",
             "/v1/users/{user_id}/unread",
         ] {

@@ -2,6 +2,7 @@
 //! Redis does not hold (evicted, flushed, cold) or when Redis fails. The
 //! changelog topics are never read on a request path.
 
+use readfold_core::badge::Badge;
 use readfold_core::{ConversationView, MemberCursor, OwnCursor, Seq, UserId};
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::{MemberView, PrivateState, RedisStore};
@@ -65,6 +66,18 @@ pub struct ReadSource {
 impl ReadSource {
     pub fn new(redis: Option<RedisStore>, cql: Option<CqlStore>) -> Self {
         ReadSource { redis, cql }
+    }
+
+    /// A user's badge as the badge stage last wrote it to Redis, and when
+    /// it was published; `None` when Redis is off or holds none.
+    pub async fn badge(&self, user: &UserId) -> Result<Option<(Badge, i64)>, Unavailable> {
+        let Some(redis) = &self.redis else {
+            return Ok(None);
+        };
+        redis.badge(user.as_str()).await.map_err(|e| {
+            telemetry::store_failed("redis");
+            Unavailable(e.to_string())
+        })
     }
 
     /// A conversation as other members see it.
