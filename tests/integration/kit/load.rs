@@ -47,7 +47,10 @@ async fn produce(env: &TestEnv, duration: Duration, seed: u64, mixed: bool) -> L
                 // In the mixed load some messages mention a member or @all.
                 let (mentions, mention_all) = match mixed.then(|| rng.below(8)) {
                     Some(0) => (vec![format!("j{}", rng.below(4))], false),
-                    Some(1) => (vec![format!("u{}", rng.below(12)), format!("j{}", rng.below(4))], false),
+                    Some(1) => (
+                        vec![format!("u{}", rng.below(12)), format!("j{}", rng.below(4))],
+                        false,
+                    ),
                     Some(2) => (Vec::new(), true),
                     _ => (Vec::new(), false),
                 };
