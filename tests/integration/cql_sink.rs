@@ -2,11 +2,11 @@
 //! READFOLD_TEST_CQL; `scripts/services/cassandra.sh up` starts one): max-merged
 //! through write timestamps, whoever writes and in whatever order.
 
-use std::collections::HashMap;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use readfold_core::flush::{ConversationBatch, MemberWrite, PrivateWrite, UserBatch};
-use readfold_core::Seq;
+use readfold_core::{ConversationView, Seq};
 use readfold_store::cql::{CqlConfig, CqlStore};
 use readfold_store::CursorStore;
 use scylla::value::CqlTimestamp;
@@ -32,6 +32,22 @@ async fn cursors(store: &CqlStore, conv: &str) -> HashMap<String, i64> {
             v.members
                 .into_iter()
                 .map(|(u, m)| (u.to_string(), m.cursor.get() as i64))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// user_id -> (cursor, delivered cursor) for one conversation, through the
+/// read half.
+async fn members(store: &CqlStore, conv: &str) -> HashMap<String, (i64, i64)> {
+    store
+        .conversation(conv)
+        .await
+        .unwrap()
+        .map(|v| {
+            v.members
+                .into_iter()
+                .map(|(u, m)| (u.to_string(), (m.cursor.get() as i64, m.delivered.get() as i64)))
                 .collect()
         })
         .unwrap_or_default()
@@ -110,6 +126,11 @@ async fn schema_is_created_idempotently() {
     assert_eq!(table_names(&third, &ks).await, all);
     assert_eq!(cursors(&third, "C").await["u"], 3);
 
+    assert!(
+        delivered_column(second.session(), &ks).await,
+        "created with the column"
+    );
+
     // updated_at is the wall clock at the write, join_seq as given.
     let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
     second.write(&[sink_batch("C", 4, &[("u", 4)])]).await.unwrap();
@@ -146,9 +167,8 @@ async fn racing_writers_never_lower_a_cursor() {
 
     // One writer climbs, the other descends, concurrently: the result is the max.
     race_writers(&a, &b).await;
-    let c = cursors(&a, "C").await;
-    assert_eq!(c["u"], 300);
-    assert_eq!(c["v"], 300);
+    let c = members(&a, "C").await;
+    assert_eq!((c["u"], c["v"]), ((300, 300), (300, 300)), "cursors, delivered");
     assert_eq!(latest_seq(&b, "C").await, Some(300));
     a.write(&[sink_batch("C", 2, &[("u", 2)])]).await.unwrap();
     assert_eq!(cursors(&b, "C").await["u"], 300);
@@ -220,8 +240,10 @@ async fn small_conversations_share_batches_without_server_warnings() {
     // And a newer one moves every cursor, whichever batch holds it.
     assert_eq!(sink.write(&flush(9, 6)).await.unwrap(), 600);
     for c in &chats {
-        let read = cursors(&sink, c).await;
-        assert_eq!((read["a"], read["b"]), (9, 6), "{c}");
+        let read = members(&sink, c).await;
+        // b's last write has the cursor of its first, 6, delivered
+        // further: at the same timestamp, the larger delivered wins.
+        assert_eq!((read["a"], read["b"]), ((9, 9), (6, 9)), "{c}");
         assert_eq!(latest_seq(&sink, c).await, Some(9), "{c}");
     }
     // Private state of many users shares batches too, and the racing
@@ -270,21 +292,25 @@ async fn latest_seq_only_grows() {
     sink.write(&[sink_batch("L", 60, &[])]).await.unwrap();
     assert_eq!(latest_seq(&sink, "L").await, Some(60));
     // Departures only (latest_seq 0) leave latest_seq as it was.
-    assert_eq!(sink.write(&[membership("L", "u", 0, 1, true)]).await.unwrap(), 1);
+    assert_eq!(
+        sink.write(&[membership("L", "u", 0, 0, 1, true)]).await.unwrap(),
+        1
+    );
     assert_eq!(latest_seq(&sink, "L").await, Some(60));
     assert!(!cursors(&sink, "L").await.contains_key("u"), "departed: absent");
     drop_keyspace(&sink).await;
 }
 
-/// One member's write with a membership epoch: a departure when `left`.
-fn membership(conv: &str, user: &str, cursor: u64, epoch: u64, left: bool) -> ConversationBatch {
+/// One member's write with a membership epoch, delivered `ahead` past the
+/// cursor: a departure when `left` (which carries neither).
+fn membership(conv: &str, user: &str, cursor: u64, ahead: u64, epoch: u64, left: bool) -> ConversationBatch {
     ConversationBatch {
         conversation_id: conv.parse().unwrap(),
         latest_seq: Seq(if left { 0 } else { cursor }),
         members: vec![MemberWrite {
             user_id: user.parse().unwrap(),
             cursor: Seq(if left { 0 } else { cursor }),
-            delivered: Seq::ZERO,
+            delivered: Seq(if left { 0 } else { cursor + ahead }),
             join_seq: Seq(if left { 0 } else { 1 }),
             left,
             epoch,
@@ -297,20 +323,27 @@ async fn departures_and_rejoins_are_ordered_by_the_membership_epoch() {
     let _services = shared_services().await;
     let ks = unique_keyspace("epoch");
     let sink = writer(&cql_config(&ks)).await;
-    sink.write(&[membership("M", "u", 5, 1, false)]).await.unwrap();
-    sink.write(&[membership("M", "u", 0, 2, true)]).await.unwrap();
+    sink.write(&[membership("M", "u", 5, 3, 1, false)]).await.unwrap();
+    assert_eq!(members(&sink, "M").await.get("u"), Some(&(5, 8)));
+    sink.write(&[membership("M", "u", 0, 0, 2, true)]).await.unwrap();
     assert!(!cursors(&sink, "M").await.contains_key("u"), "departed");
     // A racing or replayed write of the earlier membership, even with a
     // higher cursor, does not bring the member back.
-    sink.write(&[membership("M", "u", 9, 1, false)]).await.unwrap();
+    sink.write(&[membership("M", "u", 9, 3, 1, false)]).await.unwrap();
     assert!(!cursors(&sink, "M").await.contains_key("u"), "still departed");
-    // A rejoin at the very cursor the member left with is not shadowed.
-    sink.write(&[membership("M", "u", 5, 3, false)]).await.unwrap();
-    assert_eq!(cursors(&sink, "M").await.get("u"), Some(&5), "rejoined");
+    // A rejoin at the very cursor the member left with is not shadowed;
+    // the fold kept their delivered cursor across the leave.
+    sink.write(&[membership("M", "u", 5, 3, 3, false)]).await.unwrap();
+    assert_eq!(members(&sink, "M").await.get("u"), Some(&(5, 8)), "rejoined");
     // A replayed departure does not undo the rejoin; cursors still only grow.
-    sink.write(&[membership("M", "u", 0, 2, true)]).await.unwrap();
-    sink.write(&[membership("M", "u", 4, 3, false)]).await.unwrap();
-    assert_eq!(cursors(&sink, "M").await.get("u"), Some(&5));
+    sink.write(&[membership("M", "u", 0, 0, 2, true)]).await.unwrap();
+    sink.write(&[membership("M", "u", 4, 2, 3, false)]).await.unwrap();
+    assert_eq!(members(&sink, "M").await.get("u"), Some(&(5, 8)));
+    // A delivery alone keeps the cursor, and so the timestamp: the larger
+    // delivered cursor wins the tie, whichever lands last.
+    sink.write(&[membership("M", "u", 5, 6, 3, false)]).await.unwrap();
+    sink.write(&[membership("M", "u", 5, 4, 3, false)]).await.unwrap();
+    assert_eq!(members(&sink, "M").await.get("u"), Some(&(5, 11)));
     drop_keyspace(&sink).await;
 }
 
@@ -358,6 +391,301 @@ async fn snapshot_marks_change_only_over_the_expected_list() {
     assert!(!swap(Some("c,a"), "d,c,a").await, "not over a truncated table");
     assert!(store.snapshot_marks("g").await.unwrap().is_empty());
     drop_keyspace(&store).await;
+}
+
+/// A keyspace whose `cursors` table predates the delivered column, with
+/// rows an earlier writer left: a writer adds the column at connect (two
+/// writers starting at once both manage), the old rows read as delivered
+/// up to their cursor, and new writes carry the delivered cursor. A reader
+/// of this version that came first reads the old table without failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_before_the_delivered_column_gets_it_at_connect() {
+    let _services = shared_services().await;
+    let ks = unique_keyspace("upgrade");
+    let config = cql_config(&ks);
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_node(cql_contact_point())
+        .build()
+        .await
+        .unwrap();
+    // The schema as it was: every table, `cursors` without the column.
+    for statement in readfold_store::cql::schema(&ks, &config.replication) {
+        let old = statement.replace(" delivered bigint,", "");
+        assert_eq!(old != statement, statement.contains(".cursors "), "{statement}");
+        session.query_unpaged(old, &[]).await.unwrap();
+    }
+    assert!(!delivered_column(&session, &ks).await);
+    // Rows as the earlier writer wrote them (timestamp: the cursor).
+    for (user, cursor) in [("u", 7i64), ("v", 3)] {
+        session
+            .query_unpaged(
+                format!(
+                    "INSERT INTO {ks}.cursors (conversation_id, user_id, cursor, join_seq, updated_at) \
+                     VALUES ('C', ?, ?, 1, 0) USING TIMESTAMP ?"
+                ),
+                (user, cursor, cursor),
+            )
+            .await
+            .unwrap();
+    }
+
+    let early_reader = CqlStore::connect(&config).await.unwrap();
+    let old = HashMap::from([("u".to_owned(), (7, 7)), ("v".to_owned(), (3, 3))]);
+    assert_eq!(members(&early_reader, "C").await, old, "before the column");
+
+    let (a, b) = tokio::join!(
+        CqlStore::connect_writer(&config),
+        CqlStore::connect_writer(&config)
+    );
+    let (a, b) = (a.expect("first writer"), b.expect("second writer"));
+    assert!(delivered_column(&session, &ks).await);
+    assert_eq!(members(&a, "C").await, old, "old rows: delivered as far as read");
+    assert_eq!(members(&b, "C").await, old);
+
+    // u delivered past the cursor, at the old row's very timestamp; v read
+    // and delivered further.
+    a.write(&[sink_batch("C", 9, &[("u", 7)])]).await.unwrap();
+    b.write(&[sink_batch("C", 6, &[("v", 4)])]).await.unwrap();
+    let new = HashMap::from([("u".to_owned(), (7, 9)), ("v".to_owned(), (4, 6))]);
+    assert_eq!(members(&a, "C").await, new);
+    let scanned = a.scan().await.unwrap();
+    assert_eq!(
+        scanned
+            .values()
+            .map(|m| (m.cursor.get(), m.delivered.get()))
+            .collect::<Vec<_>>(),
+        [(7, 9), (4, 6)],
+        "the bulk read"
+    );
+    // The reader that came first answers delivered as the cursor until its
+    // driver's schema metadata lists the column (refreshed every minute
+    // after the server's schema change event), then reads it.
+    assert_eq!(
+        members(&early_reader, "C").await,
+        HashMap::from([("u".to_owned(), (7, 7)), ("v".to_owned(), (4, 4))])
+    );
+    early_reader.session().refresh_metadata().await.unwrap();
+    assert_eq!(members(&early_reader, "C").await, new);
+    // A writer that finds the column in place adds nothing, and all is kept.
+    let again = writer(&config).await;
+    assert_eq!(members(&again, "C").await, new);
+    drop_keyspace(&again).await;
+}
+
+/// Whether `keyspace.cursors` has the `delivered` column.
+async fn delivered_column(session: &scylla::client::session::Session, keyspace: &str) -> bool {
+    session
+        .query_unpaged(
+            "SELECT column_name FROM system_schema.columns \
+             WHERE keyspace_name = ? AND table_name = 'cursors' AND column_name = 'delivered'",
+            (keyspace,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .rows_num()
+        == 1
+}
+
+/// One member's history as the fold may write it, state by state:
+/// cursor and delivered cursor only grow (delivered never below the
+/// cursor, and kept across a leave), leaves and rejoins raise the epoch.
+fn history(next: &mut impl FnMut(u64) -> u64, user: &str) -> Vec<MemberWrite> {
+    let (mut cursor, mut delivered, mut join_seq) = (next(4), 0, 1);
+    let (mut epoch, mut left) = (next(2), false);
+    let mut states = Vec::new();
+    for _ in 0..14 {
+        match next(10) {
+            0 if !left => {
+                epoch += 1;
+                left = true;
+            }
+            0 | 1 if left => {
+                // Rejoined at a later message: the fold lifts the cursor to it.
+                let at = cursor + next(3);
+                (cursor, join_seq) = (at, at + 1);
+                epoch += 1;
+                left = false;
+            }
+            1..=3 => cursor += 1 + next(4),
+            4..=6 => delivered = delivered.max(cursor) + 1 + next(6),
+            _ => {
+                cursor += next(3);
+                delivered = delivered.max(cursor) + next(3);
+            }
+        }
+        delivered = delivered.max(cursor);
+        states.push(MemberWrite {
+            user_id: user.parse().unwrap(),
+            cursor: Seq(if left { 0 } else { cursor }),
+            delivered: Seq(if left { 0 } else { delivered }),
+            join_seq: Seq(if left { 0 } else { join_seq }),
+            left,
+            epoch,
+        });
+    }
+    states
+}
+
+/// Flushes that write states of members' histories out of order, as
+/// replays, racing writers and retries do: mostly later states, now and
+/// then an earlier one, sometimes two states of one member in one batch,
+/// in conversations large and small, many per flush. Both stores must end
+/// at each member's latest state written: CQL through its write
+/// timestamps (the delivered cursor riding on the cursor's), Redis through
+/// its script.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_histories_land_as_their_latest_state_in_both_stores() {
+    let _services = shared_services().await;
+    let ks = unique_keyspace("histories");
+    let cql = writer(&cql_config(&ks)).await;
+    let prefix = unique("histories");
+    let redis = redis_store(&redis_url(), &prefix).await;
+    let mut next = xorshift(0x6a09_e667_f3bc_c908);
+    // Conversation sizes: mostly 1:1 chats and small groups; one past the
+    // CQL batch's rows and the script's chunk of fields.
+    let sizes: Vec<u64> = (0..80).map(|c| if c == 7 { 1200 } else { 1 + next(6) }).collect();
+    let histories: Vec<Vec<Vec<MemberWrite>>> = sizes
+        .iter()
+        .map(|&n| (0..n).map(|u| history(&mut next, &format!("u{u}"))).collect())
+        .collect();
+    // The latest state written so far, per member, by its index.
+    let mut latest: Vec<Vec<Option<usize>>> = sizes.iter().map(|&n| vec![None; n as usize]).collect();
+    let mut progress: Vec<Vec<usize>> = sizes.iter().map(|&n| vec![0; n as usize]).collect();
+    for round in 0..8 {
+        let flush: Vec<ConversationBatch> = histories
+            .iter()
+            .enumerate()
+            .map(|(c, members)| {
+                let mut writes = Vec::new();
+                for (u, states) in members.iter().enumerate() {
+                    if next(3) == 0 {
+                        continue;
+                    }
+                    let at = &mut progress[c][u];
+                    *at = (*at + next(3) as usize).min(states.len() - 1);
+                    let mut picks = vec![*at];
+                    match next(6) {
+                        0 => picks[0] = next(*at as u64 + 1) as usize,
+                        1 => picks.push(next(*at as u64 + 1) as usize),
+                        2 => picks.insert(0, next(*at as u64 + 1) as usize),
+                        _ => {}
+                    }
+                    for pick in picks {
+                        writes.push(states[pick].clone());
+                        latest[c][u] = latest[c][u].max(Some(pick));
+                    }
+                }
+                ConversationBatch {
+                    conversation_id: format!("H{c}").parse().unwrap(),
+                    latest_seq: Seq(round),
+                    members: writes,
+                }
+            })
+            .collect();
+        cql.write(&flush).await.unwrap();
+        redis.write(&flush).await.unwrap();
+    }
+    for (c, members) in histories.iter().enumerate() {
+        let want: BTreeMap<String, (u64, u64, u64)> = members
+            .iter()
+            .zip(&latest[c])
+            .filter_map(|(states, at)| {
+                let m = &states[(*at)?];
+                (!m.left).then(|| {
+                    (
+                        m.user_id.to_string(),
+                        (m.cursor.get(), m.delivered.get(), m.join_seq.get()),
+                    )
+                })
+            })
+            .collect();
+        let conv = format!("H{c}");
+        let as_read = |view: Option<ConversationView>| -> BTreeMap<String, (u64, u64, u64)> {
+            view.iter()
+                .flat_map(|v| &v.members)
+                .map(|(u, m)| {
+                    (
+                        u.to_string(),
+                        (m.cursor.get(), m.delivered.get(), m.join_seq.get()),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(
+            as_read(cql.conversation(&conv).await.unwrap()),
+            want,
+            "{conv}: CQL"
+        );
+        assert_eq!(
+            as_read(redis.conversation(&conv).await.unwrap()),
+            want,
+            "{conv}: Redis"
+        );
+    }
+    drop_keyspace(&cql).await;
+    redis.delete_all().await.unwrap();
+}
+
+/// A small seeded generator: `next(n)` draws from 0..n.
+fn xorshift(mut state: u64) -> impl FnMut(u64) -> u64 {
+    move |n| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    }
+}
+
+/// The processor's delivered cursors reach CQL's snapshots and Redis as
+/// the fold has them: ahead of the cursor, caught up by a read, kept across
+/// a leave and a rejoin, and for a member who joins late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_writes_delivered_cursors_to_both_stores() {
+    let env = TestEnv::new("cql-delivered", 2).await;
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    for m in ["A", "B", "C"] {
+        feed.event(joined("G", m, 0)).await;
+    }
+    for seq in 1..=3 {
+        feed.event(sent("G", "A", seq)).await;
+    }
+    feed.report(delivery("G", "B", 3)).await;
+    feed.report(report("G", "B", 1)).await;
+    feed.report(delivery("G", "C", 2)).await;
+    feed.report(report("G", "C", 3)).await;
+    feed.report(delivery("G", "C", 2)).await;
+    feed.event(left("G", "B", 4)).await;
+    feed.event(sent("G", "A", 5)).await;
+    feed.event(joined("G", "B", 5)).await;
+    feed.event(joined("G", "D", 5)).await;
+    feed.event(sent("G", "A", 6)).await;
+    feed.report(delivery("G", "B", 6)).await;
+    feed.report(delivery("G", "D", 6)).await;
+    feed.event(joined("P", "A", 0)).await;
+    feed.event(joined("P", "E", 0)).await;
+    feed.event(sent("P", "A", 1)).await;
+    feed.report(delivery("P", "E", 1)).await;
+
+    let mut processor = env.spawn("a");
+    let log = env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    assert_matches(&log, &reference);
+    assert_redis_matches(&env, &reference).await;
+    let keyspace = &env.config.cql.keyspace;
+    let want = reference.present();
+    assert_eq!(wait_for_cql(keyspace, &want, Duration::from_secs(30)).await, want);
+    let (got, want) = wait_for_cql_delivered(keyspace, &reference, Duration::from_secs(30)).await;
+    assert_eq!(got, want, "CQL's delivered cursors");
+    let key = |c: &str, u: &str| (c.to_owned(), u.to_owned());
+    assert_eq!(got[&key("G", "B")], 6, "B: delivered ahead after the rejoin");
+    assert_eq!(got[&key("G", "C")], 3, "C: a read caught up");
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
 }
 
 /// The tables of `keyspace`, sorted.

@@ -18,6 +18,8 @@ pub enum Error {
     CqlPrepare(#[source] Box<scylla::errors::PrepareError>),
     #[error("cql: schema agreement: {0}")]
     CqlSchemaAgreement(#[source] Box<scylla::errors::SchemaAgreementError>),
+    #[error("cql: schema metadata: {0}")]
+    CqlMetadata(#[source] Box<scylla::errors::MetadataError>),
     /// A result did not have the rows or types readfold wrote.
     #[error("cql: unexpected result: {0}")]
     CqlResult(#[source] BoxError),
@@ -52,6 +54,7 @@ boxed_from! {
     scylla::errors::ExecutionError => CqlExecute,
     scylla::errors::PrepareError => CqlPrepare,
     scylla::errors::SchemaAgreementError => CqlSchemaAgreement,
+    scylla::errors::MetadataError => CqlMetadata,
 }
 
 impl Error {
@@ -71,6 +74,7 @@ impl Error {
             Error::CqlExecute(_)
             | Error::CqlPrepare(_)
             | Error::CqlSchemaAgreement(_)
+            | Error::CqlMetadata(_)
             | Error::CqlResult(_)
             | Error::Task(_) => true,
         }

@@ -44,6 +44,16 @@ pub async fn redis_conn(url: &str) -> redis::aio::MultiplexedConnection {
 
 /// user -> cursor of one conversation, through the Redis read half.
 pub async fn redis_cursors(url: &str, prefix: &str, conversation: &str) -> HashMap<String, i64> {
+    redis_members(url, prefix, conversation)
+        .await
+        .into_iter()
+        .map(|(u, (cursor, _))| (u, cursor))
+        .collect()
+}
+
+/// user -> (cursor, delivered cursor) of one conversation, through the
+/// Redis read half.
+pub async fn redis_members(url: &str, prefix: &str, conversation: &str) -> HashMap<String, (i64, i64)> {
     let store = RedisStore::connect(&redis_config(url, prefix))
         .await
         .expect("connect to Redis");
@@ -54,25 +64,50 @@ pub async fn redis_cursors(url: &str, prefix: &str, conversation: &str) -> HashM
         .map(|view| {
             view.members
                 .into_iter()
-                .map(|(u, m)| (u.to_string(), m.cursor.get() as i64))
+                .map(|(u, m)| {
+                    (
+                        u.to_string(),
+                        (m.cursor.get() as i64, m.delivered_through().get() as i64),
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default()
 }
 
-/// Every present member's cursor of the reference is in the test's Redis,
-/// and nothing else.
+/// Every present member's cursor and delivered cursor of the reference is
+/// in the test's Redis, and nothing else.
 pub async fn assert_redis_matches(env: &TestEnv, reference: &Reference) {
+    let delivered = expected_delivered(reference);
     for (conv, want) in reference.present_by_conversation() {
-        let got: BTreeMap<String, i64> = redis_cursors(&redis_url(), &env.config.redis.key_prefix, &conv)
-            .await
-            .into_iter()
-            .collect();
+        let members = redis_members(&redis_url(), &env.config.redis.key_prefix, &conv).await;
+        let got: BTreeMap<String, i64> = members.iter().map(|(u, &(c, _))| (u.clone(), c)).collect();
         if got != want {
             let why = redis_mismatch_detail(env, &conv, &got, &want).await;
             assert_eq!(got, want, "redis hash of {conv}\n{why}");
         }
+        let got: BTreeMap<&String, i64> = members.iter().map(|(u, &(_, d))| (u, d)).collect();
+        let want: BTreeMap<&String, i64> = delivered
+            .iter()
+            .filter(|((c, _), _)| *c == conv)
+            .map(|((_, u), &d)| (u, d))
+            .collect();
+        assert_eq!(got, want, "redis delivered cursors of {conv}");
     }
+}
+
+/// The reference's delivered cursor of every present member, as a store
+/// answers it: never below the cursor.
+fn expected_delivered(reference: &Reference) -> BTreeMap<Key, i64> {
+    let present = reference.present();
+    reference
+        .expected_delivered()
+        .into_iter()
+        .filter_map(|(k, d)| {
+            let &(cursor, _) = present.get(&k)?;
+            Some((k, d.max(cursor)))
+        })
+        .collect()
 }
 
 /// What a failing Redis comparison needs to be understood: the
@@ -88,12 +123,14 @@ async fn redis_mismatch_detail(
     use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
     use redis::AsyncCommands;
     let prefix = &env.config.redis.key_prefix;
-    let [_, latest, joined, epoch] = readfold_store::redis::keys(prefix, conv);
+    let [_, latest, joined, epoch, delivered] = readfold_store::redis::keys(prefix, conv);
     let mut conn = redis_conn(&redis_url()).await;
     let latest: Option<String> = conn.get(&latest).await.unwrap_or_default();
     let joined: BTreeMap<String, String> = conn.hgetall(&joined).await.unwrap_or_default();
     let epoch: BTreeMap<String, String> = conn.hgetall(&epoch).await.unwrap_or_default();
-    let mut out = format!("redis latest {latest:?}, joined {joined:?}, epoch {epoch:?}\n");
+    let delivered: BTreeMap<String, String> = conn.hgetall(&delivered).await.unwrap_or_default();
+    let mut out =
+        format!("redis latest {latest:?}, joined {joined:?}, epoch {epoch:?}, delivered {delivered:?}\n");
     let users: std::collections::BTreeSet<&String> = got
         .keys()
         .chain(want.keys())
@@ -175,6 +212,46 @@ pub async fn cql_cursors(keyspace: &str) -> BTreeMap<Key, (i64, i64)> {
         .collect()
 }
 
+/// Every row's delivered cursor of `<keyspace>.cursors` (never below its
+/// cursor), through the CQL read half; empty while the keyspace does not
+/// exist yet.
+pub async fn cql_delivered(keyspace: &str) -> BTreeMap<Key, i64> {
+    let store = CqlStore::connect(&cql_config(keyspace))
+        .await
+        .expect("connect to the CQL server");
+    let Ok(rows) = store.scan().await else {
+        return BTreeMap::new(); // not created yet
+    };
+    rows.into_iter()
+        .map(|(k, m)| {
+            (
+                (k.conversation_id.to_string(), k.user_id.to_string()),
+                m.delivered_through().get() as i64,
+            )
+        })
+        .collect()
+}
+
+/// Polls CQL until its rows' delivered cursors are the reference's (every
+/// present member's) or the timeout passes; returns (got, want). Snapshots
+/// lag the changelog, and a delivery alone changes no cursor that
+/// [`wait_for_cql`] would wait for.
+pub async fn wait_for_cql_delivered(
+    keyspace: &str,
+    reference: &Reference,
+    timeout: Duration,
+) -> (BTreeMap<Key, i64>, BTreeMap<Key, i64>) {
+    let want = expected_delivered(reference);
+    let started = Instant::now();
+    loop {
+        let got = cql_delivered(keyspace).await;
+        if got == want || started.elapsed() > timeout {
+            return (got, want);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// Polls CQL until it holds `want` or the timeout passes.
 pub async fn wait_for_cql(
     keyspace: &str,
@@ -193,7 +270,9 @@ pub async fn wait_for_cql(
 
 /// Two writers race on conversation C, concurrently: `a` climbs from 1 to
 /// 300 while `b` descends from 300 to 1, both writing u = seq and
-/// v = 301 - seq. A max-merging store ends with u = v = latest = 300.
+/// v = 301 - seq, each delivered up to seq (v's ahead of its cursor above
+/// 150). A max-merging store ends with u = v = latest = 300, and both
+/// delivered up to 300.
 pub async fn race_writers<S: CursorStore>(a: &S, b: &S) {
     let up = async {
         for seq in 1..=300u64 {
@@ -260,7 +339,9 @@ pub fn expected_private_state() -> Vec<PrivateState> {
     ]
 }
 
-/// A store batch for one conversation: members with join_seq 1.
+/// A store batch for one conversation: members with join_seq 1, each with
+/// every message up to `latest` delivered (or up to their cursor, if that
+/// is higher).
 pub fn sink_batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> ConversationBatch {
     ConversationBatch {
         conversation_id: conv.parse().unwrap(),
@@ -270,7 +351,7 @@ pub fn sink_batch(conv: &str, latest: u64, members: &[(&str, u64)]) -> Conversat
             .map(|(u, c)| MemberWrite {
                 user_id: u.parse().unwrap(),
                 cursor: Seq(*c),
-                delivered: Seq::ZERO,
+                delivered: Seq(latest.max(*c)),
                 join_seq: Seq(1),
                 left: false,
                 epoch: 0,

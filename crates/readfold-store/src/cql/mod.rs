@@ -8,6 +8,16 @@
 //! stored. On equal timestamps Cassandra and ScyllaDB keep the larger cell
 //! value, which is right for `join_seq` (it only grows) and `updated_at`.
 //!
+//! The delivered cursor (`cursors.delivered`) goes in the same insert as the
+//! cursor, so it carries the cursor's timestamp: a write with a higher
+//! cursor replaces it, and among writes of the same cursor the larger
+//! delivered wins the tie. That is a max-merge because the fold moves both
+//! forward together: a write with a higher cursor comes from a later state,
+//! whose delivered cursor is at least as high, so the latest write holds
+//! both maxima. A departure's row deletion takes it with the row. Rows
+//! written before the column existed hold no delivered cursor, read as the
+//! cursor.
+//!
 //! Consequence of borrowing the write timestamp: these cells carry tiny
 //! timestamps (sequence numbers, not microseconds since the epoch), so any
 //! ordinary write or `DELETE` made by hand (server or client clock
@@ -40,6 +50,7 @@ use scylla::statement::prepared::PreparedStatement;
 pub use config::CqlConfig;
 pub use marks::{new_mark, MarkList, MARKS_KEPT};
 pub use schema::schema;
+use schema::{add_delivered_column, column_pending};
 
 use crate::error::{Error, Result};
 use crate::CursorStore;
@@ -108,28 +119,54 @@ impl CqlStore {
         })
     }
 
-    /// Connects, creates the keyspace and tables if missing, waits for schema
-    /// agreement and prepares the writes.
+    /// Connects, creates the keyspace and tables if missing, adds the
+    /// columns a table created earlier lacks, waits for schema agreement and
+    /// prepares the writes.
     pub async fn connect_writer(config: &CqlConfig) -> Result<Self> {
         let mut store = Self::connect(config).await?;
         let session = &store.session;
         // The metadata the driver fetched while connecting lists the
         // keyspace's tables: at a restart every statement would be a round
         // trip that changes nothing.
-        let present = session
-            .get_cluster_state()
-            .get_keyspace(&config.keyspace)
-            .is_some_and(|ks| TABLES.iter().all(|t| ks.tables.contains_key(*t)));
+        let (present, has_delivered) = {
+            let cluster = session.get_cluster_state();
+            let keyspace = cluster.get_keyspace(&config.keyspace);
+            (
+                keyspace.is_some_and(|ks| TABLES.iter().all(|t| ks.tables.contains_key(*t))),
+                keyspace
+                    .and_then(|ks| ks.tables.get("cursors"))
+                    .is_some_and(|t| t.columns.contains_key("delivered")),
+            )
+        };
         if !present {
             for statement in schema(&config.keyspace, &config.replication) {
                 // The driver also awaits agreement after each schema change.
                 session.query_unpaged(statement, &[]).await?;
             }
         }
+        if !has_delivered {
+            add_delivered_column(session, &config.keyspace).await?;
+            // Reads ask the metadata whether the column is there
+            // ([`CqlStore::reads_delivered`]); the schema change event that
+            // would refresh it may come later.
+            session.refresh_metadata().await?;
+        }
         session.await_schema_agreement().await?;
         let ks = &config.keyspace;
         let prepare = |cql: String| async move {
-            let mut statement = session.prepare(cql).await?;
+            // A column another writer is adding shows in the schema tables
+            // (and so in the metadata and the check above) a moment before
+            // statements can name it.
+            let mut waits = 0;
+            let mut statement = loop {
+                match session.prepare(cql.as_str()).await {
+                    Err(e) if column_pending(&e) && waits < COLUMN_WAITS => {
+                        waits += 1;
+                        tokio::time::sleep(COLUMN_WAIT).await;
+                    }
+                    other => break other?,
+                }
+            };
             // Explicit write timestamps make retries harmless.
             statement.set_is_idempotent(true);
             Ok::<_, Error>(statement)
@@ -138,8 +175,8 @@ impl CqlStore {
         let (ids, cursor, departure, conversation, private_cursor, mark) = tokio::try_join!(
             table_ids(session, &config.keyspace),
             prepare(format!(
-                "INSERT INTO {ks}.cursors (conversation_id, user_id, cursor, join_seq, updated_at) \
-                 VALUES (?, ?, ?, ?, ?) USING TIMESTAMP ?"
+                "INSERT INTO {ks}.cursors (conversation_id, user_id, cursor, join_seq, updated_at, delivered) \
+                 VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
             )),
             prepare(format!(
                 "DELETE FROM {ks}.cursors USING TIMESTAMP ? WHERE conversation_id = ? AND user_id = ?"
@@ -176,6 +213,18 @@ impl CqlStore {
     /// reader.
     pub fn store_name(&self) -> Option<&str> {
         self.store_name.as_deref()
+    }
+
+    /// Whether reads may select `cursors.delivered`: unless the driver's
+    /// schema metadata shows the table without it (created before it, and
+    /// no writer of this version has connected since), so that a reader
+    /// that is upgraded first reads delivered as the cursor, not errors.
+    fn reads_delivered(&self) -> bool {
+        self.session
+            .get_cluster_state()
+            .get_keyspace(&self.keyspace)
+            .and_then(|ks| ks.tables.get("cursors"))
+            .is_none_or(|t| t.columns.contains_key("delivered"))
     }
 
     /// The driver session, for checks outside readfold's reads.
@@ -215,6 +264,11 @@ async fn table_ids(session: &Session, keyspace: &str) -> Result<String> {
     ids.sort();
     Ok(ids.join(","))
 }
+
+/// How long, and how often, a writer waits for a column just added to be
+/// usable: 5 s in all, then connecting fails (and is retried).
+const COLUMN_WAIT: Duration = Duration::from_millis(100);
+const COLUMN_WAITS: u32 = 50;
 
 /// The tables readfold creates and writes.
 const TABLES: [&str; 4] = ["conversations", "cursors", "snapshot_marks", "user_cursors"];

@@ -1,4 +1,6 @@
-//! The read half: a conversation's rows as the core's read model.
+//! The read half: a conversation's rows as the core's read model. A row
+//! with no delivered cursor (written before the column existed) reads it as
+//! the cursor.
 
 use std::collections::BTreeMap;
 
@@ -24,20 +26,24 @@ impl CqlStore {
     /// row of it.
     pub async fn conversation(&self, conversation_id: &str) -> Result<Option<ConversationView>> {
         let ks = &self.keyspace;
+        let columns = self.member_columns();
         let rows = self
             .session
             .query_unpaged(
-                format!("SELECT user_id, cursor, join_seq FROM {ks}.cursors WHERE conversation_id = ?"),
+                format!("SELECT user_id, {columns} FROM {ks}.cursors WHERE conversation_id = ?"),
                 (conversation_id,),
             )
             .await?
             .into_rows_result()
             .map_err(Error::cql_result)?;
         let mut members = BTreeMap::new();
-        for row in rows.rows::<(String, i64, i64)>().map_err(Error::cql_result)? {
-            let (id, cursor, join_seq) = row.map_err(Error::cql_result)?;
+        for row in rows
+            .rows::<(String, i64, i64, Option<i64>)>()
+            .map_err(Error::cql_result)?
+        {
+            let (id, cursor, join_seq, delivered) = row.map_err(Error::cql_result)?;
             if let Some(id) = user(&id) {
-                members.insert(id, member(cursor, join_seq));
+                members.insert(id, member(cursor, join_seq, delivered));
             }
         }
         let latest = self
@@ -68,7 +74,8 @@ impl CqlStore {
             .session
             .query_unpaged(
                 format!(
-                    "SELECT conversation_id, user_id, cursor, join_seq FROM {}.cursors",
+                    "SELECT conversation_id, user_id, {} FROM {}.cursors",
+                    self.member_columns(),
                     self.keyspace
                 ),
                 (),
@@ -78,10 +85,10 @@ impl CqlStore {
             .map_err(Error::cql_result)?;
         let mut out = BTreeMap::new();
         for row in rows
-            .rows::<(String, String, i64, i64)>()
+            .rows::<(String, String, i64, i64, Option<i64>)>()
             .map_err(Error::cql_result)?
         {
-            let (c, u, cursor, join_seq) = row.map_err(Error::cql_result)?;
+            let (c, u, cursor, join_seq, delivered) = row.map_err(Error::cql_result)?;
             let (Ok(conversation_id), Some(user_id)) = (ConversationId::parse(&c, usize::MAX), user(&u))
             else {
                 continue;
@@ -91,7 +98,7 @@ impl CqlStore {
                     conversation_id,
                     user_id,
                 },
-                member(cursor, join_seq),
+                member(cursor, join_seq, delivered),
             );
         }
         Ok(out)
@@ -137,16 +144,43 @@ impl CqlStore {
             .collect())
     }
 
+    /// The `cursors` columns of a member, as [`member`] takes them: cursor,
+    /// join_seq, delivered; the cursor again for delivered where the table
+    /// has no such column yet.
+    fn member_columns(&self) -> &'static str {
+        if self.reads_delivered() {
+            "cursor, join_seq, delivered"
+        } else {
+            "cursor, join_seq, cursor"
+        }
+    }
+
     /// The latest seq CQL holds for a conversation.
     pub async fn latest_seq(&self, conversation_id: &str) -> Result<Option<Seq>> {
         Ok(self.conversation(conversation_id).await?.map(|v| v.latest_seq))
     }
 }
 
-fn member(cursor: i64, join_seq: i64) -> MemberCursor {
+/// A member as stored; no delivered cursor (a row written before the
+/// column) reads as the cursor, and none reads below it.
+fn member(cursor: i64, join_seq: i64, delivered: Option<i64>) -> MemberCursor {
     MemberCursor {
         cursor: seq(cursor),
-        delivered: seq(cursor),
+        delivered: seq(delivered.unwrap_or(cursor).max(cursor)),
         join_seq: Seq(join_seq.max(1) as u64),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_row_without_a_delivered_cursor_reads_the_cursor() {
+        assert_eq!(member(5, 1, None).delivered, Seq(5));
+        assert_eq!(member(5, 1, Some(9)).delivered, Seq(9));
+        // Written by an earlier writer after this one: never below.
+        assert_eq!(member(5, 1, Some(3)).delivered, Seq(5));
+        assert_eq!(member(5, 0, None).join_seq, Seq(1));
     }
 }

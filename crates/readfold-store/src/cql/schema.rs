@@ -1,4 +1,10 @@
-//! The tables, created idempotently by writers at connect.
+//! The tables, created idempotently by writers at connect, and the columns
+//! added since, added the same way to tables created before them.
+
+use scylla::client::session::Session;
+use scylla::errors::{DbError, ExecutionError, PrepareError, RequestAttemptError};
+
+use crate::error::{Error, Result};
 
 /// The schema, in creation order.
 pub fn schema(keyspace: &str, replication: &str) -> [String; 5] {
@@ -6,7 +12,7 @@ pub fn schema(keyspace: &str, replication: &str) -> [String; 5] {
         format!("CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}"),
         format!(
             "CREATE TABLE IF NOT EXISTS {keyspace}.cursors (conversation_id text, user_id text, \
-             cursor bigint, join_seq bigint, updated_at timestamp, \
+             cursor bigint, join_seq bigint, updated_at timestamp, delivered bigint, \
              PRIMARY KEY ((conversation_id), user_id))"
         ),
         format!(
@@ -28,9 +34,103 @@ pub fn schema(keyspace: &str, replication: &str) -> [String; 5] {
     ]
 }
 
+/// Adds `cursors.delivered` unless `system_schema.columns` lists it:
+/// `CREATE TABLE IF NOT EXISTS` leaves a table made before the column as
+/// it is. Two writers that start at once may both add it; the second's
+/// refusal ([`column_exists`]) means the column is there.
+pub(crate) async fn add_delivered_column(session: &Session, keyspace: &str) -> Result<()> {
+    let found = session
+        .query_unpaged(
+            "SELECT column_name FROM system_schema.columns \
+             WHERE keyspace_name = ? AND table_name = 'cursors' AND column_name = 'delivered'",
+            (keyspace,),
+        )
+        .await?
+        .into_rows_result()
+        .map_err(Error::cql_result)?
+        .rows_num();
+    if found > 0 {
+        return Ok(());
+    }
+    match session
+        .query_unpaged(
+            format!("ALTER TABLE {keyspace}.cursors ADD delivered bigint"),
+            &[],
+        )
+        .await
+    {
+        Err(e) if column_exists(&e) => Ok(()),
+        other => other.map(drop).map_err(Error::from),
+    }
+}
+
+/// Whether an `ALTER TABLE ... ADD` failed because the column exists
+/// already (Cassandra: "already exists"; ScyllaDB and older Cassandra:
+/// "conflicts with an existing column").
+fn column_exists(e: &ExecutionError) -> bool {
+    matches!(
+        e,
+        ExecutionError::LastAttemptError(RequestAttemptError::DbError(DbError::Invalid, message))
+            if message.contains("already exists") || message.contains("conflicts with an existing column")
+    )
+}
+
+/// Whether a statement failed to prepare on a column the server does not
+/// know (yet): one being added is in `system_schema` before statements can
+/// name it.
+pub(crate) fn column_pending(e: &PrepareError) -> bool {
+    matches!(
+        e,
+        PrepareError::AllAttemptsFailed {
+            first_attempt: RequestAttemptError::DbError(DbError::Invalid, message)
+        } if message.contains("Undefined column name")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_column_added_by_another_writer_is_no_error() {
+        let refused = |error: DbError, message: &str| {
+            ExecutionError::LastAttemptError(RequestAttemptError::DbError(error, message.into()))
+        };
+        assert!(column_exists(&refused(
+            DbError::Invalid,
+            "Invalid column name delivered because it conflicts with an existing column"
+        )));
+        assert!(column_exists(&refused(
+            DbError::Invalid,
+            "Column with name 'delivered' already exists"
+        )));
+        assert!(!column_exists(&refused(
+            DbError::Invalid,
+            "Undefined column name x"
+        )));
+        assert!(!column_exists(&refused(DbError::Unauthorized, "already exists")));
+        assert!(!column_exists(&ExecutionError::EmptyPlan));
+    }
+
+    #[test]
+    fn a_column_being_added_is_waited_for() {
+        let failed = |error: DbError, message: &str| PrepareError::AllAttemptsFailed {
+            first_attempt: RequestAttemptError::DbError(error, message.into()),
+        };
+        assert!(column_pending(&failed(
+            DbError::Invalid,
+            "Undefined column name delivered in table ks.cursors"
+        )));
+        assert!(!column_pending(&failed(
+            DbError::Invalid,
+            "unconfigured table cursors"
+        )));
+        assert!(!column_pending(&failed(
+            DbError::Unauthorized,
+            "Undefined column name x"
+        )));
+        assert!(!column_pending(&PrepareError::PreparedStatementIdsMismatch));
+    }
 
     #[test]
     fn schema_names_the_keyspace() {
@@ -40,6 +140,7 @@ mod tests {
         assert!(
             cursors.contains("k.cursors") && cursors.contains("PRIMARY KEY ((conversation_id), user_id)")
         );
+        assert!(cursors.contains("delivered bigint"));
         assert!(conversations.contains("k.conversations"));
         assert!(
             user_cursors.contains("k.user_cursors")

@@ -12,7 +12,9 @@
 //!   departure of epoch e deletes the row at `e << 40 | (2^40 - 1)`, above
 //!   every write of the member's earlier epochs, and a rejoin (epoch e + 1)
 //!   writes above the departure. Within one epoch the cursor orders, so a
-//!   stale or racing write never lowers it.
+//!   stale or racing write never lowers it. The delivered cursor rides in
+//!   the same insert: the fold moves it with the cursor, and a tie goes to
+//!   the larger value (see the module above).
 //! - a `conversations` row: `latest_seq`.
 //! - `user_cursors.private_cursor`: the private cursor;
 //!   `user_cursors.unread_mark` (the mark's seq, -1 when cleared): the
@@ -52,8 +54,9 @@ pub const MAX_BATCH_BYTES: usize = 48 * 1024;
 pub const SHARED_BATCH_BYTES: usize = 4 * 1024;
 
 /// Size of a `cursors` row beyond its user id, as Cassandra 5 counts it for
-/// the batch thresholds (measured: 105 bytes), rounded up.
-const CURSOR_ROW_OVERHEAD: usize = 112;
+/// the batch thresholds (measured: 105 bytes, and 28 more for `delivered`),
+/// rounded up.
+const CURSOR_ROW_OVERHEAD: usize = 136;
 
 /// Size of the `conversations` row, as counted for the thresholds (estimate).
 const CONVERSATION_ROW_BYTES: usize = 64;
@@ -203,13 +206,14 @@ fn joined(result: Option<std::result::Result<Result<u64>, tokio::task::JoinError
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Row {
     /// `cursors` insert: conversation_id, user_id, cursor, join_seq,
-    /// updated_at, then the write timestamp.
+    /// updated_at, delivered, then the write timestamp.
     Cursor {
         conversation_id: ConversationId,
         user_id: UserId,
         cursor: i64,
         join_seq: i64,
         updated_at: CqlTimestamp,
+        delivered: i64,
         timestamp: i64,
     },
     /// `cursors` delete of a departed member: the timestamp, then
@@ -288,6 +292,7 @@ impl SerializeRow for Row {
                 cursor,
                 join_seq,
                 updated_at,
+                delivered,
                 timestamp,
             } => (
                 conversation_id.as_str(),
@@ -295,6 +300,7 @@ impl SerializeRow for Row {
                 *cursor,
                 *join_seq,
                 *updated_at,
+                *delivered,
                 *timestamp,
             )
                 .serialize(ctx, writer),
@@ -357,6 +363,8 @@ fn rows(batch: &ConversationBatch, updated_at: CqlTimestamp) -> Result<Vec<Row>>
                 cursor: bigint(m.cursor)?,
                 join_seq: bigint(m.join_seq)?,
                 updated_at,
+                // Never below the cursor: reading implies delivery.
+                delivered: bigint(m.delivered.max(m.cursor))?,
                 timestamp: cursor_timestamp(m.epoch, m.cursor)?,
             }
         });
@@ -491,11 +499,13 @@ mod tests {
     use super::*;
     use readfold_core::flush::MemberWrite;
 
+    /// A member whose devices got two messages past the cursor; a
+    /// departure carries none, as the flush writes it.
     fn member(user: &str, cursor: u64, left: bool) -> MemberWrite {
         MemberWrite {
             user_id: user.parse().unwrap(),
             cursor: Seq(cursor),
-            delivered: Seq::ZERO,
+            delivered: Seq(if left { 0 } else { cursor + 2 }),
             join_seq: Seq(1),
             left,
             epoch: if left { 2 } else { 1 },
@@ -635,9 +645,36 @@ mod tests {
         let rows = rows(&batch, CqlTimestamp(42)).unwrap();
         assert_eq!(rows.len(), 4);
         assert!(matches!(rows[0], Row::Conversation { latest_seq: 7, .. }));
-        assert!(matches!(&rows[1], Row::Cursor { user_id, cursor: 5, .. } if user_id.as_str() == "a"));
+        assert!(matches!(
+            &rows[1],
+            Row::Cursor { user_id, cursor: 5, delivered: 7, .. } if user_id.as_str() == "a"
+        ));
         assert!(matches!(&rows[2], Row::Departure { user_id, .. } if user_id.as_str() == "b"));
-        assert!(matches!(&rows[3], Row::Cursor { user_id, cursor: 7, .. } if user_id.as_str() == "c"));
+        assert!(matches!(
+            &rows[3],
+            Row::Cursor { user_id, cursor: 7, delivered: 9, .. } if user_id.as_str() == "c"
+        ));
+    }
+
+    #[test]
+    fn the_delivered_cursor_shares_the_cursor_timestamp_and_never_sits_below() {
+        let mut behind = member("a", 5, false);
+        behind.delivered = Seq::ZERO;
+        let batch = ConversationBatch {
+            conversation_id: "C".parse().unwrap(),
+            latest_seq: Seq::ZERO,
+            members: vec![behind, member("b", 5, false)],
+        };
+        let rows = rows(&batch, CqlTimestamp(0)).unwrap();
+        let ts = cursor_timestamp(1, Seq(5)).unwrap();
+        assert!(matches!(
+            rows[0],
+            Row::Cursor { cursor: 5, delivered: 5, timestamp, .. } if timestamp == ts
+        ));
+        assert!(matches!(
+            rows[1],
+            Row::Cursor { cursor: 5, delivered: 7, timestamp, .. } if timestamp == ts
+        ));
     }
 
     #[test]

@@ -1,18 +1,30 @@
 -- readfold: max-merge the public cursors of one or more conversations in
 -- one call (see `redis.conversations_per_call`).
 -- Per conversation, in the order they come:
---   4 KEYS: <prefix>:{C}:cursors  hash user -> cursor, every present member
---           <prefix>:{C}:latest   latest seq of the conversation
---           <prefix>:{C}:joined   hash user -> join_seq (only when > 1)
---           <prefix>:{C}:epoch    hash user -> membership epoch (only when > 0)
+--   5 KEYS: <prefix>:{C}:cursors    hash user -> cursor, every present member
+--           <prefix>:{C}:latest     latest seq of the conversation
+--           <prefix>:{C}:joined     hash user -> join_seq (only when > 1)
+--           <prefix>:{C}:epoch      hash user -> membership epoch (only when > 0)
+--           <prefix>:{C}:delivered  hash user -> delivered cursor (only where a
+--                                   write had it above the cursor)
 --   ARGV:   the member count m, the latest seq, then m quadruples
---           (user, cursor, join_seq, epoch); cursor -1 = the member left.
--- Returns the cursors raised, in all.
+--           (user, cursor, join_seq, epoch), cursor -1 = the member left;
+--           then the count d of members whose delivered cursor is ahead of
+--           their cursor, and d pairs (position, delivered): the member's
+--           position among the m (from 1, ascending) and its delivered cursor.
+-- Returns the cursors and delivered cursors raised, in all.
+--
+-- Delivered cursors come apart from the quadruples because most members
+-- have none ahead of their cursor: for them a conversation costs one "0".
+-- Readers take the higher of a member's delivered field and their cursor,
+-- so a delivered cursor at the cursor says nothing and the caller sends
+-- none.
 --
 -- Membership is ordered by epoch: a write of a lower epoch than the stored
 -- one is stale and ignored; a higher epoch replaces the member (a departure
--- removes them, a rejoin brings them back). Within one epoch a field is only
--- ever raised, never lowered, whoever calls and in whatever order.
+-- removes their cursor, join_seq and delivered fields, a rejoin brings them
+-- back). Within one epoch a field is only ever raised, never lowered,
+-- whoever calls and in whatever order.
 --
 -- A conversation's members are merged one after the other, as written
 -- above, but against a copy of their stored fields read with one HMGET per
@@ -37,7 +49,9 @@
 -- chat's flush) are merged with no table built but the HMGET's answer
 -- (`merge_two`; one member takes an HGET, `merge_one`): the tables and
 -- loops of the general case were a tenth of Redis's time for a flush of
--- 1:1 chats.
+-- 1:1 chats. Delivered cursors ahead add one HMGET (an HGET for one) and
+-- at most one HSET of the delivered hash (`merge_delivered`): in the
+-- general case a 1:1 chat took twice the time.
 local tonumber, call, unpack, min, error, byte = tonumber, redis.call, unpack, math.min, error, string.byte
 local argv, keys = ARGV, KEYS
 local CHUNK = 1000 -- fields per command, well under unpack's limit
@@ -135,9 +149,9 @@ local function merge_two(k, a)
   return 0
 end
 
--- Merges a conversation whose members all joined at seq 1, with epoch 0,
--- none leaving and none listed twice, and that has no epoch hash: its
--- cursors hash is all it touches. Returns the cursors raised, or nil when
+-- Merges the cursors of a conversation whose members all joined at seq 1,
+-- with epoch 0, none leaving and none listed twice, and that has no epoch
+-- hash (the caller checks that): its cursors hash is all it touches. Returns the cursors raised, or nil when
 -- the conversation is not such a one (nothing is written then).
 local function merge_plain(k, a, n)
   if n == 1 then
@@ -178,18 +192,65 @@ local function merge_plain(k, a, n)
   return s / 2
 end
 
+-- Raises the delivered fields of a conversation that `merge_plain` took:
+-- its members are present, each listed once, so each pair (their count at
+-- argv[at_ahead]) is merged as it comes. Returns the fields raised.
+local function merge_delivered(k, a, at_ahead)
+  local d, key = tonumber(argv[at_ahead]), keys[k + 5]
+  if d == 1 then
+    local user, value = argv[a + 4 * tonumber(argv[at_ahead + 1]) - 2], argv[at_ahead + 2]
+    local field = call('HGET', key, user)
+    if field and not (tonumber(value) > tonumber(field)) then
+      return 0
+    end
+    call('HSET', key, user, value)
+    return 1
+  end
+  local users, values = {}, {}
+  for p = 1, d do
+    local q = at_ahead + 2 * p - 1
+    users[p] = argv[a + 4 * tonumber(argv[q]) - 2]
+    values[p] = argv[q + 1]
+  end
+  local stored = read(key, users, d)
+  local sets, s = {}, 0
+  for p = 1, d do
+    local field = stored[p]
+    if not field or tonumber(values[p]) > tonumber(field) then
+      sets[s + 1] = users[p]
+      sets[s + 2] = values[p]
+      s = s + 2
+    end
+  end
+  for from = 1, s, 2 * CHUNK do
+    call('HSET', key, unpack(sets, from, min(from + 2 * CHUNK - 1, s)))
+  end
+  return s / 2
+end
+
 -- Merges one conversation's members: its keys follow keys[k] and its n
 -- members follow argv[a + 1]; any_epochs: whether the call found any
--- epoch hash. Returns the cursors raised.
+-- epoch hash. Returns the cursors and delivered cursors raised.
 local function merge(k, a, n, any_epochs)
   if n == 0 then
     return 0
   end
+  -- The count of delivered cursors ahead, then their pairs.
+  local at_ahead = a + 2 + 4 * n
   if not any_epochs then
     local raised = merge_plain(k, a, n)
     if raised then
+      if argv[at_ahead] ~= '0' then
+        raised = raised + merge_delivered(k, a, at_ahead)
+      end
       return raised
     end
+  end
+
+  -- Delivered cursors ahead, by member position.
+  local ahead, d = {}, tonumber(argv[at_ahead])
+  for q = at_ahead + 1, at_ahead + 2 * d, 2 do
+    ahead[tonumber(argv[q])] = argv[q + 1]
   end
 
   -- The users in order, repeats included; a user's first position, where a
@@ -215,9 +276,10 @@ local function merge(k, a, n, any_epochs)
   local cursors = read(keys[k + 1], users, n)
   local joins = any_join and read(keys[k + 3], users, n) or {}
   local epochs = any_epochs and call('EXISTS', keys[k + 4]) == 1 and read(keys[k + 4], users, n) or {}
+  local delivered = d > 0 and read(keys[k + 5], users, n) or {}
 
   -- Which fields a merge changed, by first position.
-  local cursors_changed, joins_changed, epochs_changed = {}, {}, {}
+  local cursors_changed, joins_changed, epochs_changed, delivered_changed = {}, {}, {}, {}
   local raised = 0
 
   for j = 1, n do
@@ -239,10 +301,14 @@ local function merge(k, a, n, any_epochs)
     if fresh then
       local cursor = tonumber(argv[i + 1])
       if cursor < 0 then
+        -- Removed even where it was not read: a departed member's field
+        -- must not outlive them, and HDEL of nothing costs little.
         cursors[at] = false
         cursors_changed[at] = true
         joins[at] = false
         joins_changed[at] = true
+        delivered[at] = false
+        delivered_changed[at] = true
       else
         -- A present member always has a field, even at cursor 0: the hash
         -- doubles as the member list readers count over.
@@ -261,6 +327,16 @@ local function merge(k, a, n, any_epochs)
             joins_changed[at] = true
           end
         end
+        local reached = ahead[j]
+        if reached then
+          local field = delivered[at]
+          -- Not `<=`, as above: a stored value that is no number stays.
+          if not field or tonumber(reached) > tonumber(field) then
+            delivered[at] = reached
+            delivered_changed[at] = true
+            raised = raised + 1
+          end
+        end
       end
     end
   end
@@ -268,7 +344,20 @@ local function merge(k, a, n, any_epochs)
   write(keys[k + 4], users, n, epochs, epochs_changed)
   write(keys[k + 1], users, n, cursors, cursors_changed)
   write(keys[k + 3], users, n, joins, joins_changed)
+  write(keys[k + 5], users, n, delivered, delivered_changed)
   return raised
+end
+
+-- Where the conversation whose arguments start at argv[a] ends: past its
+-- quadruples, its count of delivered pairs and those pairs.
+local function after(a)
+  local at_ahead = a + 2 + 4 * tonumber(argv[a])
+  return at_ahead + 1 + 2 * tonumber(argv[at_ahead])
+end
+
+-- Whether text is a whole number of digits alone.
+local function whole(text)
+  return text ~= nil and text:find('^%d+$') ~= nil
 end
 
 -- The arguments' layout must fit the keys exactly before anything is
@@ -277,30 +366,47 @@ end
 -- conversations before it: harmless, as every merge is idempotent and a
 -- failed flush is written again whole.)
 local nkeys, nargs, a = #keys, #argv, 1
-if nkeys % 4 ~= 0 then
-  error('readfold merge: ' .. nkeys .. ' keys, not 4 per conversation')
+if nkeys % 5 ~= 0 then
+  error('readfold merge: ' .. nkeys .. ' keys, not 5 per conversation')
 end
-for _ = 1, nkeys / 4 do
+local function mismatch()
+  error('readfold merge: arguments do not match the keys')
+end
+for _ = 1, nkeys / 5 do
   local count = argv[a]
-  if not count or not count:find('^%d+$') or a + 1 + 4 * tonumber(count) > nargs then
-    error('readfold merge: arguments do not match the keys')
+  if not whole(count) or a + 2 + 4 * tonumber(count) > nargs then
+    mismatch()
   end
-  a = a + 2 + 4 * tonumber(count)
+  local m, at_ahead = tonumber(count), a + 2 + 4 * tonumber(count)
+  local d = argv[at_ahead]
+  if not whole(d) or at_ahead + 2 * tonumber(d) > nargs then
+    mismatch()
+  end
+  -- Positions name members of this conversation, each once, in order.
+  local last = 0
+  for q = at_ahead + 1, at_ahead + 2 * tonumber(d), 2 do
+    local position = argv[q]
+    if not whole(position) or tonumber(position) <= last or tonumber(position) > m then
+      mismatch()
+    end
+    last = tonumber(position)
+  end
+  a = at_ahead + 1 + 2 * tonumber(d)
 end
 if a ~= nargs + 1 then
-  error('readfold merge: arguments do not match the keys')
+  mismatch()
 end
 
 -- Every conversation's latest seq: one MGET, and one MSET of those raised,
 -- before any member is merged.
-local count = nkeys / 4
+local count = nkeys / 5
 if count == 0 then
   return 0
 end
 local latest_keys, epoch_keys = {}, {}
 for c = 1, count do
-  latest_keys[c] = keys[4 * c - 2]
-  epoch_keys[c] = keys[4 * c]
+  latest_keys[c] = keys[5 * c - 3]
+  epoch_keys[c] = keys[5 * c - 1]
 end
 local stored_latest = call('MGET', unpack(latest_keys))
 local raised_latest, r = {}, 0
@@ -311,7 +417,7 @@ for c = 1, count do
     raised_latest[r + 2] = argv[a + 1]
     r = r + 2
   end
-  a = a + 2 + 4 * tonumber(argv[a])
+  a = after(a)
 end
 if r > 0 then
   call('MSET', unpack(raised_latest, 1, r))
@@ -321,8 +427,7 @@ local any_epochs = call('EXISTS', unpack(epoch_keys)) > 0
 local raised = 0
 a = 1
 for c = 1, count do
-  local n = tonumber(argv[a])
-  raised = raised + merge(4 * (c - 1), a, n, any_epochs)
-  a = a + 2 + 4 * n
+  raised = raised + merge(5 * (c - 1), a, tonumber(argv[a]), any_epochs)
+  a = after(a)
 end
 return raised

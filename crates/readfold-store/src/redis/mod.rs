@@ -8,7 +8,9 @@
 //! - `P:{C}:latest`  the latest seq;
 //! - `P:{C}:joined`  hash user -> join_seq, only where it is above 1;
 //! - `P:{C}:epoch`   hash user -> membership epoch, which orders joins and
-//!   departures (only where it is above 0).
+//!   departures (only where it is above 0);
+//! - `P:{C}:delivered` hash user -> delivered cursor, only where a write
+//!   carried one above the cursor: readers take the higher of the two.
 //!
 //! For user U, what only U's own devices see (`merge_private.lua`):
 //! - `P:user:{U}:private` hash conversation -> private cursor;
@@ -45,15 +47,21 @@ fn info_field<T: std::str::FromStr>(info: &str, name: &str) -> Option<T> {
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
 }
 
-/// The Redis keys of one conversation: cursors, latest, joined, epoch. The
-/// braces are a Redis Cluster hash tag: all keys of a conversation live in
-/// one slot, as a script call of one conversation needs.
-pub fn keys(prefix: &str, conversation_id: &str) -> [String; 4] {
+/// Keys of one conversation, as [`keys`] lists them and the merge script
+/// takes them.
+pub const KEYS_PER_CONVERSATION: usize = 5;
+
+/// The Redis keys of one conversation: cursors, latest, joined, epoch,
+/// delivered. The braces are a Redis Cluster hash tag: all keys of a
+/// conversation live in one slot, as a script call of one conversation
+/// needs.
+pub fn keys(prefix: &str, conversation_id: &str) -> [String; KEYS_PER_CONVERSATION] {
     [
         format!("{prefix}:{{{conversation_id}}}:cursors"),
         format!("{prefix}:{{{conversation_id}}}:latest"),
         format!("{prefix}:{{{conversation_id}}}:joined"),
         format!("{prefix}:{{{conversation_id}}}:epoch"),
+        format!("{prefix}:{{{conversation_id}}}:delivered"),
     ]
 }
 

@@ -1,5 +1,7 @@
-//! The read half: a conversation's three keys in one pipelined round trip,
-//! as the core's read model.
+//! The read half: a conversation's keys in one pipelined round trip, as
+//! the core's read model. A member's delivered cursor is the higher of
+//! their `delivered` field (written only above the cursor) and their
+//! cursor.
 
 use std::collections::HashMap;
 
@@ -14,35 +16,36 @@ impl RedisStore {
     /// holds nothing of it (never written, evicted or flushed). Ids that are
     /// not valid user ids (written by hand) are skipped.
     pub async fn conversation(&self, conversation_id: &str) -> Result<Option<ConversationView>> {
-        let [cursors, latest, joined, _] = keys(&self.prefix, conversation_id);
+        let [cursors, latest, joined, _, delivered] = keys(&self.prefix, conversation_id);
         let mut conn = self.conn.clone();
-        let (cursors, latest, joined): (HashMap<String, u64>, Option<u64>, HashMap<String, u64>) =
-            redis::pipe()
-                .cmd("HGETALL")
-                .arg(&cursors)
-                .cmd("GET")
-                .arg(&latest)
-                .cmd("HGETALL")
-                .arg(&joined)
-                .query_async(&mut conn)
-                .await?;
+        type Answer = (
+            HashMap<String, u64>,
+            Option<u64>,
+            HashMap<String, u64>,
+            HashMap<String, u64>,
+        );
+        let (cursors, latest, joined, delivered): Answer = redis::pipe()
+            .cmd("HGETALL")
+            .arg(&cursors)
+            .cmd("GET")
+            .arg(&latest)
+            .cmd("HGETALL")
+            .arg(&joined)
+            .cmd("HGETALL")
+            .arg(&delivered)
+            .query_async(&mut conn)
+            .await?;
         if cursors.is_empty() && latest.is_none() {
             return Ok(None);
         }
         let members = cursors
             .into_iter()
             .filter_map(|(user, cursor)| {
-                let join_seq = joined.get(&user).copied().unwrap_or(1).max(1);
+                let join_seq = joined_seq(joined.get(&user).copied().unwrap_or(1));
+                let delivered = delivered.get(&user).copied();
                 // Written by readfold, so already within `input.max_id_bytes`.
                 let user = UserId::parse(&user, usize::MAX).ok()?;
-                Some((
-                    user,
-                    MemberCursor {
-                        cursor: Seq(cursor),
-                        delivered: Seq(cursor),
-                        join_seq: Seq(join_seq),
-                    },
-                ))
+                Some((user, member(cursor, delivered, join_seq)))
             })
             .collect();
         Ok(Some(ConversationView {
@@ -103,7 +106,7 @@ impl RedisStore {
 }
 
 /// One conversation as one user sees it: its latest seq and the user's
-/// public cursor when they are a present member.
+/// public and delivered cursors when they are a present member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MemberView {
     pub latest_seq: Seq,
@@ -133,7 +136,7 @@ impl RedisStore {
         }
         let mut pipe = redis::pipe();
         for conversation in conversations {
-            let [cursors, latest, joined, _] = keys(&self.prefix, conversation);
+            let [cursors, latest, joined, _, delivered] = keys(&self.prefix, conversation);
             pipe.cmd("EXISTS")
                 .arg(&cursors)
                 .cmd("GET")
@@ -143,6 +146,9 @@ impl RedisStore {
                 .arg(user_id)
                 .cmd("HGET")
                 .arg(&joined)
+                .arg(user_id)
+                .cmd("HGET")
+                .arg(&delivered)
                 .arg(user_id);
         }
         let [private, marks] = user_keys(&self.prefix, user_id);
@@ -159,23 +165,21 @@ impl RedisStore {
         let values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
         let n = conversations.len();
         let mut views = Vec::with_capacity(n);
-        for chunk in values[..4 * n].chunks(4) {
+        let per = VIEW_COMMANDS;
+        for chunk in values[..per * n].chunks(per) {
             let exists: u64 = redis::from_redis_value_ref(&chunk[0])?;
             let latest: Option<u64> = redis::from_redis_value_ref(&chunk[1])?;
             let cursor: Option<u64> = redis::from_redis_value_ref(&chunk[2])?;
             let joined: Option<u64> = redis::from_redis_value_ref(&chunk[3])?;
+            let delivered: Option<u64> = redis::from_redis_value_ref(&chunk[4])?;
             views.push((exists > 0 || latest.is_some()).then(|| MemberView {
                 latest_seq: Seq(latest.unwrap_or(0)),
-                member: cursor.map(|c| MemberCursor {
-                    cursor: Seq(c),
-                    delivered: Seq(c),
-                    join_seq: Seq(joined.unwrap_or(1).max(1)),
-                }),
+                member: cursor.map(|c| member(c, delivered, joined_seq(joined.unwrap_or(1)))),
             }));
         }
-        let has_private: u64 = redis::from_redis_value_ref(&values[4 * n])?;
-        let cursors: Vec<Option<u64>> = redis::from_redis_value_ref(&values[4 * n + 1])?;
-        let marks: Vec<Option<String>> = redis::from_redis_value_ref(&values[4 * n + 2])?;
+        let has_private: u64 = redis::from_redis_value_ref(&values[per * n])?;
+        let cursors: Vec<Option<u64>> = redis::from_redis_value_ref(&values[per * n + 1])?;
+        let marks: Vec<Option<String>> = redis::from_redis_value_ref(&values[per * n + 2])?;
         let private = (has_private > 0).then(|| {
             cursors
                 .into_iter()
@@ -193,6 +197,24 @@ impl RedisStore {
     }
 }
 
+/// Commands [`RedisStore::member_views`] sends per conversation.
+const VIEW_COMMANDS: usize = 5;
+
+/// A present member as stored: their cursor, their delivered field if any
+/// (never read below the cursor) and their join_seq.
+fn member(cursor: u64, delivered: Option<u64>, join_seq: Seq) -> MemberCursor {
+    MemberCursor {
+        cursor: Seq(cursor),
+        delivered: Seq(delivered.unwrap_or(0).max(cursor)),
+        join_seq,
+    }
+}
+
+/// A stored join_seq; a member missing from `joined` (or at 0) joined at 1.
+fn joined_seq(stored: u64) -> Seq {
+    Seq(stored.max(1))
+}
+
 /// `<at>:<seq>`, seq -1 for a cleared mark.
 fn parse_mark(text: &str) -> Option<UnreadMark> {
     let (at, seq) = text.rsplit_once(':')?;
@@ -206,6 +228,16 @@ fn parse_mark(text: &str) -> Option<UnreadMark> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_delivered_field_counts_only_above_the_cursor() {
+        let at = |cursor, delivered| member(cursor, delivered, Seq(1)).delivered;
+        assert_eq!(at(5, None), Seq(5), "no field: delivered as far as read");
+        assert_eq!(at(5, Some(9)), Seq(9));
+        // A field the cursor has since passed says nothing.
+        assert_eq!(at(5, Some(3)), Seq(5));
+        assert_eq!(member(5, None, joined_seq(0)).join_seq, Seq(1));
+    }
 
     #[test]
     fn marks_parse_as_the_script_writes_them() {

@@ -3,10 +3,10 @@
 //! pipelines of bounded size.
 
 use futures_util::stream::{self, StreamExt, TryStreamExt};
-use readfold_core::flush::{ConversationBatch, UserBatch};
+use readfold_core::flush::{ConversationBatch, MemberWrite, UserBatch};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
-use super::{keys, user_keys, RedisStore};
+use super::{keys, user_keys, RedisStore, KEYS_PER_CONVERSATION};
 use crate::error::{Error, Result};
 
 /// The public max-merge script; see the file for its keys and arguments.
@@ -83,7 +83,7 @@ impl RedisStore {
 
     /// Max-merges a flush: one EVALSHA per group of conversations (see
     /// [`calls`]), in pipelines of bounded size. Returns the number of
-    /// cursors raised.
+    /// cursors and delivered cursors raised.
     pub async fn merge(&self, batches: &[ConversationBatch]) -> Result<u64> {
         if batches.is_empty() {
             return Ok(0);
@@ -98,7 +98,8 @@ impl RedisStore {
     ) -> impl Iterator<Item = redis::Cmd> + Send + 'a {
         calls(batches, self.conversations_per_call).map(|call| {
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.script.get_hash()).arg(4 * call.len());
+            cmd.arg(self.script.get_hash())
+                .arg(KEYS_PER_CONVERSATION * call.len());
             for batch in call {
                 for key in keys(&self.prefix, batch.conversation_id.as_str()) {
                     cmd.arg(key);
@@ -113,10 +114,26 @@ impl RedisStore {
                         .arg(m.join_seq.get())
                         .arg(m.epoch);
                 }
+                cmd.arg(ahead(batch).count());
+                for (position, m) in ahead(batch) {
+                    cmd.arg(position).arg(m.delivered.get());
+                }
             }
             cmd
         })
     }
+}
+
+/// The members of `batch` whose delivered cursor is ahead of their cursor,
+/// with their positions from 1: the script's delivered pairs. Readers take
+/// the higher of the two, so a delivered cursor at the cursor needs none.
+fn ahead(batch: &ConversationBatch) -> impl Iterator<Item = (usize, &MemberWrite)> {
+    batch
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| !m.left && m.delivered > m.cursor)
+        .map(|(i, m)| (i + 1, m))
 }
 
 /// Script arguments (keys included) one call takes, at most, unless one
@@ -140,8 +157,10 @@ pub fn calls(batches: &[ConversationBatch], per_call: usize) -> impl Iterator<It
         let mut args = 0;
         let mut end = 0;
         while end < rest.len().min(per_call) {
-            // Four keys, the member count, the latest seq and four per member.
-            let more = 6 + 4 * rest[end].members.len();
+            // The keys, the member count, the latest seq, four per member,
+            // the count of delivered pairs and two per pair.
+            let batch = &rest[end];
+            let more = KEYS_PER_CONVERSATION + 3 + 4 * batch.members.len() + 2 * ahead(batch).count();
             if end > 0 && args + more > CALL_ARGS {
                 break;
             }
@@ -235,21 +254,27 @@ mod tests {
             .collect()
     }
 
-    fn conversation(members: usize) -> ConversationBatch {
+    /// A conversation of `members` members, the first `ahead` of them with
+    /// a delivered cursor ahead of their cursor.
+    fn conversation_ahead(members: usize, ahead: usize) -> ConversationBatch {
         ConversationBatch {
             conversation_id: "C".parse().unwrap(),
-            latest_seq: readfold_core::Seq(1),
+            latest_seq: readfold_core::Seq(3),
             members: (0..members)
-                .map(|_| readfold_core::flush::MemberWrite {
+                .map(|i| MemberWrite {
                     user_id: "u".parse().unwrap(),
                     cursor: readfold_core::Seq(1),
-                    delivered: readfold_core::Seq::ZERO,
+                    delivered: readfold_core::Seq(if i < ahead { 3 } else { 1 }),
                     join_seq: readfold_core::Seq(1),
                     left: false,
                     epoch: 0,
                 })
                 .collect(),
         }
+    }
+
+    fn conversation(members: usize) -> ConversationBatch {
+        conversation_ahead(members, 0)
     }
 
     /// The sizes (in conversations) of the calls for conversations of these
@@ -273,10 +298,26 @@ mod tests {
         assert_eq!(call_sizes(&[2; 3], 1), [1, 1, 1]);
         // A conversation of no members (only its latest seq) still counts.
         assert_eq!(call_sizes(&[0, 0, 0], 2), [2, 1]);
-        // 6 + 4 * 500 = 2006 arguments each: two fit, a third would not.
+        // 8 + 4 * 500 = 2008 arguments each: two fit, a third would not.
         assert_eq!(call_sizes(&[500; 5], 64), [2, 2, 1]);
         // One larger than the bound goes alone, then the rest go on.
         assert_eq!(call_sizes(&[1, 5000, 1, 1], 64), [1, 1, 2]);
+    }
+
+    #[test]
+    fn delivered_pairs_go_only_for_members_ahead_and_count_in_the_bound() {
+        let mut batch = conversation_ahead(4, 2);
+        batch.members[3].delivered = readfold_core::Seq(7);
+        // A departure's delivered cursor is never written.
+        batch.members[1].left = true;
+        let positions: Vec<usize> = ahead(&batch).map(|(p, _)| p).collect();
+        assert_eq!(positions, [1, 4]);
+        // 8 + 4 * 300 = 1208 arguments each: three fit in a call; with 150
+        // pairs each, 1508: only two.
+        assert_eq!(call_sizes(&[300; 3], 64), [3]);
+        let batches = vec![conversation_ahead(300, 150); 3];
+        let sizes: Vec<usize> = calls(&batches, 64).map(<[_]>::len).collect();
+        assert_eq!(sizes, [2, 1]);
     }
 
     #[test]
