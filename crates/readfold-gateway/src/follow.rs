@@ -18,7 +18,7 @@ use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
 use readfold_wire::codec::{decode_conversation_event_view, Decoded, EventRecord, EventView, WireFormat};
 
 use crate::hub::{Hub, Member, MemberChange};
-use crate::protocol::ServerFrame;
+use crate::protocol::{muted_until, OwnState, ServerFrame};
 use crate::telemetry;
 
 /// Routes a changelog entry: a member's change to the conversation's room,
@@ -47,9 +47,13 @@ pub fn route(hub: &Hub, entry: ChangelogEntry) {
                 u.user_id.as_str(),
                 ServerFrame::Own {
                     conversation: u.conversation_id.to_string(),
-                    cursor: u.cursor.get(),
-                    private_cursor: own.private_cursor.get(),
-                    unread_mark: own.unread_mark,
+                    own: OwnState {
+                        cursor: u.cursor.get(),
+                        private_cursor: own.private_cursor.get(),
+                        unread_mark: own.unread_mark,
+                        unread_mentions: own.unread_mentions,
+                        muted_until: muted_until(own.muted_until),
+                    },
                     latest_seq: u.latest_seq.get(),
                 },
             );

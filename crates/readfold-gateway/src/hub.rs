@@ -122,18 +122,8 @@ impl Pending {
                 let key = Key::Own {
                     conversation: shared.value.conversation.clone(),
                 };
-                if let Some(ServerFrame::Own {
-                    cursor,
-                    private_cursor,
-                    unread_mark,
-                    ..
-                }) = held.remove(&key)
-                {
-                    *own = Some(OwnState {
-                        cursor,
-                        private_cursor,
-                        unread_mark,
-                    });
+                if let Some(ServerFrame::Own { own: held_own, .. }) = held.remove(&key) {
+                    *own = Some(held_own);
                 }
             }
         }
@@ -1078,12 +1068,37 @@ impl Hub {
 /// lag the changelog, or updates queued at different times and sent in key
 /// order, could otherwise go back). A member's cursors are kept per
 /// membership: a rejoin (a higher `join_seq`) starts anew.
+///
+/// The user's unread mark, unread mentions and mute go either way, so they
+/// cannot be raised: what is shown of them is the newest state known. The
+/// by-user changelog is ordered per key, so its records replace what was
+/// shown, unless one is behind the own cursors shown (it predates a
+/// snapshot from a store that was ahead of it). A snapshot's, read from
+/// stores that may lag, is taken only until the changelog has shown the
+/// conversation's: every own change reaches every connection of the user,
+/// so from then on the changelog keeps what is shown current.
 pub struct Shown {
     /// Member cursors are kept for conversations below this many members.
     small_below: usize,
     latest: HashMap<String, u64>,
-    own: HashMap<String, OwnState>,
+    own: HashMap<String, ShownOwn>,
     members: HashMap<(String, String), Member>,
+}
+
+/// The own state shown in a conversation, and whether it came from the
+/// changelog.
+#[derive(Clone, Copy)]
+struct ShownOwn {
+    state: OwnState,
+    from_changelog: bool,
+}
+
+/// Where an own state comes from: a snapshot's read of the stores, or the
+/// by-user changelog (an `own` frame, or the own part of read counts).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum OwnFrom {
+    Stores,
+    Changelog,
 }
 
 impl Default for Shown {
@@ -1123,7 +1138,7 @@ impl Shown {
                 ..
             } => {
                 if let Some(o) = own {
-                    self.raise_own(conversation, o);
+                    self.raise_own(conversation, o, OwnFrom::Stores);
                 }
                 if members.0.len() < self.small_below {
                     // The shared list is copied only when a cursor is raised.
@@ -1150,19 +1165,9 @@ impl Shown {
                 }
             }
             ServerFrame::Own {
-                conversation,
-                cursor,
-                private_cursor,
-                unread_mark,
-                ..
+                conversation, own, ..
             } => {
-                let mut o = OwnState {
-                    cursor: *cursor,
-                    private_cursor: *private_cursor,
-                    unread_mark: *unread_mark,
-                };
-                fresh = self.raise_own(conversation, &mut o);
-                (*cursor, *private_cursor) = (o.cursor, o.private_cursor);
+                fresh = self.raise_own(conversation, own, OwnFrom::Changelog);
             }
             ServerFrame::Cursor {
                 conversation,
@@ -1184,28 +1189,39 @@ impl Shown {
                 self.members.remove(&(conversation.clone(), user.clone()));
             }
             ServerFrame::ReadCounts { shared, own: Some(o) } => {
-                self.raise_own(&shared.value.conversation, o);
+                self.raise_own(&shared.value.conversation, o, OwnFrom::Changelog);
             }
             _ => {}
         }
         fresh
     }
 
-    /// Raises own cursors to what was shown in `conversation` and records
-    /// them; whether they show something new (the mark may go either way).
-    fn raise_own(&mut self, conversation: &str, own: &mut OwnState) -> bool {
-        let shown = self.own.entry(conversation.to_owned()).or_insert(OwnState {
-            cursor: 0,
-            private_cursor: 0,
-            unread_mark: false,
-        });
-        let fresh = own.cursor > shown.cursor
-            || own.private_cursor > shown.private_cursor
-            || own.unread_mark != shown.unread_mark;
-        own.cursor = own.cursor.max(shown.cursor);
-        own.private_cursor = own.private_cursor.max(shown.private_cursor);
-        *shown = *own;
-        fresh
+    /// Raises own cursors to what was shown in `conversation`, keeps the
+    /// mark, mentions and mute shown when `own` may be older (see
+    /// [`Shown`]), and records the result; whether it shows something new.
+    fn raise_own(&mut self, conversation: &str, own: &mut OwnState, from: OwnFrom) -> bool {
+        let Some(shown) = self.own.get_mut(conversation) else {
+            self.own.insert(
+                conversation.to_owned(),
+                ShownOwn {
+                    state: *own,
+                    from_changelog: from == OwnFrom::Changelog,
+                },
+            );
+            return true;
+        };
+        let was = shown.state;
+        let behind = own.cursor < was.cursor || own.private_cursor < was.private_cursor;
+        if behind || (from == OwnFrom::Stores && shown.from_changelog) {
+            own.unread_mark = was.unread_mark;
+            own.unread_mentions = was.unread_mentions;
+            own.muted_until = was.muted_until;
+        }
+        own.cursor = own.cursor.max(was.cursor);
+        own.private_cursor = own.private_cursor.max(was.private_cursor);
+        shown.state = *own;
+        shown.from_changelog |= from == OwnFrom::Changelog;
+        *own != was
     }
 
     /// Raises a member's cursor and delivered cursor to what was shown of
@@ -1232,7 +1248,7 @@ impl Shown {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::ReadCounts;
+    use crate::protocol::{ReadCounts, MUTED_UNTIL_UNMUTED};
 
     fn cursor(c: &str, u: &str, n: u64) -> ServerFrame {
         ServerFrame::Cursor {
@@ -1242,6 +1258,19 @@ mod tests {
             delivered: n,
             join_seq: 1,
             latest_seq: n,
+        }
+    }
+
+    /// An own frame of the user's cursors, nothing else set.
+    fn own_frame(conversation: &str, cursor: u64, private_cursor: u64, latest_seq: u64) -> ServerFrame {
+        ServerFrame::Own {
+            conversation: conversation.into(),
+            own: OwnState {
+                cursor,
+                private_cursor,
+                ..OwnState::default()
+            },
+            latest_seq,
         }
     }
 
@@ -1517,22 +1546,110 @@ mod tests {
         assert_eq!(alice.pending_updates(), 0);
     }
 
+    fn own_state(
+        cursor: u64,
+        private_cursor: u64,
+        unread_mentions: u32,
+        muted_until: Option<u64>,
+    ) -> OwnState {
+        OwnState {
+            cursor,
+            private_cursor,
+            unread_mark: false,
+            unread_mentions,
+            muted_until,
+        }
+    }
+
+    fn own_of(own: OwnState) -> ServerFrame {
+        ServerFrame::Own {
+            conversation: "G".into(),
+            own,
+            latest_seq: 9,
+        }
+    }
+
+    fn admitted(shown: &mut Shown, mut frame: ServerFrame) -> Option<ServerFrame> {
+        shown.admit(&mut frame).then_some(frame)
+    }
+
     #[test]
     fn an_own_cursor_shown_is_never_lowered() {
         let mut shown = Shown::default();
-        let own = |c, p, m| ServerFrame::Own {
-            conversation: "G".into(),
-            cursor: c,
-            private_cursor: p,
-            unread_mark: m,
-            latest_seq: 9,
+        let own = |c, p, m| {
+            own_of(OwnState {
+                unread_mark: m,
+                ..own_state(c, p, 0, None)
+            })
         };
         assert!(shown.admit(&mut own(2, 4, false)));
-        let mut stale = own(1, 3, false);
-        assert!(!shown.admit(&mut stale));
-        let mut marked = own(1, 3, true);
-        assert!(shown.admit(&mut marked), "a mark is news");
-        assert_eq!(marked, own(2, 4, true), "but the cursors shown never go down");
+        assert_eq!(admitted(&mut shown, own(1, 3, false)), None);
+        assert_eq!(
+            admitted(&mut shown, own(2, 4, true)),
+            Some(own(2, 4, true)),
+            "a mark is news"
+        );
+        // A record behind the cursors shown predates them: its mark too.
+        assert_eq!(admitted(&mut shown, own(1, 3, false)), None);
+    }
+
+    #[test]
+    fn mentions_and_mutes_shown_go_either_way_as_the_changelog_has_them() {
+        let mut shown = Shown::default();
+        assert!(admitted(&mut shown, own_of(own_state(3, 0, 0, None))).is_some());
+        // Mentioned twice, then muted: each alone is news.
+        let mentioned = own_of(own_state(3, 0, 2, None));
+        assert_eq!(admitted(&mut shown, mentioned.clone()), Some(mentioned));
+        let muted = own_of(own_state(3, 0, 2, Some(MUTED_UNTIL_UNMUTED)));
+        assert_eq!(admitted(&mut shown, muted.clone()), Some(muted));
+        // Reading privately past one mention brings the count down.
+        let read = own_of(own_state(3, 5, 1, Some(MUTED_UNTIL_UNMUTED)));
+        assert_eq!(admitted(&mut shown, read.clone()), Some(read));
+        // An unmute, and the same state again (nothing new).
+        let unmuted = own_of(own_state(3, 5, 1, None));
+        assert_eq!(admitted(&mut shown, unmuted.clone()), Some(unmuted.clone()));
+        assert_eq!(admitted(&mut shown, unmuted), None);
+        // A record behind the cursors shown (from before the read) is older
+        // in everything: its two mentions and mute do not come back.
+        assert_eq!(admitted(&mut shown, own_of(own_state(3, 0, 2, Some(7)))), None);
+    }
+
+    #[test]
+    fn a_snapshots_own_state_from_lagging_stores_takes_nothing_back() {
+        let snapshot = |own| ServerFrame::Snapshot {
+            conversation: "G".into(),
+            latest_seq: 9,
+            members: Shared(Arc::default()),
+            own: Some(own),
+        };
+        let own_in = |frame: &ServerFrame| match frame {
+            ServerFrame::Snapshot { own: Some(own), .. } => *own,
+            other => panic!("{other:?}"),
+        };
+        // Before the changelog said anything, the stores are the best known.
+        let mut shown = Shown::default();
+        let mut first = snapshot(own_state(3, 0, 4, Some(50)));
+        assert!(shown.admit(&mut first));
+        assert_eq!(own_in(&first), own_state(3, 0, 4, Some(50)));
+        let mut again = snapshot(own_state(3, 0, 5, None));
+        shown.admit(&mut again);
+        assert_eq!(own_in(&again), own_state(3, 0, 5, None));
+        // Once it has, the changelog keeps what is shown current: stores
+        // that lag it show neither an old count nor an old mute, nor a
+        // lower cursor.
+        let unmuted = own_of(own_state(6, 0, 1, None));
+        assert!(admitted(&mut shown, unmuted).is_some());
+        let mut stale = snapshot(own_state(4, 0, 3, Some(50)));
+        shown.admit(&mut stale);
+        assert_eq!(own_in(&stale), own_state(6, 0, 1, None));
+        // Nor a store that is ahead: the changelog's record of it follows.
+        let mut ahead = snapshot(own_state(8, 0, 0, Some(90)));
+        shown.admit(&mut ahead);
+        assert_eq!(own_in(&ahead), own_state(8, 0, 1, None));
+        let caught_up = own_of(own_state(8, 0, 0, Some(90)));
+        assert_eq!(admitted(&mut shown, caught_up.clone()), Some(caught_up));
+        // The older record the changelog still had queued shows nothing.
+        assert_eq!(admitted(&mut shown, own_of(own_state(6, 0, 1, None))), None);
     }
 
     /// Frames as a session writes them: through its [`Shown`].
@@ -1561,16 +1678,7 @@ mod tests {
             .collect();
         assert_eq!(latest, [21, 21], "{frames:?}");
         // An own frame queued earlier does not take it back either.
-        hub.to_user(
-            "alice",
-            ServerFrame::Own {
-                conversation: "G".into(),
-                cursor: 19,
-                private_cursor: 19,
-                unread_mark: false,
-                latest_seq: 19,
-            },
-        );
+        hub.to_user("alice", own_frame("G", 19, 19, 19));
         let frames = shown_frames(&alice, &mut shown).await;
         assert!(
             matches!(&frames[..], [ServerFrame::Own { latest_seq: 21, .. }]),
@@ -1583,7 +1691,10 @@ mod tests {
         /// A member's cursor, how far their delivered cursor is ahead of it,
         /// and the latest seq the changelog gives with them.
         Change(u8, u64, u64, u64),
-        Own(u64, u64),
+        /// The by-user changelog's next record of alice's own state: her
+        /// cursor (not below the last one's: the changelog is ordered),
+        /// unread mentions, mute, and the latest seq.
+        Own(u64, u32, Option<u64>, u64),
         Write,
         /// Unsubscribe and subscribe again over stores that lag by this much.
         Resubscribe(u64),
@@ -1593,7 +1704,8 @@ mod tests {
         use proptest::prelude::*;
         prop_oneof![
             4 => (0..4u8, 1..40u64, 0..8u64, 0..40u64).prop_map(|(u, c, d, l)| Step::Change(u, c, d, l)),
-            1 => (0..40u64, 0..40u64).prop_map(|(c, l)| Step::Own(c, l)),
+            2 => (0..40u64, 0..5u32, proptest::option::of(0..3u64), 0..40u64)
+                .prop_map(|(c, n, m, l)| Step::Own(c, n, m, l)),
             2 => Just(Step::Write),
             1 => (0..20u64).prop_map(Step::Resubscribe),
         ]
@@ -1601,7 +1713,10 @@ mod tests {
 
     /// Plays `steps` and checks that no written frame shows a lower latest
     /// seq, member cursor, delivered cursor or own cursor than one written
-    /// before, nor a delivered cursor below the cursor.
+    /// before, nor a delivered cursor below the cursor; that an own frame
+    /// shows the newest own state; and that a snapshot's own state, from
+    /// stores that lag, takes back no mention count or mute the changelog
+    /// showed.
     async fn never_lower(steps: Vec<Step>) {
         let users = ["alice", "bob", "carol", "dave"];
         let hub = Hub::new(100);
@@ -1626,6 +1741,10 @@ mod tests {
         hub.loaded("G", Ok(Some(stores(0, &truth, latest))));
         let mut shown = Shown::new(100);
         let (mut seen_latest, mut seen_member, mut seen_own) = (0, HashMap::new(), 0);
+        // alice's own states in the changelog's order; what an own frame
+        // last showed of her mentions and mute.
+        let mut own_history: Vec<OwnState> = Vec::new();
+        let mut changelog_shown: Option<(u32, Option<u64>)> = None;
         for step in steps.into_iter().chain([Step::Write]) {
             match step {
                 Step::Change(u, cursor, ahead, l) => {
@@ -1648,20 +1767,32 @@ mod tests {
                         },
                     );
                 }
-                Step::Own(cursor, l) => hub.to_user(
-                    "alice",
-                    ServerFrame::Own {
-                        conversation: "G".into(),
-                        cursor,
-                        private_cursor: 0,
-                        unread_mark: false,
-                        latest_seq: l,
-                    },
-                ),
+                Step::Own(cursor, mentions, muted_until, l) => {
+                    let own = OwnState {
+                        cursor: own_history.last().map_or(cursor, |o| o.cursor.max(cursor)),
+                        unread_mentions: mentions,
+                        muted_until,
+                        ..OwnState::default()
+                    };
+                    own_history.push(own);
+                    hub.to_user(
+                        "alice",
+                        ServerFrame::Own {
+                            conversation: "G".into(),
+                            own,
+                            latest_seq: l,
+                        },
+                    );
+                }
                 Step::Resubscribe(lag) => {
                     hub.unsubscribe(id, "G", &alice);
                     alice.want("G", true);
-                    if hub.subscribe(id, "G", "alice", &alice, None) {
+                    // The stores' own state is one `lag` records old.
+                    let stale = own_history
+                        .len()
+                        .checked_sub(1 + lag as usize)
+                        .map(|i| own_history[i]);
+                    if hub.subscribe(id, "G", "alice", &alice, stale) {
                         hub.loaded("G", Ok(Some(stores(lag, &truth, latest))));
                     }
                 }
@@ -1682,12 +1813,24 @@ mod tests {
                                 delivered,
                                 ..
                             } => members.push((user.clone(), *cursor, *delivered)),
-                            ServerFrame::Snapshot { members: list, .. } => {
-                                members.extend(list.0.iter().map(|m| (m.user.clone(), m.cursor, m.delivered)))
+                            ServerFrame::Snapshot {
+                                members: list, own, ..
+                            } => {
+                                members
+                                    .extend(list.0.iter().map(|m| (m.user.clone(), m.cursor, m.delivered)));
+                                if let Some(own) = own {
+                                    assert!(own.cursor >= seen_own, "own {} after {seen_own}", own.cursor);
+                                    seen_own = own.cursor;
+                                    if let Some(shown) = changelog_shown {
+                                        assert_eq!((own.unread_mentions, own.muted_until), shown);
+                                    }
+                                }
                             }
-                            ServerFrame::Own { cursor, .. } => {
-                                assert!(*cursor >= seen_own, "own {cursor} after {seen_own}");
-                                seen_own = *cursor;
+                            ServerFrame::Own { own, .. } => {
+                                assert!(own.cursor >= seen_own, "own {} after {seen_own}", own.cursor);
+                                seen_own = own.cursor;
+                                assert_eq!(Some(own), own_history.last(), "not the newest own state");
+                                changelog_shown = Some((own.unread_mentions, own.muted_until));
                             }
                             _ => {}
                         }
@@ -1823,13 +1966,7 @@ mod tests {
         hub.subscribe(id, "G", "alice", &alice, None);
         hub.loaded("G", loaded(&[("alice", 0), ("bob", 0), ("carol", 0)]));
         alice.take().await.unwrap();
-        let own = |conversation: &str, private_cursor| ServerFrame::Own {
-            conversation: conversation.into(),
-            cursor: 0,
-            private_cursor,
-            unread_mark: false,
-            latest_seq: 0,
-        };
+        let own = |conversation: &str, private_cursor| own_frame(conversation, 0, private_cursor, 0);
         // A private receipt changes no count, yet its read counts go out.
         hub.to_user("alice", own("G", 4));
         hub.to_user("alice", own("DM", 1));
@@ -1859,13 +1996,7 @@ mod tests {
         let hub = Hub::new(100);
         let (a1, phone) = hub.connect("alice");
         let (_a2, laptop) = hub.connect("alice");
-        let own = ServerFrame::Own {
-            conversation: "G".into(),
-            cursor: 3,
-            private_cursor: 3,
-            unread_mark: false,
-            latest_seq: 3,
-        };
+        let own = own_frame("G", 3, 3, 3);
         hub.to_user("alice", own.clone());
         assert_eq!(phone.take().await.unwrap(), std::slice::from_ref(&own));
         assert_eq!(laptop.take().await.unwrap(), [own]);

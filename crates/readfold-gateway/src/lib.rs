@@ -1,9 +1,11 @@
 //! `readfold gateway`: the reference push gateway. Clients hold a WebSocket
 //! (subprotocol `readfold.v2.json` or `readfold.v1.json`): they send read
-//! receipts and delivery reports, which the gateway checks and produces to
-//! the read-reports topic, and receive the cursor and delivered-cursor
-//! advances of the conversations they subscribe to and their own state on
-//! all their devices, from the changelogs, coalesced per connection. It also serves the query API (`/v1/...`), and a demo page.
+//! receipts, delivery reports, marks and mutes, which the gateway checks
+//! and produces to the read-reports topic, and receive the cursor and
+//! delivered-cursor advances of the conversations they subscribe to and
+//! their own state (cursors, mark, unread mentions, mute) on all their
+//! devices, from the changelogs, coalesced per connection. It also serves
+//! the query API (`/v1/...`), and a demo page.
 //!
 //! - [`protocol`]: the frames.
 //! - [`hub`]: subscriptions and coalescing outboxes.

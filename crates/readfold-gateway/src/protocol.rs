@@ -9,6 +9,7 @@
 
 use std::sync::{Arc, OnceLock};
 
+use readfold_core::{Mute, OwnCursor};
 use serde::{Deserialize, Serialize, Serializer};
 
 /// The first subprotocol (`Sec-WebSocket-Protocol`).
@@ -77,6 +78,20 @@ pub enum ClientMessage {
         conversation: String,
         seq: u64,
         marked: bool,
+        #[serde(default)]
+        id: Option<String>,
+    },
+    /// Mute the conversation until `until` (ms since the epoch), or until
+    /// unmuted. A past time is a mute that ran out already.
+    Mute {
+        conversation: String,
+        #[serde(default)]
+        until: Option<i64>,
+        #[serde(default)]
+        id: Option<String>,
+    },
+    Unmute {
+        conversation: String,
         #[serde(default)]
         id: Option<String>,
     },
@@ -153,11 +168,40 @@ impl<T: PartialEq> PartialEq for SharedFrame<T> {
 impl<T: Eq> Eq for SharedFrame<T> {}
 
 /// The connected user's own view of a conversation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct OwnState {
     pub cursor: u64,
     pub private_cursor: u64,
     pub unread_mark: bool,
+    /// Messages above what the user read that mention them, at most 100
+    /// (a client shows "99+" past 99).
+    pub unread_mentions: u32,
+    /// Muted while the time (ms since the epoch) is below this: `null` not
+    /// muted, a past time a mute that ran out, [`MUTED_UNTIL_UNMUTED`]
+    /// until unmuted.
+    pub muted_until: Option<u64>,
+}
+
+/// `muted_until` of a mute with no end: muted until the user unmutes.
+pub const MUTED_UNTIL_UNMUTED: u64 = Mute::FOREVER as u64;
+
+impl OwnState {
+    /// The user's own state as the read model has it.
+    pub fn of(own: &OwnCursor) -> Self {
+        OwnState {
+            cursor: own.cursor.get(),
+            private_cursor: own.private_cursor.get(),
+            unread_mark: own.marked_unread(),
+            unread_mentions: own.unread_mentions,
+            muted_until: muted_until(own.mute.map(|m| m.until).filter(|&until| until != Mute::OFF)),
+        }
+    }
+}
+
+/// A mute's end as frames carry it, from the changelog's `muted_until`:
+/// a time before the epoch has run out as surely as the epoch has.
+pub fn muted_until(until: Option<i64>) -> Option<u64> {
+    until.map(|t| t.max(0) as u64)
 }
 
 /// What the gateway sends.
@@ -212,16 +256,15 @@ pub enum ServerFrame {
         user: String,
     },
     /// The connected user's own state in a conversation changed (any of
-    /// their devices): their cursors and unread mark.
+    /// their devices): their cursors, unread mark, unread mentions or mute.
     Own {
         conversation: String,
-        cursor: u64,
-        private_cursor: u64,
-        unread_mark: bool,
+        #[serde(flatten)]
+        own: OwnState,
         latest_seq: u64,
     },
-    /// The broker has a read receipt, delivery report or mark the client
-    /// sent.
+    /// The broker has a read receipt, delivery report, mark or mute the
+    /// client sent.
     Ack {
         id: Option<String>,
     },
@@ -404,6 +447,87 @@ mod tests {
         let value: serde_json::Value = serde_json::from_str(&counts.json()).unwrap();
         assert_eq!(value["delivered_counts"], serde_json::json!([2, null]));
         assert_eq!(value["delivered_to_all_through"], 1);
+    }
+
+    #[test]
+    fn mute_and_unmute_parse_and_an_unmute_takes_no_time() {
+        let parse = |json: &str| serde_json::from_str::<ClientMessage>(json);
+        assert_eq!(
+            parse(r#"{"type":"mute","conversation":"G","until":1700000000000,"id":"m1"}"#).unwrap(),
+            ClientMessage::Mute {
+                conversation: "G".into(),
+                until: Some(1_700_000_000_000),
+                id: Some("m1".into())
+            }
+        );
+        assert_eq!(
+            parse(r#"{"type":"mute","conversation":"G"}"#).unwrap(),
+            ClientMessage::Mute {
+                conversation: "G".into(),
+                until: None,
+                id: None
+            }
+        );
+        assert_eq!(
+            parse(r#"{"type":"unmute","conversation":"G","id":"u1"}"#).unwrap(),
+            ClientMessage::Unmute {
+                conversation: "G".into(),
+                id: Some("u1".into())
+            }
+        );
+        assert!(parse(r#"{"type":"unmute","conversation":"G","until":5}"#).is_err());
+        assert!(parse(r#"{"type":"mute","conversation":"G","until":"soon"}"#).is_err());
+    }
+
+    #[test]
+    fn own_state_carries_unread_mentions_and_the_mute() {
+        let frame = ServerFrame::Own {
+            conversation: "G".into(),
+            own: OwnState {
+                cursor: 3,
+                private_cursor: 4,
+                unread_mark: false,
+                unread_mentions: 2,
+                muted_until: None,
+            },
+            latest_seq: 5,
+        };
+        assert_eq!(
+            frame.to_json(),
+            r#"{"type":"own","conversation":"G","cursor":3,"private_cursor":4,"unread_mark":false,"unread_mentions":2,"muted_until":null,"latest_seq":5}"#
+        );
+        let own = |mute| OwnCursor {
+            unread_mentions: 7,
+            mute,
+            ..OwnCursor::default()
+        };
+        let at = |until| Some(Mute { at: 1, until });
+        assert_eq!(OwnState::of(&own(None)).muted_until, None);
+        assert_eq!(OwnState::of(&own(at(Mute::OFF))).muted_until, None, "unmuted");
+        assert_eq!(
+            OwnState::of(&own(at(Mute::FOREVER))).muted_until,
+            Some(MUTED_UNTIL_UNMUTED)
+        );
+        assert_eq!(OwnState::of(&own(at(90))).muted_until, Some(90));
+        assert_eq!(OwnState::of(&own(at(-90))).muted_until, Some(0), "ran out");
+        assert_eq!(OwnState::of(&own(None)).unread_mentions, 7);
+        // The own part of read counts has the same fields.
+        let counts = ServerFrame::ReadCounts {
+            shared: SharedFrame::new(ReadCounts {
+                conversation: "G".into(),
+                latest_seq: 2,
+                member_count: 3,
+                first_seq: 1,
+                counts: vec![],
+                read_by_all_through: 0,
+                delivered_counts: vec![],
+                delivered_to_all_through: 0,
+            }),
+            own: Some(OwnState::of(&own(at(Mute::FOREVER)))),
+        };
+        let value: serde_json::Value = serde_json::from_str(&counts.json()).unwrap();
+        assert_eq!(value["own"]["unread_mentions"], 7);
+        assert_eq!(value["own"]["muted_until"], i64::MAX);
     }
 
     #[test]

@@ -124,6 +124,36 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
                 request,
             )
         }
+        ClientMessage::Mute {
+            conversation,
+            until,
+            id: request,
+        } => {
+            if let Some(until) = until.filter(|&t| t < 0) {
+                outbox.push_control(ServerFrame::error(
+                    "bad_message",
+                    format!("until: {until} is not a time (ms since the epoch)"),
+                    request,
+                ));
+                return;
+            }
+            let record = ReadReportRecord {
+                muted_until: until,
+                ..receipt_record(conversation, user, 0, false, ReadAction::Mute)
+            };
+            spawn_receipt(gateway, user, outbox, record, 0, request)
+        }
+        ClientMessage::Unmute {
+            conversation,
+            id: request,
+        } => spawn_receipt(
+            gateway,
+            user,
+            outbox,
+            receipt_record(conversation, user, 0, false, ReadAction::Unmute),
+            0,
+            request,
+        ),
     }
 }
 
@@ -181,12 +211,10 @@ async fn subscribe(
     conversation: ConversationId,
 ) {
     let name = conversation.as_str();
+    // Unread mentions and the mute are as the stores give them (0 and not
+    // muted where they hold none); the changelog brings every change after.
     let own = match gateway.source.own_views(&user, &[name]).await {
-        Ok(views) => views.first().and_then(|(v, _)| v.own()).map(|o| OwnState {
-            cursor: o.cursor.get(),
-            private_cursor: o.private_cursor.get(),
-            unread_mark: o.marked_unread(),
-        }),
+        Ok(views) => views.first().and_then(|(v, _)| v.own()).map(|o| OwnState::of(&o)),
         Err(_) => None,
     };
     if !gateway.hub.subscribe(id, name, user.as_str(), &outbox, own) {
@@ -213,8 +241,8 @@ async fn subscribe(
     gateway.hub.loaded(name, read);
 }
 
-/// Checks a read receipt, delivery report or mark (a present member, a
-/// sane seq), produces it, and acknowledges once the broker has it.
+/// Checks a read receipt, delivery report, mark or mute (a present member,
+/// a sane seq), produces it, and acknowledges once the broker has it.
 async fn receipt(
     gateway: Arc<Gateway>,
     user: UserId,
