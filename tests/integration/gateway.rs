@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use readfold_wire::codec::EventRecord;
 use serde_json::{json, Value};
 
 use crate::kit::browser::{Browser, Driver};
@@ -804,6 +805,221 @@ async fn every_device_of_a_user_gets_its_own_state_and_nobody_else_does() {
             .iter()
             .all(|f| !(is_cursor_of(f, "A") && f["cursor"].as_u64() >= Some(4)) && f["type"] != "own"),
         "{heard:?}"
+    );
+    stop(gateway, processor);
+}
+
+/// `user`'s mutes and unmutes on the read-reports topic: (action, seq,
+/// muted_until).
+fn mutes_on_topic(env: &TestEnv, user: &str) -> Vec<(String, i64, Value)> {
+    env.read_topic(&env.config.topics.read_reports)
+        .iter()
+        .filter(|r| r["value"]["user_id"] == user)
+        .filter(|r| r["value"]["action"] == "MUTE" || r["value"]["action"] == "UNMUTE")
+        .map(|r| {
+            let v = &r["value"];
+            (
+                v["action"].as_str().unwrap().to_owned(),
+                v["seq"].as_i64().unwrap(),
+                v["muted_until"].clone(),
+            )
+        })
+        .collect()
+}
+
+fn is_own_in(frame: &Value, conversation: &str) -> bool {
+    frame["type"] == "own" && frame["conversation"] == conversation
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mute_is_acknowledged_members_only_and_reaches_the_users_other_devices() {
+    let env = TestEnv::new("gw-mute", 2).await;
+    let mut reference = Reference::default();
+    let processor = env.spawn("a");
+    chat(&env, &mut reference, "G", &["A", "B"], 2).await;
+    let (gateway, addr) = spawn_gateway(&env, &[]).await;
+    let mut phone = connect(&addr, "A").await;
+    let mut laptop = connect(&addr, "A").await;
+    let mut b = connect(&addr, "B").await;
+    assert_eq!(subscribe(&mut b, "G").await["type"], "snapshot");
+    let muted_until = |until: Value| move |f: &Value| is_own_in(f, "G") && f["muted_until"] == until;
+
+    // Muted until unmuted on the phone: acknowledged once on the topic, and
+    // the laptop shows it.
+    phone
+        .send(json!({ "type": "mute", "conversation": "G", "id": "m1" }))
+        .await;
+    assert_eq!(answer(&mut phone).await, json!({ "type": "ack", "id": "m1" }));
+    assert_eq!(mutes_on_topic(&env, "A"), [("MUTE".to_owned(), 0, Value::Null)]);
+    let mut shown = laptop
+        .until(Duration::from_secs(30), muted_until(json!(i64::MAX)))
+        .await;
+    // For an hour, then unmuted.
+    let hour = now_ms() + 3_600_000;
+    phone
+        .send(json!({ "type": "mute", "conversation": "G", "until": hour, "id": "m2" }))
+        .await;
+    assert_eq!(answer(&mut phone).await, json!({ "type": "ack", "id": "m2" }));
+    shown.extend(
+        laptop
+            .until(Duration::from_secs(30), muted_until(json!(hour)))
+            .await,
+    );
+    phone
+        .send(json!({ "type": "unmute", "conversation": "G", "id": "u1" }))
+        .await;
+    assert_eq!(answer(&mut phone).await, json!({ "type": "ack", "id": "u1" }));
+    shown.extend(
+        laptop
+            .until(Duration::from_secs(30), muted_until(Value::Null))
+            .await,
+    );
+    // A time gone by is a mute that ran out, taken as one.
+    phone
+        .send(json!({ "type": "mute", "conversation": "G", "until": 1000, "id": "m3" }))
+        .await;
+    assert_eq!(answer(&mut phone).await, json!({ "type": "ack", "id": "m3" }));
+    shown.extend(
+        laptop
+            .until(Duration::from_secs(30), muted_until(json!(1000)))
+            .await,
+    );
+    let seen: Vec<&Value> = shown
+        .iter()
+        .filter(|f| is_own_in(f, "G"))
+        .map(|f| &f["muted_until"])
+        .collect();
+    assert_eq!(
+        seen,
+        [&json!(i64::MAX), &json!(hour), &Value::Null, &json!(1000)],
+        "each mute shown once, in order: {shown:?}"
+    );
+    assert!(
+        shown
+            .iter()
+            .filter(|f| is_own_in(f, "G"))
+            .all(|f| f["cursor"] == 2 && f["unread_mentions"] == 0),
+        "{shown:?}"
+    );
+
+    // Refused: a time before the epoch, and strangers, with the request's id.
+    phone
+        .send(json!({ "type": "mute", "conversation": "G", "until": -1, "id": "m4" }))
+        .await;
+    let refused = answer(&mut phone).await;
+    assert_eq!(
+        (refused["code"].as_str(), refused["id"].as_str()),
+        (Some("bad_message"), Some("m4"))
+    );
+    let mut d = connect(&addr, "D").await;
+    for (message, id) in [("mute", "x1"), ("unmute", "x2")] {
+        d.send(json!({ "type": message, "conversation": "G", "id": id }))
+            .await;
+        let refused = answer(&mut d).await;
+        assert_eq!(
+            (refused["code"].as_str(), refused["id"].as_str()),
+            (Some("not_a_member"), Some(id))
+        );
+    }
+    assert_eq!(mutes_on_topic(&env, "D"), []);
+    let actions: Vec<(String, i64)> = mutes_on_topic(&env, "A")
+        .into_iter()
+        .map(|(action, seq, _)| (action, seq))
+        .collect();
+    let expected: Vec<(String, i64)> = ["MUTE", "MUTE", "UNMUTE", "MUTE"]
+        .iter()
+        .map(|a| (a.to_string(), 0))
+        .collect();
+    assert_eq!(actions, expected);
+    // B, subscribed to G, never hears of A's mutes.
+    let heard = b.drain(Duration::from_secs(1)).await;
+    assert!(heard.iter().all(|f| f["type"] != "own"), "{heard:?}");
+    stop(gateway, processor);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unread_mentions_go_up_when_mentioned_and_down_when_read_on_every_device() {
+    let env = TestEnv::new("gw-mentions", 2).await;
+    let mut reference = Reference::default();
+    let processor = env.spawn("a");
+    chat(&env, &mut reference, "G", &["A", "B", "C"], 3).await;
+    let (gateway, addr) = spawn_gateway(&env, &[]).await;
+    let mut phone = connect(&addr, "B").await;
+    let mut laptop = connect(&addr, "B").await;
+    let message = |sender: &str, seq, named: &[&str], all| {
+        event(
+            "G",
+            seq,
+            EventRecord::MessageSent {
+                sender_id: sender.into(),
+                mentions: named.iter().map(|u| u.to_string()).collect(),
+                mention_all: all,
+            },
+        )
+    };
+    let mentions = |n: u64| move |f: &Value| is_own_in(f, "G") && f["unread_mentions"] == n;
+
+    // A names B in #4, C says @all in #5, A names C in #6.
+    {
+        let mut feed = env.feed(&mut reference);
+        feed.event(message("A", 4, &["B"], false)).await;
+        feed.event(message("C", 5, &[], true)).await;
+        feed.event(message("A", 6, &["C"], false)).await;
+    }
+    let mut shown = laptop.until(Duration::from_secs(30), mentions(2)).await;
+    // B reads #4 on the phone: one mention left; then #5, privately: none.
+    phone
+        .send(json!({ "type": "read", "conversation": "G", "seq": 4, "id": "r1" }))
+        .await;
+    assert_eq!(answer(&mut phone).await, json!({ "type": "ack", "id": "r1" }));
+    reference.report(&report("G", "B", 4));
+    shown.extend(laptop.until(Duration::from_secs(30), mentions(1)).await);
+    phone
+        .send(json!({ "type": "read", "conversation": "G", "seq": 5, "private": true, "id": "r2" }))
+        .await;
+    assert_eq!(answer(&mut phone).await, json!({ "type": "ack", "id": "r2" }));
+    reference.report(&private_report("G", "B", 5));
+    shown.extend(laptop.until(Duration::from_secs(30), mentions(0)).await);
+    // Named again in #7.
+    {
+        let mut feed = env.feed(&mut reference);
+        feed.event(message("C", 7, &["B"], false)).await;
+    }
+    shown.extend(laptop.until(Duration::from_secs(30), mentions(1)).await);
+    let mut counts: Vec<u64> = shown
+        .iter()
+        .filter(|f| is_own_in(f, "G"))
+        .map(|f| f["unread_mentions"].as_u64().unwrap())
+        .collect();
+    counts.dedup();
+    assert!(
+        counts == [2, 1, 0, 1] || counts == [1, 2, 1, 0, 1],
+        "up when mentioned, down when read, nothing stale between: {counts:?} in {shown:?}"
+    );
+    // The last state shown is the reference fold's.
+    let last = shown.last().unwrap();
+    let expected = reference.own_expected()[&("G".to_owned(), "B".to_owned())].unwrap();
+    assert_eq!(
+        (
+            last["cursor"].as_i64(),
+            last["private_cursor"].as_i64(),
+            last["unread_mentions"].as_u64(),
+            last["muted_until"].clone()
+        ),
+        (
+            Some(expected.cursor),
+            Some(expected.private_cursor),
+            Some(u64::from(expected.unread_mentions)),
+            json!(expected.muted_until)
+        )
+    );
+    // A device that subscribes now gets the fields in its snapshot's own.
+    let mut tablet = connect(&addr, "B").await;
+    let snapshot = subscribe(&mut tablet, "G").await;
+    let own = &snapshot["own"];
+    assert!(
+        own["unread_mentions"].is_u64() && own.get("muted_until").is_some(),
+        "{snapshot}"
     );
     stop(gateway, processor);
 }
