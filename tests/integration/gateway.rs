@@ -1198,6 +1198,86 @@ async fn the_demo_page_shows_ticks_move_from_grey_to_blue() {
     stop(gateway, processor);
 }
 
+/// `who` sends `text` from their pane of a demo page, message `seq`.
+async fn say(page: &mut Browser, who: &str, text: &str, seq: u64) {
+    page.type_text(&format!("#text-{who}"), text).await;
+    page.click(&format!("#send-{who}")).await;
+    page.wait_for(&format!("#msg-{who}-{seq}"), Duration::from_secs(30))
+        .await;
+}
+
+/// Mentions typed on the demo page count on the mentioned members' panes
+/// ("@3", "@99+" past 99) and go once read; a muted conversation's unread
+/// badge is grey, and its app badge counts only mentions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_page_shows_mentions_and_a_muted_conversation() {
+    let env = TestEnv::new("gw-browser-mentions", 2).await;
+    let processor = env.spawn("a");
+    let (gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__DEMO", "true")]).await;
+    let driver = Driver::start().await;
+    let conversation = unique("mentions");
+    let mut page = driver.browser().await;
+    page.open(&format!(
+        "http://{addr}/demo/?conversation={conversation}&members=alice,bob,carol"
+    ))
+    .await;
+    for who in ["alice", "bob", "carol"] {
+        wait_subscribed(&mut page, who, &gateway, &processor).await;
+    }
+    let wait = Duration::from_secs(30);
+    say(&mut page, "alice", "Standup in 5, @bob", 1).await;
+    say(&mut page, "carol", "@all the release is out", 2).await;
+    page.wait_for_text("#mentions-bob", "@2", wait).await;
+    page.wait_for_text("#mentions-alice", "@1", wait).await;
+    // carol mutes the chat, and is named in it after.
+    page.click("#mute-carol").await;
+    page.wait_for_text("#muted-carol", "muted", wait).await;
+    page.wait_for_text("#mute-carol", "Unmute", wait).await;
+    say(&mut page, "alice", "@bob can you review it?", 3).await;
+    say(&mut page, "alice", "@carol your notes?", 4).await;
+    page.wait_for_text("#mentions-bob", "@3", wait).await;
+    page.wait_for_text("#badge-bob", "4", wait).await;
+    page.wait_for_text("#app-bob", "app badge 4", wait).await;
+    page.wait_for_text("#mentions-carol", "@1", wait).await;
+    page.wait_for_text("#badge-carol", "2", wait).await;
+    page.wait_for("#badge-carol.muted", wait).await;
+    page.wait_for_text("#app-carol", "app badge 1", wait).await;
+    page.wait_for("#msg-carol-4.mentions-me", Duration::ZERO).await;
+    // alice read past carol's @all when she wrote #3.
+    page.wait_for_text("#mentions-alice", "", wait).await;
+    let png = page.screenshot().await;
+    assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+    let path = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-demo-mentions.png");
+    std::fs::write(&path, png).unwrap();
+    println!("screenshot: {}", path.display());
+
+    // Read, the mentions go; unmuted, the badge is red again.
+    page.click("#read-bob").await;
+    page.wait_for_text("#mentions-bob", "", wait).await;
+    page.wait_for_text("#app-bob", "app badge 0", wait).await;
+    page.click("#mute-carol").await;
+    page.wait_for_text("#muted-carol", "", wait).await;
+    page.wait_for("#badge-carol:not(.muted):not(.zero)", wait).await;
+    page.wait_for_text("#app-carol", "app badge 2", wait).await;
+    // Past 99 mentions a pane says "99+".
+    let producer = env.producer();
+    for seq in 5..=124 {
+        let named = event(
+            &conversation,
+            seq,
+            EventRecord::MessageSent {
+                sender_id: "alice".into(),
+                mentions: vec!["bob".into()],
+                mention_all: false,
+            },
+        );
+        producer.event(&named).await.unwrap();
+    }
+    page.wait_for_text("#mentions-bob", "@99+", wait).await;
+    page.close().await;
+    stop(gateway, processor);
+}
+
 /// The gateway's followers start at the changelogs' end as of their start,
 /// looked up before they return: a record committed right after that is
 /// read, never skipped. (librdkafka's own `Offset::End` is resolved some

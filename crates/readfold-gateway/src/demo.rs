@@ -26,6 +26,9 @@ pub struct DemoMessage {
     seq: u64,
     sender: String,
     text: String,
+    /// Whom the text mentions by name (`@bob`), and whether `@all`.
+    mentions: Vec<String>,
+    mention_all: bool,
 }
 
 /// The messages sent through the demo, per conversation: readfold never
@@ -113,10 +116,14 @@ async fn send(
         let mut all = g.demo.messages.lock().expect("demo lock");
         let list = all.entry(m.conversation.clone()).or_default();
         let seq = list.last().map_or(0, |l| l.seq).max(stored) + 1;
+        let text: String = m.text.chars().take(200).collect();
+        let (mentions, mention_all) = mentions_in(&text, g.max_id_bytes);
         let message = DemoMessage {
             seq,
             sender: m.sender.clone(),
-            text: m.text.chars().take(200).collect(),
+            text,
+            mentions,
+            mention_all,
         };
         list.push(message.clone());
         message
@@ -127,8 +134,8 @@ async fn send(
             seq: message.seq as i64,
             at: now_ms(),
             event: EventRecord::MessageSent {
-                mention_all: false,
-                mentions: Default::default(),
+                mention_all: message.mention_all,
+                mentions: message.mentions.clone(),
                 sender_id: m.sender,
             },
         })
@@ -198,4 +205,46 @@ struct Which {
 async fn messages(State(g): State<Arc<Gateway>>, Query(w): Query<Which>) -> Json<Vec<DemoMessage>> {
     let all = g.demo.messages.lock().expect("demo lock");
     Json(all.get(&w.conversation).cloned().unwrap_or_default())
+}
+
+/// The `@word` tokens of a message: the users it names, once each, and
+/// whether it says `@all`. A word is a token's letters, digits and `_.-`,
+/// without trailing `.` or `-` (`@bob.` ends a sentence); an `@` inside a
+/// word (`a@b.com`) mentions nobody.
+fn mentions_in(text: &str, max_id_bytes: usize) -> (Vec<String>, bool) {
+    let (mut users, mut all) = (Vec::new(), false);
+    for token in text.split_whitespace() {
+        let Some(rest) = token.strip_prefix('@') else {
+            continue;
+        };
+        let end = rest
+            .find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '.' | '-')))
+            .unwrap_or(rest.len());
+        let name = rest[..end].trim_end_matches(['.', '-']);
+        if name == "all" {
+            all = true;
+        } else if UserId::parse(name, max_id_bytes).is_ok() && !users.iter().any(|u| u == name) {
+            users.push(name.to_owned());
+        }
+    }
+    (users, all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mentions_in;
+
+    #[test]
+    fn at_words_are_mentions_and_at_all_is_everyone() {
+        let names = |text| mentions_in(text, 64);
+        assert_eq!(
+            names("@bob, lunch? @carol-x. cc @bob"),
+            (vec!["bob".to_owned(), "carol-x".to_owned()], false)
+        );
+        assert_eq!(names("heads up @all!"), (vec![], true));
+        assert_eq!(names("mail a@b.com or @ alone, @@x"), (vec![], false));
+        assert_eq!(names("@crowd0001: @all"), (vec!["crowd0001".to_owned()], true));
+        let long = format!("@{}", "x".repeat(65));
+        assert_eq!(names(&long), (vec![], false), "too long to be an id");
+    }
 }
