@@ -3,7 +3,16 @@
 //! and read counts as they come back on the changelog.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use readfold_badge::{BadgeSettings, BadgeStage};
+use readfold_core::badge::{recount, Badge};
+use readfold_core::Mute;
+use readfold_kafka::admin::create_topic;
+use readfold_kafka::reader::TopicReader;
+use readfold_wire::badge::{decode_user_badge, encode_user_action, UserActionKind, UserActionRecord};
 
 use readfold_core::fold::PartitionState;
 use readfold_core::partitioner::partition_for_key;
@@ -21,7 +30,7 @@ use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, Rea
 use readfold_wire::validate;
 use tokio::sync::watch;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::error::{Error, Result};
 
 enum Step {
@@ -55,6 +64,26 @@ enum Step {
     },
     Garbage {
         conv: usize,
+    },
+    /// A message that mentions users by name, or @all.
+    Mention {
+        conv: usize,
+        sender: &'static str,
+        seq: i64,
+        text: &'static str,
+        users: &'static [&'static str],
+        all: bool,
+    },
+    /// The user mutes the conversation until they unmute it.
+    Mute {
+        conv: usize,
+        user: &'static str,
+    },
+    /// The user marks everything read (a user action the badge stage
+    /// turns into read reports).
+    MarkAllRead {
+        conv: usize,
+        user: &'static str,
     },
 }
 
@@ -174,7 +203,42 @@ fn script() -> Vec<Step> {
             user: "B",
             seq: 3,
         },
+        Mention {
+            conv: 1,
+            sender: "A",
+            seq: 4,
+            text: "@B can you bring the slides?",
+            users: &["B"],
+            all: false,
+        },
+        Mute { conv: 1, user: "C" },
+        Mention {
+            conv: 1,
+            sender: "A",
+            seq: 5,
+            text: "@all the room moved to 4F",
+            users: &[],
+            all: true,
+        },
+        MarkAllRead { conv: 1, user: "C" },
     ]
+}
+
+/// The demo's users, named per run (`B-<tag>`): a badge counts every
+/// conversation of a user, so another run's conversations must not count
+/// in this one's. Printed by their short names.
+struct Names {
+    tag: String,
+}
+
+impl Names {
+    fn id(&self, name: &str) -> String {
+        format!("{name}-{}", self.tag)
+    }
+
+    fn short<'a>(&self, id: &'a str) -> &'a str {
+        id.strip_suffix(&format!("-{}", self.tag)).unwrap_or(id)
+    }
 }
 
 pub async fn demo(mut config: Config) -> Result<()> {
@@ -182,6 +246,9 @@ pub async fn demo(mut config: Config) -> Result<()> {
     config.snapshot.interval_ms = config.snapshot.interval_ms.min(1000);
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let run = now_ms();
+    let names = Names {
+        tag: (run % 100_000).to_string(),
+    };
     let convs = [format!("demo-{run}-dm"), format!("demo-{run}-group")];
     let labels = ["1:1 chat", "group"];
     println!(
@@ -197,6 +264,19 @@ pub async fn demo(mut config: Config) -> Result<()> {
     let processor = Processor::new(config.processor_settings(), layout).await?;
     let handle = tokio::spawn(processor.run(stopped));
 
+    // The badge stage, beside the processor, and a reader of what it
+    // publishes, from now on.
+    let badge_watcher = BadgeWatcher::new(&config, layout.output.user_read_cursors_partitions).await?;
+    let badge_stop = Arc::new(AtomicBool::new(false));
+    let badge_stage = start_badge_stage(&config, badge_stop.clone()).await?;
+    // Whatever ends the demo stops the stage: the runtime waits for its thread.
+    let _stop_badges = StopOnDrop(badge_stop.clone());
+    let mut badge_watcher = Some(badge_watcher);
+    let rules = config
+        .badge
+        .rules()
+        .map_err(|e| Error::Config(ConfigError::Invalid(e)))?;
+
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
     let mut watcher = ChangelogWatcher::new(&config, &convs, layout.partitions)?;
     let mut expected = PartitionState::new();
@@ -209,6 +289,9 @@ pub async fn demo(mut config: Config) -> Result<()> {
             | Step::ReadPrivately { conv, .. }
             | Step::Deliver { conv, .. }
             | Step::Join { conv, .. }
+            | Step::Mention { conv, .. }
+            | Step::Mute { conv, .. }
+            | Step::MarkAllRead { conv, .. }
             | Step::Garbage { conv } => *conv,
         };
         let cid = &convs[conv];
@@ -223,14 +306,94 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     at: base_at,
                     event: EventRecord::MessageSent {
                         mention_all: false,
-                        mentions: Default::default(),
-                        sender_id: sender.into(),
+                        mentions: Vec::new(),
+                        sender_id: names.id(sender),
                     },
                 };
                 producer.event(&e).await?;
                 expected
                     .apply_event(&validate::conversation_event(e, &config.input).map_err(Error::DemoScript)?);
                 format!("{sender} sends #{seq} {text:?}")
+            }
+            Step::Mention {
+                sender,
+                seq,
+                text,
+                users,
+                all,
+                ..
+            } => {
+                texts.insert((conv, seq), (sender, text));
+                let e = ConversationEventRecord {
+                    conversation_id: cid.clone(),
+                    seq,
+                    at: base_at,
+                    event: EventRecord::MessageSent {
+                        mention_all: all,
+                        mentions: users.iter().map(|u| names.id(u)).collect(),
+                        sender_id: names.id(sender),
+                    },
+                };
+                producer.event(&e).await?;
+                expected
+                    .apply_event(&validate::conversation_event(e, &config.input).map_err(Error::DemoScript)?);
+                format!("{sender} sends #{seq} {text:?} (a mention)")
+            }
+            Step::Mute { user, .. } => {
+                let r = ReadReportRecord {
+                    muted_until: None,
+                    conversation_id: cid.clone(),
+                    user_id: names.id(user),
+                    seq: 0,
+                    device_id: None,
+                    reported_at: base_at,
+                    private: false,
+                    action: ReadAction::Mute,
+                };
+                producer.report(&r).await?;
+                expected.apply(&validate::read_report(r, &config.input).map_err(Error::DemoScript)?);
+                format!("{user} mutes the group: it counts in {user}'s badge only through mentions")
+            }
+            Step::MarkAllRead { user, .. } => {
+                let action = UserActionRecord {
+                    user_id: names.id(user),
+                    action: UserActionKind::MarkAllRead,
+                    at: base_at,
+                };
+                let partition = partition_for_key(
+                    names.id(user).as_bytes(),
+                    layout.output.user_read_cursors_partitions,
+                );
+                producer
+                    .send(
+                        &config.badge.user_actions,
+                        &names.id(user),
+                        Some(&encode_user_action(&action)),
+                        Some(partition),
+                    )
+                    .await?;
+                // What the badge stage sends back to the processor.
+                let user_id = UserId::parse(&names.id(user), usize::MAX)
+                    .map_err(|e| Error::DemoScript(id_rejection(e)))?;
+                for (c, conv) in expected.clone().conversations() {
+                    let Some(m) = conv.member(&user_id).filter(|m| !m.left) else {
+                        continue;
+                    };
+                    let r = ReadReportRecord {
+                        muted_until: None,
+                        conversation_id: c.to_string(),
+                        user_id: user_id.to_string(),
+                        seq: conv.latest_seq().get() as i64,
+                        device_id: None,
+                        reported_at: base_at,
+                        private: false,
+                        action: ReadAction::Read,
+                    };
+                    if m.own().read_up_to() < conv.latest_seq() {
+                        expected.apply(&validate::read_report(r, &config.input).map_err(Error::DemoScript)?);
+                    }
+                }
+                format!("{user} marks everything read (the badge stage sends read reports to the processor)")
             }
             Step::Read { user, seq, .. }
             | Step::ReadPrivately { user, seq, .. }
@@ -240,7 +403,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
                 let r = ReadReportRecord {
                     muted_until: None,
                     conversation_id: cid.clone(),
-                    user_id: user.into(),
+                    user_id: names.id(user),
                     seq,
                     device_id: None,
                     reported_at: base_at,
@@ -266,7 +429,9 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     conversation_id: cid.clone(),
                     seq: at_seq,
                     at: base_at,
-                    event: EventRecord::MemberJoined { user_id: user.into() },
+                    event: EventRecord::MemberJoined {
+                        user_id: names.id(user),
+                    },
                 };
                 producer.event(&e).await?;
                 expected
@@ -285,12 +450,18 @@ pub async fn demo(mut config: Config) -> Result<()> {
         (watcher, view) = watcher
             .wait_for(expected.clone(), Duration::from_secs(30))
             .await?;
-        print_view(view.get(&convs[conv]), conv, &texts);
+        print_view(view.get(&convs[conv]), conv, &texts, &names);
+        let want = recount(&expected, rules, now_ms());
+        let shown;
+        (shown, badge_watcher) = wait_for_badges(badge_watcher.take(), want, Duration::from_secs(30)).await?;
+        print_badges(&shown, view.get(&convs[conv]), &names);
     }
+    badge_stop.store(true, Ordering::Release);
+    badge_stage.await?.map_err(Error::Badge)?;
     println!(
-        "\nEvery number above was read back from {} (cursors, read counts) and {} \
-         (each member's own unread, with private receipts), read_committed.",
-        config.topics.read_cursors, config.topics.user_read_cursors
+        "\nEvery number above was read back from {} (cursors, read counts), {} \
+         (each member's own unread, with private receipts) and {} (badges), read_committed.",
+        config.topics.read_cursors, config.topics.user_read_cursors, config.badge.user_badges
     );
     if config.redis.enabled {
         print_redis(&config, &convs).await?;
@@ -299,7 +470,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
         print_cql(&config, &convs).await?;
     }
     if config.redis.enabled || config.cql.enabled {
-        print_api(&config, &convs).await?;
+        print_api(&config, &convs, &names).await?;
     }
     println!(
         "Try: readfold tail {}   and   readfold tail {}",
@@ -351,7 +522,12 @@ struct Shown {
 
 /// Prints a conversation's cursors, each member's own unread count and the
 /// read counts, all answered by the read model.
-fn print_view(shown: Option<&Shown>, conv: usize, texts: &BTreeMap<(usize, i64), (&str, &str)>) {
+fn print_view(
+    shown: Option<&Shown>,
+    conv: usize,
+    texts: &BTreeMap<(usize, i64), (&str, &str)>,
+    names: &Names,
+) {
     let Some(Shown { view: c, own }) = shown else {
         println!("    (no cursors yet)");
         return;
@@ -359,20 +535,20 @@ fn print_view(shown: Option<&Shown>, conv: usize, texts: &BTreeMap<(usize, i64),
     let cursors: Vec<String> = c
         .members
         .iter()
-        .map(|(u, m)| format!("{u}={}", m.cursor))
+        .map(|(u, m)| format!("{}={}", names.short(u.as_str()), m.cursor))
         .collect();
     let unread: Vec<String> = c
         .members
         .keys()
         .map(|u| {
             let n = own.get(u).map_or_else(|| c.unread(u), |o| o.unread(c.latest_seq));
-            format!("{u}={n}")
+            format!("{}={n}", names.short(u.as_str()))
         })
         .collect();
     let private: Vec<String> = own
         .iter()
         .filter(|(_, o)| o.private_cursor > o.cursor)
-        .map(|(u, o)| format!("{u}={}", o.private_cursor))
+        .map(|(u, o)| format!("{}={}", names.short(u.as_str()), o.private_cursor))
         .collect();
     let private = if private.is_empty() {
         String::new()
@@ -383,7 +559,7 @@ fn print_view(shown: Option<&Shown>, conv: usize, texts: &BTreeMap<(usize, i64),
         .members
         .iter()
         .filter(|(_, m)| m.delivered > m.cursor)
-        .map(|(u, m)| format!("{u}={}", m.delivered))
+        .map(|(u, m)| format!("{}={}", names.short(u.as_str()), m.delivered))
         .collect();
     let delivered = if delivered.is_empty() {
         String::new()
@@ -396,12 +572,12 @@ fn print_view(shown: Option<&Shown>, conv: usize, texts: &BTreeMap<(usize, i64),
         unread.join(" ")
     );
     for (&(_, seq), (sender, _)) in texts.range((conv, 1)..=(conv, i64::MAX)) {
-        let Ok(sender_id) = sender.parse::<UserId>() else {
+        let Ok(sender_id) = names.id(sender).parse::<UserId>() else {
             continue;
         };
         let readers: Vec<String> = c
             .readers(Seq(seq as u64), &sender_id)
-            .map(|u| u.to_string())
+            .map(|u| names.short(u.as_str()).to_owned())
             .collect();
         let ticks = c.ticks(Seq(seq as u64), &sender_id);
         // One grey tick: sent; two grey: delivered to all; two blue: read by all.
@@ -501,8 +677,8 @@ impl ChangelogWatcher {
                     self.seen_own.insert(
                         (u.conversation_id.to_string(), u.user_id.clone()),
                         OwnCursor {
-                            mute: Default::default(),
-                            unread_mentions: 0,
+                            mute: own.muted_until.map(|until| Mute { at: 0, until }),
+                            unread_mentions: own.unread_mentions,
                             cursor: u.cursor,
                             private_cursor: own.private_cursor,
                             mark_seq: own.unread_mark.then_some(read_up_to),
@@ -576,7 +752,7 @@ impl ChangelogWatcher {
 /// Asks the query API (`readfold serve`, started in-process on a free port)
 /// what a chat screen would: "N read" under the group's messages, who read
 /// the first one, and B's unread badges.
-async fn print_api(config: &Config, convs: &[String]) -> Result<()> {
+async fn print_api(config: &Config, convs: &[String], names: &Names) -> Result<()> {
     let mut config = config.clone();
     // In-process and on loopback: the demo is the trusted backend.
     config.auth.mode = readfold_serve::AuthMode::None;
@@ -584,24 +760,26 @@ async fn print_api(config: &Config, convs: &[String]) -> Result<()> {
     let mut client = HttpClient::new(addr.to_string());
     let group = &convs[1];
     println!("\nThe query API (readfold serve) on http://{addr}:");
-    let calls: [(&str, String, Option<serde_json::Value>); 3] = [
+    let (a, b) = (names.id("A"), names.id("B"));
+    let calls: [(&str, String, Option<serde_json::Value>); 4] = [
         (
             "POST",
             format!("/v1/conversations/{group}/read-counts"),
             Some(serde_json::json!({ "messages": [
-                { "seq": 1, "sender": "A" }, { "seq": 2, "sender": "A" }, { "seq": 3, "sender": "A" }
+                { "seq": 1, "sender": a }, { "seq": 2, "sender": a }, { "seq": 3, "sender": a }
             ] })),
         ),
         (
             "GET",
-            format!("/v1/conversations/{group}/messages/1/readers?sender=A"),
+            format!("/v1/conversations/{group}/messages/1/readers?sender={a}"),
             None,
         ),
         (
             "POST",
-            "/v1/users/B/unread".to_owned(),
+            format!("/v1/users/{b}/unread"),
             Some(serde_json::json!({ "conversations": [group] })),
         ),
+        ("GET", format!("/v1/users/{}/badge", names.id("D")), None),
     ];
     for (method, path, body) in calls {
         let response = match &body {
@@ -658,4 +836,144 @@ async fn print_cql(config: &Config, convs: &[String]) -> Result<()> {
         println!("CQL {ks}.cursors[{conv}] = {}", cursors.join(", "));
     }
     Ok(())
+}
+
+/// Sets its flag when dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// The badge stage on a blocking thread of its own, until `stop`.
+async fn start_badge_stage(
+    config: &Config,
+    stop: Arc<AtomicBool>,
+) -> Result<tokio::task::JoinHandle<std::result::Result<(), readfold_badge::Error>>> {
+    let redis = if config.redis.enabled {
+        Some(RedisStore::connect(&config.redis).await?)
+    } else {
+        None
+    };
+    let settings = BadgeSettings {
+        kafka: config.kafka.clone(),
+        topics: config.topics.clone(),
+        badge: config.badge.clone(),
+        input: config.input.clone(),
+        redis,
+        runtime: tokio::runtime::Handle::current(),
+    };
+    Ok(tokio::task::spawn_blocking(move || {
+        BadgeStage::new(settings)?.run(stop)
+    }))
+}
+
+/// Follows the badges topic from its end: what the badge stage publishes.
+struct BadgeWatcher {
+    reader: TopicReader,
+    badges: BTreeMap<String, Badge>,
+}
+
+impl BadgeWatcher {
+    /// Creates the stage's topics first if missing (as the stage would), so
+    /// that the reader starts at their end.
+    async fn new(config: &Config, partitions: i32) -> Result<Self> {
+        for (topic, compacted) in [
+            (&config.badge.user_badges, true),
+            (&config.badge.user_actions, false),
+        ] {
+            create_topic(
+                &config.kafka,
+                topic,
+                partitions,
+                config.topics.replication_factor,
+                compacted,
+            )
+            .await?;
+        }
+        let reader = TopicReader::new(
+            &config.kafka,
+            &format!("{}-demo-badges", config.kafka.group_id),
+            false,
+        )?;
+        reader.assign_from_end(&config.badge.user_badges, None)?;
+        Ok(BadgeWatcher {
+            reader,
+            badges: BTreeMap::new(),
+        })
+    }
+
+    fn poll(&mut self) -> Result<()> {
+        let badges = &mut self.badges;
+        self.reader.poll_available(Duration::from_millis(50), |m| {
+            use rdkafka::Message;
+            if let Some(record) = m.payload().and_then(|v| decode_user_badge(v).ok()) {
+                badges.insert(record.user_id, record.badge);
+            }
+        })?;
+        Ok(())
+    }
+}
+
+/// Waits until the badge stage published `want` for every user in it
+/// (a user it never published for has an empty badge).
+async fn wait_for_badges(
+    watcher: Option<BadgeWatcher>,
+    want: BTreeMap<UserId, Badge>,
+    timeout: Duration,
+) -> Result<(BTreeMap<String, Badge>, Option<BadgeWatcher>)> {
+    let Some(mut watcher) = watcher else {
+        return Ok((BTreeMap::new(), None));
+    };
+    tokio::task::spawn_blocking(move || {
+        let started = Instant::now();
+        loop {
+            watcher.poll()?;
+            let done = want
+                .iter()
+                .all(|(u, b)| watcher.badges.get(u.as_str()).copied().unwrap_or_default() == *b);
+            if done {
+                return Ok((watcher.badges.clone(), Some(watcher)));
+            }
+            if started.elapsed() > timeout {
+                return Err(Error::DemoTimeout(timeout));
+            }
+        }
+    })
+    .await?
+}
+
+/// The badges of a conversation's members, as the badge stage published
+/// them.
+fn print_badges(badges: &BTreeMap<String, Badge>, shown: Option<&Shown>, names: &Names) {
+    let Some(shown) = shown else {
+        return;
+    };
+    let line: Vec<String> = shown
+        .view
+        .members
+        .keys()
+        .map(|u| {
+            let b = badges.get(u.as_str()).copied().unwrap_or_default();
+            let muted = shown.own.get(u).is_some_and(|o| o.muted(now_ms()));
+            let mut text = format!("{}={}", names.short(u.as_str()), b.badge);
+            if b.totals.mentions > 0 {
+                text.push_str(&format!(" (@{})", b.totals.mentions));
+            }
+            if muted {
+                text.push_str(" (muted here)");
+            }
+            text
+        })
+        .collect();
+    println!("    app badges (readfold badges): {}", line.join(" "));
+}
+
+fn id_rejection(e: readfold_core::IdError) -> readfold_wire::validate::Rejection {
+    readfold_wire::validate::Rejection {
+        reason: readfold_wire::RejectReason::EmptyId,
+        detail: e.to_string(),
+    }
 }

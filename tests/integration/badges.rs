@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use readfold_core::badge::{Badge, BadgeRules, Badges, OwnConversation};
+use readfold_core::badge::{recount, Badge, BadgeRules};
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::UserId;
 use readfold_serve::client::HttpClient;
@@ -15,35 +15,15 @@ use readfold_store::redis::RedisStore;
 use readfold_wire::badge::{decode_user_badge, encode_user_action, UserActionKind, UserActionRecord};
 
 use crate::kit::load::produce_mixed_load;
-use crate::kit::reference::Reference;
+use crate::kit::reference::{sent, Reference};
 use crate::kit::*;
 
 /// Each user's badge as the reference fold's final state gives it, counted
 /// from scratch at `now_ms` (users with nothing unread anywhere included).
 fn expected_badges(reference: &Reference, rules: BadgeRules, now_ms: i64) -> BTreeMap<String, Badge> {
-    let mut badges = Badges::new(rules);
-    let mut users = Vec::new();
-    for (c, conv) in reference.state.conversations() {
-        for (u, m) in conv.members().filter(|(_, m)| !m.left) {
-            let own = m.own();
-            let view = OwnConversation {
-                unread: own.unread(conv.latest_seq()),
-                marked_unread: own.marked_unread(),
-                unread_mentions: own.unread_mentions,
-                muted_until: own
-                    .mute
-                    .map(|m| m.until)
-                    .filter(|&u| u != readfold_core::Mute::OFF),
-                latest_seq: conv.latest_seq(),
-                read_up_to: own.read_up_to(),
-            };
-            badges.apply(u, c, Some(view), now_ms);
-            users.push(u.clone());
-        }
-    }
-    users
+    recount(&reference.state, rules, now_ms)
         .into_iter()
-        .map(|u| (u.to_string(), badges.badge(&u)))
+        .map(|(u, b)| (u.to_string(), b))
         .collect()
 }
 
@@ -112,7 +92,19 @@ async fn badges_equal_a_recount_after_a_mixed_workload_with_both_stages_killed()
             }
         }
     };
-    let (load, ()) = tokio::join!(produce_mixed_load(&env, Duration::from_secs(10), 77), killer);
+    let (mut load, ()) = tokio::join!(produce_mixed_load(&env, Duration::from_secs(10), 77), killer);
+    // Last, messages nobody reads: every other member's badge follows,
+    // though their own records do not change.
+    for c in ["c0", "c1", "c2"] {
+        let id: readfold_core::ConversationId = c.parse().unwrap();
+        let next = load
+            .reference
+            .state
+            .conversation(&id)
+            .map_or(0, |v| v.latest_seq().get()) as i64
+            + 1;
+        env.feed(&mut load.reference).event(sent(c, "u0", next)).await;
+    }
     env.wait_for_reference(&load.reference, Duration::from_secs(60))
         .await;
     let rules = env.config.badge.rules().unwrap();

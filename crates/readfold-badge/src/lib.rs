@@ -3,7 +3,10 @@
 //! A consumer group of its own reads `chat.user-read-cursors` (each record
 //! one member's whole own view of one conversation) and `chat.user-actions`
 //! (mark-all-read), co-partitioned by user, and folds them into
-//! [`Badges`], the pure state. Each flush publishes, in one Kafka
+//! [`Badges`], the pure state. Every instance also follows all of
+//! `chat.read-cursors`, for each conversation's latest seq: a message
+//! raises the unread of members whose own records do not change (Kafka
+//! Streams would call it a global table). Each flush publishes, in one Kafka
 //! transaction with the input offsets, the changed users' badges on
 //! compacted `chat.user-badges`, the read reports a mark-all-read sends back
 //! to the first stage's input, and dead letters; then it writes the badges
@@ -40,10 +43,11 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use readfold_core::badge::{Badge, Badges};
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::UserId;
-use readfold_kafka::reader::TopicReader;
+use readfold_kafka::reader::{TopicReader, Until};
 use readfold_kafka::{now_ms, KafkaConfig, TopicsConfig};
 use readfold_store::redis::RedisStore;
 use readfold_wire::badge::{encode_user_badge, UserBadgeRecord};
+use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind};
 use readfold_wire::{Limits, OutRecord};
 
 pub use config::BadgeConfig;
@@ -111,8 +115,12 @@ pub struct BadgeStage {
     rebalanced: Arc<AtomicBool>,
     producer: ThreadedProducer<readfold_kafka::context::LogContext>,
     layout: Layout,
-    /// State by input partition (of the by-user changelog).
-    partitions: BTreeMap<i32, Badges>,
+    /// The state of the users of the assigned partitions.
+    badges: Badges,
+    /// Assigned partitions of the by-user changelog, restored.
+    assigned: std::collections::BTreeSet<i32>,
+    /// Follows every partition of the conversations' changelog.
+    latest: TopicReader,
     /// Next offset to commit, by (topic, partition).
     offsets: HashMap<(String, i32), i64>,
     /// Records for the next transaction besides the badges.
@@ -146,6 +154,35 @@ impl BadgeStage {
             .create_with_context(readfold_kafka::context::LogContext)?;
         producer.init_transactions(Duration::from_secs(30))?;
         tracing::info!(%transactional_id, "badge stage: transactional producer ready");
+        let rules = settings.badge.rules().map_err(Error::Config)?;
+        let latest = TopicReader::new(
+            &settings.kafka,
+            &format!("{}-latest", settings.badge.group_id),
+            true,
+        )?;
+        let mut badges = Badges::new(rules);
+        // Every latest seq so far before any view is counted against them.
+        let started = Instant::now();
+        let topic = &settings.topics.read_cursors;
+        let partitions = latest.assign_from_beginning(topic, None)?;
+        let max_id_bytes = settings.input.max_id_bytes;
+        let read = latest.read(
+            topic,
+            &partitions,
+            Until::End {
+                within: Duration::from_secs(600),
+            },
+            |m| {
+                take_latest(&mut badges, m, max_id_bytes, now_ms());
+                ControlFlow::Continue(())
+            },
+        )?;
+        tracing::info!(
+            records = read,
+            conversations = badges.conversation_count(),
+            ms = started.elapsed().as_millis() as u64,
+            "badge stage: latest seqs read"
+        );
         let rebalanced = Arc::new(AtomicBool::new(false));
         let consumer: BaseConsumer<RebalanceFlag> = settings
             .kafka
@@ -163,7 +200,9 @@ impl BadgeStage {
             rebalanced,
             producer,
             layout,
-            partitions: BTreeMap::new(),
+            badges,
+            assigned: Default::default(),
+            latest,
             offsets: HashMap::new(),
             outbox: Vec::new(),
             pending: BTreeMap::new(),
@@ -203,14 +242,15 @@ impl BadgeStage {
     /// Folds one input record into its partition's state.
     fn take(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
         let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+        tracing::trace!(topic, partition, offset, "badge stage: record");
         self.offsets.insert((topic.to_owned(), partition), offset + 1);
         let now = now_ms();
         let input = Input::read(&self.settings, message, self.layout.user_actions);
-        let Some(badges) = self.partitions.get_mut(&partition) else {
+        if !self.assigned.contains(&partition) && topic == self.settings.topics.user_read_cursors {
             // A record of a partition not restored: a rebalance is pending.
             return;
-        };
-        match input.apply(badges, now) {
+        }
+        match input.apply(&mut self.badges, now) {
             Applied::Nothing => {}
             Applied::MarkAllRead(reports) => {
                 telemetry::marked_all_read(reports.len());
@@ -257,10 +297,9 @@ impl BadgeStage {
     fn flush(&mut self) -> Result<()> {
         self.last_flush = Instant::now();
         let now = now_ms();
-        for badges in self.partitions.values_mut() {
-            badges.expire(now);
-            self.pending.extend(badges.drain());
-        }
+        self.follow_latest()?;
+        self.badges.expire(now);
+        self.pending.extend(self.badges.drain());
         if self.pending.is_empty() && self.outbox.is_empty() && self.offsets.is_empty() {
             self.store();
             return Ok(());
@@ -279,6 +318,7 @@ impl BadgeStage {
             }
         }
         telemetry::flushed(changed.len(), started.elapsed());
+        tracing::debug!(badges = changed.len(), "badge stage: flush committed");
         self.outbox.clear();
         self.offsets.clear();
         self.pending.clear();
@@ -382,7 +422,8 @@ impl BadgeStage {
     fn restore_assigned(&mut self) -> Result<()> {
         let started = Instant::now();
         // What was not committed is read again from the committed offsets.
-        self.partitions.clear();
+        self.badges.forget_users();
+        self.assigned.clear();
         self.offsets.clear();
         self.outbox.clear();
         self.pending.clear();
@@ -410,10 +451,9 @@ impl BadgeStage {
                 (p, end)
             })
             .collect();
-        let rules = self.settings.badge.rules().map_err(Error::Config)?;
-        for &p in &assigned {
-            self.partitions.insert(p, Badges::new(rules));
-        }
+        // The latest seqs first, so that restored views count against them.
+        self.follow_latest()?;
+        self.assigned.extend(assigned.iter().copied());
         let to_read: Vec<(i32, i64)> = ends.iter().copied().filter(|&(_, end)| end > 0).collect();
         let mut records = 0u64;
         if !to_read.is_empty() {
@@ -425,7 +465,7 @@ impl BadgeStage {
             let partitions: Vec<i32> = to_read.iter().map(|&(p, _)| p).collect();
             reader.assign_from_beginning(&topic, Some(&partitions))?;
             let settings = self.settings.clone();
-            let state = &mut self.partitions;
+            let state = &mut self.badges;
             records = reader.read_to(&topic, &to_read, Duration::from_secs(600), |message| {
                 let end = to_read
                     .iter()
@@ -434,21 +474,43 @@ impl BadgeStage {
                 if message.offset() < end {
                     // At the time it was published: the state it made then.
                     let at = message.timestamp().to_millis().unwrap_or_else(now_ms);
-                    if let Some(badges) = state.get_mut(&message.partition()) {
-                        Input::read(&settings, message, 1).restore(badges, at);
-                    }
+                    Input::read(&settings, message, 1).restore(state, at);
                 }
                 ControlFlow::Continue(())
             })?;
         }
-        for badges in self.partitions.values_mut() {
-            // Published already; mutes that ran out since are changes.
-            badges.drain();
-            badges.expire(now_ms());
-        }
+        // Published already; mutes that ran out since are changes.
+        self.badges.drain();
+        self.badges.expire(now_ms());
         telemetry::restored(records, started.elapsed());
         tracing::info!(partitions = ?assigned, records, ms = started.elapsed().as_millis() as u64, "badge stage: partitions restored");
         Ok(())
+    }
+}
+
+impl BadgeStage {
+    /// Takes in what the conversations' changelog says of latest seqs
+    /// since the last look.
+    fn follow_latest(&mut self) -> Result<()> {
+        let (badges, max_id_bytes) = (&mut self.badges, self.settings.input.max_id_bytes);
+        let now = now_ms();
+        self.latest
+            .poll_available(Duration::ZERO, |m| take_latest(badges, m, max_id_bytes, now))?;
+        Ok(())
+    }
+}
+
+/// A conversations' changelog record's latest seq into `badges`; what does
+/// not decode is the first stage's to have dead-lettered, not this one's.
+fn take_latest(
+    badges: &mut Badges,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+    max_id_bytes: usize,
+    now: i64,
+) {
+    let entry = decode_changelog(ChangelogKind::ByConversation, m.key(), m.payload(), max_id_bytes);
+    if let Ok(ChangelogEntry::Upsert(u)) = entry {
+        badges.advance_latest(&u.conversation_id, u.latest_seq, now);
     }
 }
 

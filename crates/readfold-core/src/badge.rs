@@ -10,14 +10,21 @@
 //! from its start, or any suffix of it after a state that was right, gives
 //! the same totals.
 //!
+//! A message raises the unread of every member but its sender, and the
+//! by-user changelog carries a member's view only when something of theirs
+//! changed. So the state also keeps each conversation's latest seq as the
+//! conversations' changelog tells it ([`Badges::advance_latest`]: it only
+//! grows), and counts a view as unread up to the higher of the two.
+//!
 //! A muted conversation counts as [`MutedRule`] says. A mute that runs out
 //! is a change with no record: [`Badges::expire`] recounts the
 //! conversations whose mute ended by then, and [`Badges::next_expiry`] says
 //! when to call it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::domain::{ConversationId, Seq, UserId};
+use crate::read_model::Mute;
 
 /// How a muted conversation counts in its user's badge.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -97,6 +104,20 @@ impl OwnConversation {
     fn muted_at(&self, now_ms: i64) -> bool {
         self.muted_until.is_some_and(|until| now_ms < until)
     }
+
+    /// The view once the conversation's latest seq is `latest`, if that is
+    /// newer than what the view knew.
+    fn at_latest(&self, latest: Seq) -> OwnConversation {
+        if latest <= self.latest_seq {
+            return *self;
+        }
+        let unread = latest.get().saturating_sub(self.read_up_to.get());
+        OwnConversation {
+            latest_seq: latest,
+            unread: if self.marked_unread { unread.max(1) } else { unread },
+            ..*self
+        }
+    }
 }
 
 /// A user's totals.
@@ -147,11 +168,12 @@ pub struct Badge {
     pub totals: Totals,
 }
 
-/// A conversation held for a user: its view, and whether it was counted as
-/// muted (so that what it added can be taken off exactly).
+/// A conversation held for a user: its view, and what it added to the
+/// user's totals (taken off exactly when it changes).
 #[derive(Clone, Copy, Debug)]
 struct Held {
     view: OwnConversation,
+    counted: Totals,
     counted_muted: bool,
 }
 
@@ -171,6 +193,10 @@ pub struct Badges {
     expiries: BTreeSet<(i64, UserId, ConversationId)>,
     /// Users whose badge changed since the last drain.
     dirty: BTreeSet<UserId>,
+    /// Each conversation's latest seq, from the conversations' changelog.
+    latest: HashMap<ConversationId, Seq>,
+    /// The users held in each conversation.
+    members: HashMap<ConversationId, BTreeSet<UserId>>,
 }
 
 impl Badges {
@@ -192,27 +218,44 @@ impl Badges {
         now_ms: i64,
     ) -> bool {
         let rule = self.rules.muted;
+        let latest = self.latest.get(conversation).copied().unwrap_or(Seq::ZERO);
         let state = self.users.entry(user.clone()).or_default();
         let before = state.totals;
         if let Some(old) = state.conversations.remove(conversation) {
-            state.totals.sub(contribution(&old.view, old.counted_muted, rule));
+            state.totals.sub(old.counted);
             if let Some(until) = old.view.muted_until.filter(|_| old.counted_muted) {
                 self.expiries.remove(&(until, user.clone(), conversation.clone()));
             }
         }
-        if let Some(view) = view {
-            let muted = view.muted_at(now_ms);
-            state.totals.add(contribution(&view, muted, rule));
-            if let Some(until) = view.muted_until.filter(|_| muted) {
-                self.expiries.insert((until, user.clone(), conversation.clone()));
+        match view {
+            Some(view) => {
+                let muted = view.muted_at(now_ms);
+                let counted = contribution(&view.at_latest(latest), muted, rule);
+                state.totals.add(counted);
+                if let Some(until) = view.muted_until.filter(|_| muted) {
+                    self.expiries.insert((until, user.clone(), conversation.clone()));
+                }
+                state.conversations.insert(
+                    conversation.clone(),
+                    Held {
+                        view,
+                        counted,
+                        counted_muted: muted,
+                    },
+                );
+                self.members
+                    .entry(conversation.clone())
+                    .or_default()
+                    .insert(user.clone());
             }
-            state.conversations.insert(
-                conversation.clone(),
-                Held {
-                    view,
-                    counted_muted: muted,
-                },
-            );
+            None => {
+                if let Some(members) = self.members.get_mut(conversation) {
+                    members.remove(user);
+                    if members.is_empty() {
+                        self.members.remove(conversation);
+                    }
+                }
+            }
         }
         let changed = state.totals != before;
         if state.conversations.is_empty() {
@@ -222,6 +265,46 @@ impl Badges {
             self.dirty.insert(user.clone());
         }
         changed
+    }
+
+    /// Forgets every user (a restore follows), keeping the conversations'
+    /// latest seqs, which come from elsewhere.
+    pub fn forget_users(&mut self) {
+        self.users.clear();
+        self.members.clear();
+        self.expiries.clear();
+        self.dirty.clear();
+    }
+
+    /// Raises a conversation's latest seq (from the conversations'
+    /// changelog) to `seq` if it is higher, and recounts its members held.
+    /// Returns how many users' badges changed.
+    pub fn advance_latest(&mut self, conversation: &ConversationId, seq: Seq, now_ms: i64) -> usize {
+        let latest = self.latest.entry(conversation.clone()).or_default();
+        if seq <= *latest {
+            return 0;
+        }
+        *latest = seq;
+        let Some(members) = self.members.get(conversation).cloned() else {
+            return 0;
+        };
+        let mut changed = 0;
+        for user in members {
+            let held = self
+                .users
+                .get(&user)
+                .and_then(|s| s.conversations.get(conversation))
+                .copied();
+            if let Some(held) = held {
+                changed += usize::from(self.apply(&user, conversation, Some(held.view), now_ms));
+            }
+        }
+        changed
+    }
+
+    /// Conversations whose latest seq is known.
+    pub fn conversation_count(&self) -> usize {
+        self.latest.len()
     }
 
     /// When the next mute runs out, if any: call [`Badges::expire`] then.
@@ -298,16 +381,54 @@ impl Badges {
         let mut out: Vec<MarkRead> = state
             .conversations
             .iter()
-            .filter(|(_, h)| h.view.read_up_to < h.view.latest_seq || h.view.marked_unread)
-            .map(|(c, h)| MarkRead {
+            .map(|(c, h)| {
+                let latest = self.latest.get(c).copied().unwrap_or(Seq::ZERO);
+                (c, h.view.at_latest(latest))
+            })
+            .filter(|(_, v)| v.read_up_to < v.latest_seq || v.marked_unread)
+            .map(|(c, v)| MarkRead {
                 conversation_id: c.clone(),
-                seq: (h.view.read_up_to < h.view.latest_seq).then_some(h.view.latest_seq),
-                clear_mark: h.view.marked_unread,
+                seq: (v.read_up_to < v.latest_seq).then_some(v.latest_seq),
+                clear_mark: v.marked_unread,
             })
             .collect();
         out.sort_by(|a, b| a.conversation_id.cmp(&b.conversation_id));
         out
     }
+}
+
+/// Every user's badge counted from scratch over the members' own views in
+/// `state` at `now_ms` (departed members' conversations left out): what
+/// the badge stage must publish once it has read everything `state` folded.
+pub fn recount(
+    state: &crate::fold::PartitionState,
+    rules: BadgeRules,
+    now_ms: i64,
+) -> BTreeMap<UserId, Badge> {
+    let mut badges = Badges::new(rules);
+    let mut users = BTreeSet::new();
+    for (c, conv) in state.conversations() {
+        for (u, m) in conv.members().filter(|(_, m)| !m.left) {
+            let own = m.own();
+            let view = OwnConversation {
+                unread: own.unread(conv.latest_seq()),
+                marked_unread: own.marked_unread(),
+                unread_mentions: own.unread_mentions,
+                muted_until: own.mute.map(|m| m.until).filter(|&until| until != Mute::OFF),
+                latest_seq: conv.latest_seq(),
+                read_up_to: own.read_up_to(),
+            };
+            badges.apply(u, c, Some(view), now_ms);
+            users.insert(u.clone());
+        }
+    }
+    users
+        .into_iter()
+        .map(|u| {
+            let badge = badges.badge(&u);
+            (u, badge)
+        })
+        .collect()
 }
 
 /// One conversation of a mark-all-read: what to send back to the first
@@ -422,6 +543,36 @@ mod tests {
     }
 
     #[test]
+    fn a_message_raises_the_unread_of_members_whose_view_is_older() {
+        let mut b = Badges::new(BadgeRules::default());
+        let (u, c) = (user("u"), conv("c"));
+        b.apply(&u, &c, Some(view(0, 0, None)), 0);
+        assert_eq!(b.badge(&u).badge, 0);
+        assert_eq!(b.advance_latest(&c, Seq(13), 0), 1, "read to 10, latest 13");
+        assert_eq!(
+            b.badge(&u).totals,
+            Totals {
+                conversations: 1,
+                messages: 3,
+                mentions: 0
+            }
+        );
+        assert_eq!(b.advance_latest(&c, Seq(12), 0), 0, "latest only grows");
+        assert_eq!(b.mark_all_read(&u)[0].seq, Some(Seq(13)));
+        // Their next record, read to 13, brings it back to nothing.
+        let read = OwnConversation {
+            latest_seq: Seq(13),
+            read_up_to: Seq(13),
+            ..view(0, 0, None)
+        };
+        b.apply(&u, &c, Some(read), 0);
+        assert_eq!(b.badge(&u).badge, 0);
+        // A conversation nobody here is in costs only its latest seq.
+        assert_eq!(b.advance_latest(&conv("other"), Seq(5), 0), 0);
+        assert_eq!(b.conversation_count(), 2);
+    }
+
+    #[test]
     fn the_rules_change_what_counts() {
         let u = user("u");
         let counted = |muted, count| {
@@ -491,17 +642,24 @@ mod tests {
         /// count from scratch over the latest view of each conversation.
         #[test]
         fn totals_equal_a_recount_of_the_latest_views(
-            records in prop::collection::vec((0u8..3, 0u8..4, arb_view(), 0i64..5), 0..60),
+            records in prop::collection::vec((0u8..3, 0u8..4, arb_view(), 0i64..5, prop::option::of(9u64..15)), 0..60),
             muted in prop_oneof![Just(MutedRule::MentionsOnly), Just(MutedRule::Exclude), Just(MutedRule::Include)],
         ) {
             let rules = BadgeRules { muted, count: BadgeCount::Messages };
             let mut b = Badges::new(rules);
             let mut latest: HashMap<(UserId, ConversationId), OwnConversation> = HashMap::new();
+            let mut messages: HashMap<ConversationId, Seq> = HashMap::new();
             let mut now = 0;
-            for (u, c, v, step) in records {
+            for (u, c, v, step, message) in records {
                 now += step;
                 b.expire(now);
                 let (u, c) = (user(&format!("u{u}")), conv(&format!("c{c}")));
+                if let Some(seq) = message {
+                    // A message in c: every member's unread follows.
+                    b.advance_latest(&c, Seq(seq), now);
+                    let known = messages.entry(c.clone()).or_default();
+                    *known = (*known).max(Seq(seq));
+                }
                 b.apply(&u, &c, v, now);
                 match v {
                     Some(v) => latest.insert((u, c), v),
@@ -509,9 +667,10 @@ mod tests {
                 };
                 for u in (0..3).map(|u| user(&format!("u{u}"))) {
                     let mut want = Totals::default();
-                    for ((owner, _), v) in &latest {
+                    for ((owner, c), v) in &latest {
                         if *owner == u {
-                            want.add(contribution(v, v.muted_at(now), muted));
+                            let seen = v.at_latest(messages.get(c).copied().unwrap_or_default());
+                            want.add(contribution(&seen, v.muted_at(now), muted));
                         }
                     }
                     prop_assert_eq!(b.badge(&u).totals, want);
