@@ -545,27 +545,30 @@ fn print_view(
             format!("{}={n}", names.short(u.as_str()))
         })
         .collect();
-    let private: Vec<String> = own
-        .iter()
-        .filter(|(_, o)| o.private_cursor > o.cursor)
-        .map(|(u, o)| format!("{}={}", names.short(u.as_str()), o.private_cursor))
-        .collect();
-    let private = if private.is_empty() {
-        String::new()
-    } else {
-        format!("   private (own devices only): {}", private.join(" "))
+    // Members whose `ahead` cursor passed their public one, as "   label: U=N ...".
+    let ahead = |label: &str, cursors: Vec<(&UserId, Seq, Seq)>| {
+        let listed: Vec<String> = cursors
+            .into_iter()
+            .filter(|(_, cursor, ahead)| ahead > cursor)
+            .map(|(u, _, ahead)| format!("{}={ahead}", names.short(u.as_str())))
+            .collect();
+        if listed.is_empty() {
+            String::new()
+        } else {
+            format!("   {label}: {}", listed.join(" "))
+        }
     };
-    let delivered: Vec<String> = c
-        .members
-        .iter()
-        .filter(|(_, m)| m.delivered > m.cursor)
-        .map(|(u, m)| format!("{}={}", names.short(u.as_str()), m.delivered))
-        .collect();
-    let delivered = if delivered.is_empty() {
-        String::new()
-    } else {
-        format!("   delivered ahead: {}", delivered.join(" "))
-    };
+    let private = ahead(
+        "private (own devices only)",
+        own.iter().map(|(u, o)| (u, o.cursor, o.private_cursor)).collect(),
+    );
+    let delivered = ahead(
+        "delivered ahead",
+        c.members
+            .iter()
+            .map(|(u, m)| (u, m.cursor, m.delivered))
+            .collect(),
+    );
     println!(
         "    cursors: {}   unread: {}{delivered}{private}",
         cursors.join(" "),
