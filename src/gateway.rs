@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use readfold_gateway::{follow, Gateway};
+use readfold_gateway::{follow, Badges, Gateway};
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::producer::InputProducer;
 
@@ -23,6 +23,7 @@ pub async fn build(config: &Config) -> Result<(Arc<Gateway>, StoreProbes)> {
         api,
         producer,
         config.input.max_seq,
+        Badges::new(&config.badge.user_badges, &config.badge.user_actions),
     ));
     follow::start(
         &config.kafka,
@@ -31,6 +32,12 @@ pub async fn build(config: &Config) -> Result<(Arc<Gateway>, StoreProbes)> {
         config.input.format,
         gateway.hub.clone(),
         std::time::Duration::from_millis(config.gateway.batch_interval_ms.max(1)),
+        gateway.stop.clone(),
+    )?;
+    follow::start_badges(
+        &config.kafka,
+        gateway.badges.clone(),
+        gateway.hub.clone(),
         gateway.stop.clone(),
     )?;
     Ok((gateway, probes))

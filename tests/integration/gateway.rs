@@ -13,7 +13,7 @@ use crate::kit::browser::{Browser, Driver};
 use crate::kit::*;
 
 /// Starts `readfold gateway` on a free port and waits until it answers.
-async fn spawn_gateway(env: &TestEnv, extra: &[(&str, &str)]) -> (Processor, String) {
+pub(crate) async fn spawn_gateway(env: &TestEnv, extra: &[(&str, &str)]) -> (Processor, String) {
     let addr = free_local_addr();
     let mut vars = vec![("READFOLD__GATEWAY__LISTEN", addr.as_str())];
     vars.extend_from_slice(extra);
@@ -40,7 +40,13 @@ async fn spawn_gateway(env: &TestEnv, extra: &[(&str, &str)]) -> (Processor, Str
 
 /// Joins `members` to `conversation` with `messages` messages from the first,
 /// and waits until the stores have it.
-async fn chat(env: &TestEnv, reference: &mut Reference, conversation: &str, members: &[&str], messages: i64) {
+pub(crate) async fn chat(
+    env: &TestEnv,
+    reference: &mut Reference,
+    conversation: &str,
+    members: &[&str],
+    messages: i64,
+) {
     let mut feed = env.feed(reference);
     for m in members {
         feed.event(joined(conversation, m, 0)).await;
@@ -57,7 +63,7 @@ fn tail(log: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-async fn connect(addr: &str, user: &str) -> WsClient {
+pub(crate) async fn connect(addr: &str, user: &str) -> WsClient {
     let mut ws = WsClient::connect(addr, &format!("/ws?user={user}"))
         .await
         .unwrap();
@@ -1026,7 +1032,12 @@ async fn unread_mentions_go_up_when_mentioned_and_down_when_read_on_every_device
 
 /// Waits until `who`'s pane on a demo page has subscribed (the joins went
 /// through Kafka and the processor).
-async fn wait_subscribed(browser: &mut Browser, who: &str, gateway: &Processor, processor: &Processor) {
+pub(crate) async fn wait_subscribed(
+    browser: &mut Browser,
+    who: &str,
+    gateway: &Processor,
+    processor: &Processor,
+) {
     let started = std::time::Instant::now();
     loop {
         let status = browser.text(&format!("#status-{who}")).await;
@@ -1199,7 +1210,7 @@ async fn the_demo_page_shows_ticks_move_from_grey_to_blue() {
 }
 
 /// `who` sends `text` from their pane of a demo page, message `seq`.
-async fn say(page: &mut Browser, who: &str, text: &str, seq: u64) {
+pub(crate) async fn say(page: &mut Browser, who: &str, text: &str, seq: u64) {
     page.type_text(&format!("#text-{who}"), text).await;
     page.click(&format!("#send-{who}")).await;
     page.wait_for(&format!("#msg-{who}-{seq}"), Duration::from_secs(30))

@@ -15,6 +15,7 @@ mod dashboard;
 mod dead_letters;
 mod faults;
 mod gateway;
+mod gateway_badges;
 mod health;
 mod loadgen;
 mod pipeline;

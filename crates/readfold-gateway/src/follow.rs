@@ -14,12 +14,13 @@ use rdkafka::message::Message;
 use readfold_kafka::changelog::ChangelogReader;
 use readfold_kafka::reader::TopicReader;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_wire::badge::decode_user_badge;
 use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
 use readfold_wire::codec::{decode_conversation_event_view, Decoded, EventRecord, EventView, WireFormat};
 
 use crate::hub::{Hub, Member, MemberChange};
 use crate::protocol::{muted_until, OwnState, ServerFrame};
-use crate::telemetry;
+use crate::{telemetry, Badges};
 
 /// Routes a changelog entry: a member's change to the conversation's room,
 /// the user's own state to their devices.
@@ -100,6 +101,78 @@ pub fn route_event(hub: &Hub, payload: &[u8], format: WireFormat) {
         }
     }
 }
+
+/// Routes a badges-topic record to the user's devices.
+pub fn route_badge(hub: &Hub, payload: &[u8]) {
+    match decode_user_badge(payload) {
+        Ok(record) => {
+            telemetry::routed("badges");
+            hub.to_user(
+                &record.user_id,
+                ServerFrame::badge(&record.badge, record.updated_at),
+            );
+        }
+        Err(e) => tracing::debug!(error = %e, "an undecodable badge record; skipped"),
+    }
+}
+
+/// Follows the badge stage's badges (from their end as of now, so that a
+/// connection's read of Redis and the topic leave no gap) and learns the
+/// user actions' partition count. The topics exist once `readfold badges`
+/// has run: until then a thread looks for them every few seconds, and
+/// reads the badges from their beginning once they appear (all of it is
+/// newer than this start).
+pub fn start_badges(
+    kafka: &KafkaConfig,
+    badges: Arc<Badges>,
+    hub: Arc<Hub>,
+    stop: Arc<AtomicBool>,
+) -> readfold_kafka::Result<()> {
+    let reader = TopicReader::new(kafka, &format!("{}-gateway-badges", kafka.group_id), false)?;
+    let mut following = reader.assign_from_end(&badges.user_badges, None).is_ok();
+    if let Ok(p) = reader.partitions(&badges.user_actions) {
+        badges.set_action_partitions(p.len() as i32);
+    }
+    if !following {
+        tracing::info!(topic = %badges.user_badges, "no badges topic yet (readfold badges has not run); looking for it");
+    }
+    let topic = badges.user_badges.clone();
+    std::thread::Builder::new()
+        .name("follow-badges".into())
+        .spawn(move || {
+            let mut looked_at = std::time::Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let missing = !following || badges.action_partitions().is_none();
+                if missing && looked_at.elapsed() >= TOPIC_LOOK_INTERVAL {
+                    looked_at = std::time::Instant::now();
+                    if !following {
+                        following = reader.assign_from_beginning(&topic, None).is_ok();
+                    }
+                    if let Ok(p) = reader.partitions(&badges.user_actions) {
+                        badges.set_action_partitions(p.len() as i32);
+                    }
+                }
+                if !following {
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                let polled = reader.poll_available(Duration::from_millis(100), |message| {
+                    if let Some(payload) = message.payload() {
+                        route_badge(&hub, payload);
+                    }
+                });
+                if let Err(e) = polled {
+                    tracing::warn!(%topic, error = %e, "read failed; retrying");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        })
+        .expect("spawn the badges follower");
+    Ok(())
+}
+
+/// How often the badge stage's topics are looked for while missing.
+const TOPIC_LOOK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// How often big groups' read counts are looked at: well under their
 /// interval, so that a quiet group's first change goes out soon.

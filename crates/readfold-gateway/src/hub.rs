@@ -39,10 +39,21 @@ use crate::telemetry;
 /// a big group's read counts.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Key {
-    Member { conversation: String, user: String },
-    Own { conversation: String },
-    Batch { conversation: String },
-    ReadCounts { conversation: String },
+    Member {
+        conversation: String,
+        user: String,
+    },
+    Own {
+        conversation: String,
+    },
+    Batch {
+        conversation: String,
+    },
+    ReadCounts {
+        conversation: String,
+    },
+    /// The user's app badge.
+    Badge,
 }
 
 impl Key {
@@ -65,16 +76,19 @@ impl Key {
             ServerFrame::ReadCounts { shared, .. } => Some(Key::ReadCounts {
                 conversation: shared.value.conversation.clone(),
             }),
+            ServerFrame::Badge { .. } => Some(Key::Badge),
             _ => None,
         }
     }
 
-    fn conversation(&self) -> &str {
+    /// The conversation the key is about; `None` for the user's badge.
+    fn conversation(&self) -> Option<&str> {
         match self {
             Key::Member { conversation, .. }
             | Key::Own { conversation }
             | Key::Batch { conversation }
-            | Key::ReadCounts { conversation } => conversation,
+            | Key::ReadCounts { conversation } => Some(conversation),
+            Key::Badge => None,
         }
     }
 }
@@ -198,6 +212,19 @@ impl Outbox {
                 return;
             }
         }
+        // The store's read of a badge and the topic's records race: an
+        // unsent newer badge stays.
+        if let (
+            ServerFrame::Badge { updated_at, .. },
+            Some(ServerFrame::Badge {
+                updated_at: unsent, ..
+            }),
+        ) = (&frame, p.updates.get(&key))
+        {
+            if unsent > updated_at {
+                return;
+            }
+        }
         let replaced = p.updates.insert(key, frame).is_some();
         drop(p);
         if replaced {
@@ -272,7 +299,7 @@ impl Outbox {
             p.wanted.remove(conversation);
             p.own_on_read_counts.remove(conversation);
             p.updates
-                .retain(|key, _| matches!(key, Key::Own { .. }) || key.conversation() != conversation);
+                .retain(|key, _| matches!(key, Key::Own { .. }) || key.conversation() != Some(conversation));
         }
         drop(p);
         // A held own update may be free to go now.
@@ -1083,6 +1110,8 @@ pub struct Shown {
     latest: HashMap<String, u64>,
     own: HashMap<String, ShownOwn>,
     members: HashMap<(String, String), Member>,
+    /// The last badge frame shown.
+    badge: Option<ServerFrame>,
 }
 
 /// The own state shown in a conversation, and whether it came from the
@@ -1114,6 +1143,7 @@ impl Shown {
             latest: HashMap::new(),
             own: HashMap::new(),
             members: HashMap::new(),
+            badge: None,
         }
     }
 
@@ -1190,6 +1220,19 @@ impl Shown {
             }
             ServerFrame::ReadCounts { shared, own: Some(o) } => {
                 self.raise_own(&shared.value.conversation, o, OwnFrom::Changelog);
+            }
+            // A badge goes either way, so it is never raised: an older one
+            // than shown, or the one shown again, is dropped.
+            ServerFrame::Badge { updated_at, .. } => {
+                fresh = match &self.badge {
+                    Some(shown @ ServerFrame::Badge { updated_at: at, .. }) => {
+                        *updated_at > *at || (*updated_at == *at && shown != frame)
+                    }
+                    _ => true,
+                };
+                if fresh {
+                    self.badge = Some(frame.clone());
+                }
             }
             _ => {}
         }
@@ -2002,6 +2045,49 @@ mod tests {
         assert_eq!(laptop.take().await.unwrap(), [own]);
         hub.disconnect(a1, "alice");
         assert!(phone.take().await.is_none(), "a closed outbox ends its writer");
+    }
+
+    fn badge_frame(messages: u64, updated_at: i64) -> ServerFrame {
+        ServerFrame::Badge {
+            badge: messages,
+            conversations: messages.min(1),
+            messages,
+            mentions: 0,
+            updated_at,
+        }
+    }
+
+    #[tokio::test]
+    async fn badges_reach_only_the_users_devices_and_an_unsent_newer_one_stays() {
+        let hub = Hub::new(100);
+        let (_a1, phone) = hub.connect("alice");
+        let (_a2, laptop) = hub.connect("alice");
+        let (_b1, bob) = hub.connect("bob");
+        hub.to_user("alice", badge_frame(4, 20));
+        // A late read of Redis, older than the topic's record, changes nothing.
+        phone.push_update(Key::Badge, badge_frame(2, 10));
+        assert_eq!(phone.take().await.unwrap(), [badge_frame(4, 20)]);
+        assert_eq!(laptop.take().await.unwrap(), [badge_frame(4, 20)]);
+        hub.to_user("alice", badge_frame(5, 30));
+        hub.to_user("alice", badge_frame(0, 40));
+        assert_eq!(phone.take().await.unwrap(), [badge_frame(0, 40)], "coalesced");
+        hub.to_user("bob", badge_frame(1, 50));
+        assert_eq!(bob.take().await.unwrap(), [badge_frame(1, 50)]);
+        // A subscription's end keeps the badge.
+        laptop.push_update(Key::Badge, badge_frame(7, 60));
+        laptop.want("G", false);
+        assert_eq!(laptop.take().await.unwrap().last(), Some(&badge_frame(7, 60)));
+    }
+
+    #[test]
+    fn a_badge_older_than_the_one_shown_is_never_shown() {
+        let mut shown = Shown::default();
+        assert!(admitted(&mut shown, badge_frame(3, 20)).is_some());
+        assert_eq!(admitted(&mut shown, badge_frame(9, 10)), None, "older");
+        assert_eq!(admitted(&mut shown, badge_frame(3, 20)), None, "the same again");
+        // Going down is news when it is newer.
+        assert_eq!(admitted(&mut shown, badge_frame(0, 30)), Some(badge_frame(0, 30)));
+        assert_eq!(admitted(&mut shown, badge_frame(3, 20)), None);
     }
 
     fn member(cursor: u64, delivered: u64, join_seq: u64) -> Member {

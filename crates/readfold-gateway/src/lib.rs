@@ -12,6 +12,9 @@
 //! - [`follow`]: the changelog followers.
 //! - `session`: one connection.
 //! - `demo`: the demo page and its endpoints.
+//!
+//! With the badge stage (`readfold badges`) running, every device of a user
+//! is also sent the user's app badge, and may mark everything read.
 
 pub mod config;
 mod demo;
@@ -23,7 +26,7 @@ pub mod telemetry;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 
 use axum::extract::ws::WebSocketUpgrade;
@@ -43,6 +46,36 @@ pub use config::GatewayConfig;
 pub use hub::{Hub, HubConfig};
 pub use protocol::{Version, PROTOCOL, PROTOCOL_V2};
 
+/// The badge stage's topics (`[badge]` in the config): the gateway follows
+/// the badges and produces the user actions.
+#[derive(Debug, Default)]
+pub struct Badges {
+    pub user_badges: String,
+    pub user_actions: String,
+    /// The user actions' partition count once known (0 until then: the
+    /// topic exists once `readfold badges` has run).
+    action_partitions: AtomicI32,
+}
+
+impl Badges {
+    pub fn new(user_badges: impl Into<String>, user_actions: impl Into<String>) -> Self {
+        Badges {
+            user_badges: user_badges.into(),
+            user_actions: user_actions.into(),
+            action_partitions: AtomicI32::new(0),
+        }
+    }
+
+    /// The user actions' partition count, if the topic is known to exist.
+    pub fn action_partitions(&self) -> Option<i32> {
+        Some(self.action_partitions.load(Ordering::Relaxed)).filter(|&n| n > 0)
+    }
+
+    pub fn set_action_partitions(&self, n: i32) {
+        self.action_partitions.store(n, Ordering::Relaxed);
+    }
+}
+
 /// What every connection shares.
 pub struct Gateway {
     pub hub: Arc<Hub>,
@@ -52,6 +85,7 @@ pub struct Gateway {
     pub api: AppState,
     pub max_id_bytes: usize,
     pub max_seq: u64,
+    pub badges: Arc<Badges>,
     /// Set to stop the changelog followers.
     pub stop: Arc<AtomicBool>,
     demo: demo::DemoState,
@@ -59,7 +93,13 @@ pub struct Gateway {
 
 impl Gateway {
     /// `api` is the query API's state (stores, access control, limits), shared.
-    pub fn new(config: GatewayConfig, api: AppState, producer: InputProducer, max_seq: u64) -> Self {
+    pub fn new(
+        config: GatewayConfig,
+        api: AppState,
+        producer: InputProducer,
+        max_seq: u64,
+        badges: Badges,
+    ) -> Self {
         Gateway {
             hub: Arc::new(Hub::with_config(HubConfig {
                 batch_from_members: config.batch_from_members,
@@ -72,6 +112,7 @@ impl Gateway {
             config,
             api,
             max_seq,
+            badges: Arc::new(badges),
             stop: Arc::new(AtomicBool::new(false)),
             demo: demo::DemoState::default(),
         }

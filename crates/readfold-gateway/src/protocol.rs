@@ -95,6 +95,12 @@ pub enum ClientMessage {
         #[serde(default)]
         id: Option<String>,
     },
+    /// Mark every conversation of the user read: a user action for the
+    /// badge stage (`readfold badges`), acknowledged once the broker has it.
+    MarkAllRead {
+        #[serde(default)]
+        id: Option<String>,
+    },
     Ping,
 }
 
@@ -263,8 +269,19 @@ pub enum ServerFrame {
         own: OwnState,
         latest_seq: u64,
     },
-    /// The broker has a read receipt, delivery report, mark or mute the
-    /// client sent.
+    /// The user's app badge as the badge stage published it, on every
+    /// device of theirs: the number to show, what it counts over all their
+    /// conversations, and when it was published (ms since the epoch; a
+    /// client never shows an older one after a newer one).
+    Badge {
+        badge: u64,
+        conversations: u64,
+        messages: u64,
+        mentions: u64,
+        updated_at: i64,
+    },
+    /// The broker has a read receipt, delivery report, mark, mute or
+    /// mark-all-read the client sent.
     Ack {
         id: Option<String>,
     },
@@ -279,6 +296,17 @@ pub enum ServerFrame {
 }
 
 impl ServerFrame {
+    /// The `badge` frame of a badge published at `updated_at`.
+    pub fn badge(badge: &readfold_core::badge::Badge, updated_at: i64) -> Self {
+        ServerFrame::Badge {
+            badge: badge.badge,
+            conversations: badge.totals.conversations,
+            messages: badge.totals.messages,
+            mentions: badge.totals.mentions,
+            updated_at,
+        }
+    }
+
     pub fn error(code: &'static str, message: impl Into<String>, id: Option<String>) -> Self {
         ServerFrame::Error {
             code,
@@ -395,6 +423,37 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<ClientMessage>(r#"{"type":"ping"}"#).unwrap(),
             ClientMessage::Ping
+        );
+    }
+
+    #[test]
+    fn mark_all_read_parses_and_badge_frames_serialize() {
+        assert_eq!(
+            serde_json::from_str::<ClientMessage>(r#"{"type":"mark_all_read","id":"a1"}"#).unwrap(),
+            ClientMessage::MarkAllRead {
+                id: Some("a1".into())
+            }
+        );
+        assert_eq!(
+            serde_json::from_str::<ClientMessage>(r#"{"type":"mark_all_read"}"#).unwrap(),
+            ClientMessage::MarkAllRead { id: None }
+        );
+        assert!(
+            serde_json::from_str::<ClientMessage>(r#"{"type":"mark_all_read","conversation":"G"}"#).is_err()
+        );
+        let badge = readfold_core::badge::Badge {
+            badge: 3,
+            totals: readfold_core::badge::Totals {
+                conversations: 2,
+                messages: 5,
+                mentions: 1,
+            },
+        };
+        let json: serde_json::Value =
+            serde_json::from_str(&ServerFrame::badge(&badge, 1700).to_json()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"type":"badge","badge":3,"conversations":2,"messages":5,"mentions":1,"updated_at":1700})
         );
     }
 

@@ -5,12 +5,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::extract::ws::{Message, WebSocket};
+use readfold_core::partitioner::partition_for_key;
 use readfold_core::read_model::Reached;
 use readfold_core::{ConversationId, UserId};
 use readfold_kafka::now_ms;
+use readfold_wire::badge::{encode_user_action, UserActionKind, UserActionRecord};
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use crate::hub::{ConnId, LoadedConversation, Member, Outbox, Shown};
+use crate::hub::{ConnId, Key, LoadedConversation, Member, Outbox, Shown};
 use crate::protocol::{ClientMessage, OwnState, ServerFrame, Version};
 use crate::{telemetry, Gateway};
 
@@ -21,6 +23,7 @@ pub async fn run(mut socket: WebSocket, gateway: Arc<Gateway>, user: UserId, ver
         user: user.to_string(),
         protocol: version.name(),
     });
+    tokio::spawn(initial_badge(gateway.clone(), user.clone(), outbox.clone()));
     let mut shown = Shown::new(gateway.config.batch_from_members);
     loop {
         tokio::select! {
@@ -154,6 +157,76 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
             0,
             request,
         ),
+        ClientMessage::MarkAllRead { id: request } => {
+            tokio::spawn(mark_all_read(
+                gateway.clone(),
+                user.clone(),
+                outbox.clone(),
+                request,
+            ));
+        }
+    }
+}
+
+/// The user's badge as Redis holds it, after `welcome`; the badges topic,
+/// followed from its end as of the gateway's start, brings every later one.
+/// Nothing is sent while Redis holds none (the badge stage never counted
+/// the user, or does not run): the client keeps its own count.
+async fn initial_badge(gateway: Arc<Gateway>, user: UserId, outbox: Arc<Outbox>) {
+    match gateway.source.badge(&user).await {
+        Ok(Some((badge, updated_at))) => {
+            outbox.push_update(Key::Badge, ServerFrame::badge(&badge, updated_at))
+        }
+        Ok(None) => {}
+        Err(e) => tracing::debug!(user = user.as_str(), error = %e, "no badge from Redis"),
+    }
+}
+
+/// Produces a MARK_ALL_READ user action to the user's partition of the user
+/// actions, and acknowledges once the broker has it; the badge stage turns
+/// it into read reports.
+async fn mark_all_read(gateway: Arc<Gateway>, user: UserId, outbox: Arc<Outbox>, request: Option<String>) {
+    let badges = &gateway.badges;
+    let Some(partitions) = badges.action_partitions() else {
+        outbox.push_control(ServerFrame::error(
+            "unavailable",
+            format!(
+                "topic {:?} does not exist yet: mark-all-read needs the badge stage (readfold badges)",
+                badges.user_actions
+            ),
+            request,
+        ));
+        return;
+    };
+    let action = UserActionRecord {
+        user_id: user.to_string(),
+        action: UserActionKind::MarkAllRead,
+        at: now_ms(),
+    };
+    let partition = partition_for_key(user.as_str().as_bytes(), partitions);
+    let started = Instant::now();
+    let sent = gateway
+        .producer
+        .send(
+            &badges.user_actions,
+            user.as_str(),
+            Some(&encode_user_action(&action)),
+            Some(partition),
+        )
+        .await;
+    match sent {
+        Ok(()) => {
+            telemetry::produced("ok", started.elapsed().as_secs_f64());
+            outbox.push_control(ServerFrame::Ack { id: request });
+        }
+        Err(e) => {
+            telemetry::produced("error", started.elapsed().as_secs_f64());
+            outbox.push_control(ServerFrame::error(
+                "unavailable",
+                format!("the broker did not take it: {e}"),
+                request,
+            ));
+        }
     }
 }
 
