@@ -254,3 +254,41 @@ fn follow_on_thread(
         })
         .expect("spawn a follower");
 }
+
+#[cfg(test)]
+mod tests {
+    use readfold_core::badge::{Badge, Totals};
+    use readfold_wire::badge::{encode_user_badge, UserBadgeRecord};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_badge_record_reaches_the_users_devices_and_garbage_nobody() {
+        let hub = Hub::new(100);
+        let (_, phone) = hub.connect("alice");
+        let (_, bob) = hub.connect("bob");
+        route_badge(&hub, b"\x02\xff");
+        let badge = Badge {
+            badge: 2,
+            totals: Totals {
+                conversations: 1,
+                messages: 2,
+                mentions: 0,
+            },
+        };
+        let record = UserBadgeRecord {
+            user_id: "alice".into(),
+            badge,
+            updated_at: 1700,
+        };
+        route_badge(&hub, &encode_user_badge(&record));
+        assert_eq!(phone.take().await.unwrap(), [ServerFrame::badge(&badge, 1700)]);
+        // A frame of its own, so that take returns: only it is there.
+        bob.push_control(ServerFrame::Pong);
+        assert_eq!(
+            bob.take().await.unwrap(),
+            [ServerFrame::Pong],
+            "nothing else for bob"
+        );
+    }
+}
