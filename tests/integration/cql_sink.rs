@@ -65,6 +65,9 @@ fn private_batch(user: &str, conv: &str, cursor: u64) -> UserBatch {
             conversation_id: conv.parse().unwrap(),
             private_cursor: Seq(cursor),
             mark: None,
+            read_up_to: Seq(cursor),
+            mentions: Vec::new(),
+            mute: None,
         }],
     }
 }
@@ -252,7 +255,7 @@ async fn small_conversations_share_batches_without_server_warnings() {
     private.extend((0..100).map(|i| private_batch(&format!("user-{i}"), "C", 5)));
     sink.write_private(&private).await.unwrap();
     assert_eq!(
-        sink.private_state("u", &["C", "D", "E"]).await.unwrap(),
+        sink.private_state("u", &PRIVATE_RACE).await.unwrap(),
         expected_private_state()
     );
     for i in [0, 57, 99] {
@@ -355,7 +358,7 @@ async fn private_state_is_max_merged_per_user() {
     for batch in private_race() {
         sink.write_private(&[batch]).await.unwrap();
     }
-    let got = sink.private_state("u", &["C", "D", "E"]).await.unwrap();
+    let got = sink.private_state("u", &PRIVATE_RACE).await.unwrap();
     assert_eq!(got, expected_private_state());
     drop_keyspace(&sink).await;
 }
@@ -470,6 +473,92 @@ async fn a_table_from_before_the_delivered_column_gets_it_at_connect() {
     let again = writer(&config).await;
     assert_eq!(members(&again, "C").await, new);
     drop_keyspace(&again).await;
+}
+
+/// A keyspace whose `user_cursors` table predates the unread mentions and
+/// the mute: writers add the columns at connect (two at once both manage),
+/// a row an earlier writer left reads as before, and the private merge then
+/// holds mentions and mutes. A reader that came first reads the old table
+/// without failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_from_before_mentions_and_mutes_gets_them_at_connect() {
+    let _services = shared_services().await;
+    let ks = unique_keyspace("upgrade_private");
+    let config = cql_config(&ks);
+    let session = scylla::client::session_builder::SessionBuilder::new()
+        .known_node(cql_contact_point())
+        .build()
+        .await
+        .unwrap();
+    let added = " mentions set<bigint>, mute_at bigint, muted_until bigint,";
+    for statement in readfold_store::cql::schema(&ks, &config.replication) {
+        let old = statement.replace(added, "");
+        assert_eq!(
+            old != statement,
+            statement.contains(".user_cursors "),
+            "{statement}"
+        );
+        session.query_unpaged(old, &[]).await.unwrap();
+    }
+    assert_eq!(private_columns(&session, &ks).await, 0);
+    session
+        .query_unpaged(
+            format!(
+                "UPDATE {ks}.user_cursors USING TIMESTAMP 4 SET private_cursor = 4 \
+                 WHERE user_id = 'u' AND conversation_id = 'B'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let early_reader = CqlStore::connect(&config).await.unwrap();
+    let old = early_reader.private_state("u", &["B"]).await.unwrap();
+    assert_eq!(old[0].private_cursor, Seq(4), "before the columns");
+
+    let (a, b) = tokio::join!(
+        CqlStore::connect_writer(&config),
+        CqlStore::connect_writer(&config)
+    );
+    let (a, b) = (a.expect("first writer"), b.expect("second writer"));
+    assert_eq!(private_columns(&session, &ks).await, 3);
+    assert_eq!(a.private_state("u", &["B"]).await.unwrap(), old);
+    for (i, batch) in private_race().into_iter().enumerate() {
+        let writer = if i % 2 == 0 { &a } else { &b };
+        writer.write_private(&[batch]).await.unwrap();
+    }
+    assert_eq!(
+        a.private_state("u", &PRIVATE_RACE).await.unwrap(),
+        expected_private_state()
+    );
+    early_reader.session().refresh_metadata().await.unwrap();
+    assert_eq!(
+        early_reader.private_state("u", &PRIVATE_RACE).await.unwrap(),
+        expected_private_state()
+    );
+    drop_keyspace(&a).await;
+}
+
+/// How many of the mentions and mute columns `keyspace.user_cursors` has.
+async fn private_columns(session: &scylla::client::session::Session, keyspace: &str) -> usize {
+    session
+        .query_unpaged(
+            "SELECT column_name FROM system_schema.columns \
+             WHERE keyspace_name = ? AND table_name = 'user_cursors'",
+            (keyspace,),
+        )
+        .await
+        .unwrap()
+        .into_rows_result()
+        .unwrap()
+        .rows::<(String,)>()
+        .unwrap()
+        .filter(|c| {
+            matches!(
+                c.as_ref().unwrap().0.as_str(),
+                "mentions" | "mute_at" | "muted_until"
+            )
+        })
+        .count()
 }
 
 /// Whether `keyspace.cursors` has the `delivered` column.

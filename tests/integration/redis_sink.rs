@@ -716,9 +716,69 @@ async fn private_state_is_max_merged_per_user() {
     for batch in private_race() {
         sink.write_private(&[batch]).await.unwrap();
     }
-    let got = sink.private_state("u", &["C", "D", "E"]).await.unwrap();
+    let got = sink.private_state("u", &PRIVATE_RACE).await.unwrap();
     assert_eq!(got, expected_private_state());
+    // The badge-list read gives the same, with no conversation of its own.
+    let views = sink.member_views("u", &PRIVATE_RACE).await.unwrap();
+    assert_eq!(views.private, Some(expected_private_state()));
+    // Mentions are stored as their join: the greatest read point, the
+    // unread seqs above it.
+    let mut conn = redis::Client::open(redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let mentions: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("{prefix}:user:{{u}}:mentions"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(mentions["F"], "5:6,7,8");
+    assert_eq!(
+        mentions["G"], "9:",
+        "the read point stays: no stale write brings 4 back"
+    );
+    let mutes: HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(format!("{prefix}:user:{{u}}:mute"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(mutes["I"], format!("30:{}", readfold_core::Mute::FOREVER));
     sink.delete_all().await.unwrap();
+}
+
+/// Whatever order the private writes land in, the store ends the same: a
+/// join, as the flushes of a racing writer or a retry may reorder them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_state_does_not_depend_on_write_order() {
+    let _services = shared_services().await;
+    let race = private_race();
+    let n = race.len();
+    for round in 0..4 {
+        let prefix = unique("private_order");
+        let sink = redis_store(&redis_url(), &prefix).await;
+        let mut order: Vec<usize> = (0..n).collect();
+        match round {
+            0 => order.reverse(),
+            // Deterministic shuffles: a stride coprime with the length.
+            _ => {
+                let stride = [3, 7, 11][round - 1];
+                order = (0..n).map(|i| (i * stride + round) % n).collect();
+            }
+        }
+        if round > 0 {
+            let mut seen = order.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len(), n, "a permutation");
+        }
+        for i in order {
+            sink.write_private(std::slice::from_ref(&race[i])).await.unwrap();
+        }
+        let got = sink.private_state("u", &PRIVATE_RACE).await.unwrap();
+        assert_eq!(got, expected_private_state(), "round {round}");
+        sink.delete_all().await.unwrap();
+    }
 }
 
 /// A flush goes to Redis as several requests, each well within

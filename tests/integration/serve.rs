@@ -89,8 +89,10 @@ fn expected_answers(reference: &Reference) -> BTreeMap<String, Value> {
             .map(|(_, conv)| match conv.member(user) {
                 Some(m) if m.listed && !m.left => {
                     let own = m.own();
+                    let muted_until = own.mute.filter(|m| m.is_muted(now_ms())).map(|m| m.until);
                     json!({ "member": true, "unread": own.unread(conv.latest_seq()), "marked_unread": own.marked_unread(),
-                            "cursor": m.cursor.get(), "private_cursor": m.private_cursor.get() })
+                            "cursor": m.cursor.get(), "private_cursor": m.private_cursor.get(),
+                            "unread_mentions": own.unread_mentions, "muted_until": muted_until })
                 }
                 _ => json!({ "member": false }),
             })
@@ -206,7 +208,8 @@ async fn api_answers(
             .map(|e| {
                 if e["member"] == true {
                     json!({ "member": true, "unread": e["unread"], "marked_unread": e["marked_unread"],
-                            "cursor": e["cursor"], "private_cursor": e["private_cursor"] })
+                            "cursor": e["cursor"], "private_cursor": e["private_cursor"],
+                            "unread_mentions": e["unread_mentions"], "muted_until": e["muted_until"] })
                 } else {
                     json!({ "member": false })
                 }

@@ -104,6 +104,9 @@ async fn seed(redis: &RedisStore, run: &str) -> Result<()> {
                     at: 1,
                     seq: Some(Seq(45)),
                 }),
+                read_up_to: Seq(45),
+                mentions: Vec::new(),
+                mute: None,
             });
         }
     }

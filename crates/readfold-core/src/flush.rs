@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
 use crate::fold::{Change, InputKind, MemberAt, PartitionState, UnreadMark};
+use crate::read_model::Mute;
 
 /// One input partition's state and what its next flush must publish. `D` is
 /// the producer's dead-letter record, opaque here.
@@ -447,6 +448,13 @@ pub struct PrivateWrite {
     pub conversation_id: ConversationId,
     pub private_cursor: Seq,
     pub mark: Option<UnreadMark>,
+    /// How far the member has read, by either cursor: the stores drop the
+    /// mentions at or below the highest they were given.
+    pub read_up_to: Seq,
+    /// The unread mentions above `read_up_to`, ascending, the newest kept.
+    pub mentions: Vec<Seq>,
+    /// The latest mute or unmute.
+    pub mute: Option<Mute>,
 }
 
 /// The private changes of one user in one flush: one store call each.
@@ -475,6 +483,15 @@ pub fn group_by_user<'a>(changes: impl IntoIterator<Item = &'a Change>) -> Vec<U
                 conversation_id: change.key.conversation_id.clone(),
                 private_cursor: change.member.private_cursor,
                 mark: change.member.mark,
+                read_up_to: change.member.read_up_to(),
+                mentions: change
+                    .member
+                    .mentions
+                    .iter()
+                    .copied()
+                    .filter(|&s| s > change.member.read_up_to())
+                    .collect(),
+                mute: change.member.mute,
             });
     }
     by_user.into_values().collect()
@@ -599,6 +616,36 @@ mod tests {
         assert_eq!(batches.len(), 1);
         assert_eq!(batches[0].user_id.as_str(), "u");
         assert_eq!(batches[0].conversations.len(), 2);
+    }
+
+    /// Unread mentions and mutes are private state of their own: a change
+    /// of only those is written, with the mentions above the read point.
+    #[test]
+    fn mentions_and_mutes_alone_make_a_private_write() {
+        let state = Outputs {
+            public: false,
+            state: true,
+        };
+        let mut mentioned = member(3);
+        mentioned.mentions = vec![Seq(2), Seq(5), Seq(9)];
+        let mut muted = member(0);
+        muted.mute = Some(Mute {
+            at: 7,
+            until: Mute::FOREVER,
+        });
+        let batches = group_by_user(&[
+            change("C", "u", mentioned, 9, state),
+            change("D", "u", muted, 1, state),
+        ]);
+        assert_eq!(batches.len(), 1);
+        let [c, d] = &batches[0].conversations[..] else {
+            panic!("{batches:?}");
+        };
+        assert_eq!((c.read_up_to, c.private_cursor), (Seq(3), Seq::ZERO));
+        assert_eq!(c.mentions, [Seq(5), Seq(9)], "only those above the read point");
+        assert_eq!(c.mute, None);
+        assert!(d.mentions.is_empty());
+        assert_eq!(d.mute.map(|m| m.until), Some(Mute::FOREVER));
     }
 
     /// A restored partition owes the next snapshot every key, only the

@@ -10,7 +10,7 @@ use axum::http::header::CACHE_CONTROL;
 use axum::http::HeaderMap;
 use axum::Json;
 use readfold_core::read_model::Reached;
-use readfold_core::{ConversationId, ConversationView, MessageRef, Seq, UserId};
+use readfold_core::{ConversationId, ConversationView, MessageRef, OwnCursor, Seq, UserId};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -552,6 +552,12 @@ pub struct MemberCursorResponse {
     pub private_cursor: Option<u64>,
     /// Only for the member themselves (or with access control off).
     pub marked_unread: Option<bool>,
+    /// Unread messages that mention the member (at most 100); only for the
+    /// member themselves (or with access control off).
+    pub unread_mentions: Option<u32>,
+    /// Muted while the time (ms since the epoch) is below this, 2^63 - 1
+    /// until unmuted; null when not muted. Only for the member themselves.
+    pub muted_until: Option<i64>,
     pub source: Source,
 }
 
@@ -602,6 +608,8 @@ pub async fn member_cursor(
             unread: view.unread(&user),
             private_cursor: None,
             marked_unread: None,
+            unread_mentions: None,
+            muted_until: None,
             source,
         };
         if caller.is(&user) {
@@ -614,11 +622,25 @@ pub async fn member_cursor(
                 answer.unread = own.unread(view.latest_seq);
                 answer.private_cursor = Some(own.private_cursor.get());
                 answer.marked_unread = Some(own.marked_unread());
+                answer.unread_mentions = Some(own.unread_mentions);
+                answer.muted_until = muted_until(&own, now_ms());
             }
         }
         Ok(Json(answer))
     })
     .await
+}
+
+/// When the member's mute of the conversation ends, if it is muted at
+/// `now_ms`.
+fn muted_until(own: &OwnCursor, now_ms: i64) -> Option<i64> {
+    own.mute.filter(|m| m.is_muted(now_ms)).map(|m| m.until)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 #[derive(Deserialize, ToSchema)]
@@ -638,6 +660,11 @@ pub struct UnreadEntry {
     /// while the conversation is marked unread.
     pub unread: Option<u64>,
     pub marked_unread: Option<bool>,
+    /// Unread messages that mention the user (at most 100).
+    pub unread_mentions: Option<u32>,
+    /// Muted while the time (ms since the epoch) is below this, 2^63 - 1
+    /// until unmuted; null when not muted (or not a member).
+    pub muted_until: Option<i64>,
     pub latest_seq: Option<u64>,
     pub cursor: Option<u64>,
     pub private_cursor: Option<u64>,
@@ -702,6 +729,7 @@ pub async fn unread(
             .own_views(&user, &ids)
             .await
             .map_err(|e| ApiError::unavailable(e.to_string()))?;
+        let now = now_ms();
         let conversations = request
             .conversations
             .iter()
@@ -713,6 +741,8 @@ pub async fn unread(
                     member: own.is_some(),
                     unread: own.map(|o| o.unread(view.latest_seq)),
                     marked_unread: own.map(|o| o.marked_unread()),
+                    unread_mentions: own.map(|o| o.unread_mentions),
+                    muted_until: own.and_then(|o| muted_until(&o, now)),
                     latest_seq: own.map(|_| view.latest_seq.get()),
                     cursor: own.map(|o| o.cursor.get()),
                     private_cursor: own.map(|o| o.private_cursor.get()),

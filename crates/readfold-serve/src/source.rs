@@ -52,7 +52,8 @@ impl OwnView {
             cursor: m.cursor,
             private_cursor: self.private.private_cursor,
             mark_seq: self.private.mark.and_then(|m| m.seq),
-            ..OwnCursor::default()
+            unread_mentions: self.private.unread_mentions,
+            mute: self.private.mute,
         })
     }
 }
@@ -167,8 +168,14 @@ impl ReadSource {
                 });
             }
             if private.is_none() {
+                // Public reads rewrite no private row: count mentions above
+                // the public cursors too.
+                let public: Vec<Seq> = found
+                    .iter()
+                    .map(|v| v.and_then(|(v, _)| v.member).map_or(Seq::ZERO, |m| m.cursor))
+                    .collect();
                 private = Some(
-                    cql.private_state(user.as_str(), conversations)
+                    cql.private_state_above(user.as_str(), conversations, &public)
                         .await
                         .map_err(unavailable)?,
                 );

@@ -14,6 +14,7 @@ use readfold_core::{ConversationId, ConversationView};
 
 pub mod cql;
 pub mod error;
+pub mod mentions;
 pub mod redis;
 
 pub use error::{Error, Result};

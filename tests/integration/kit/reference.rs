@@ -100,6 +100,8 @@ impl Reference {
                     PrivateState {
                         private_cursor: m.private_cursor,
                         mark: m.mark,
+                        unread_mentions: m.own().unread_mentions,
+                        mute: m.mute,
                     },
                 );
             }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use readfold::config::Config;
 use readfold_core::flush::{ConversationBatch, MemberWrite, PrivateWrite, UserBatch};
 use readfold_core::fold::UnreadMark;
-use readfold_core::Seq;
+use readfold_core::{Mute, Seq};
 use readfold_store::cql::{CqlConfig, CqlStore};
 use readfold_store::redis::{PrivateState, RedisConfig, RedisStore};
 use readfold_store::CursorStore;
@@ -291,23 +291,40 @@ pub async fn race_writers<S: CursorStore>(a: &S, b: &S) {
     tokio::join!(up, down);
 }
 
+/// The conversations [`private_race`] writes, in [`expected_private_state`]'s
+/// order.
+pub const PRIVATE_RACE: [&str; 7] = ["C", "D", "E", "F", "G", "H", "I"];
+
 /// Private writes for user u, in an order that tests max-merging: C's
 /// private cursor goes 7, then a stale 3; D is marked at 10, cleared at 20,
 /// then a stale mark at 15 arrives; E is marked at 5 with seq 2, then at the
-/// same time with seq 4.
+/// same time with seq 4. F's mentions: read up to 2 with 4 and 6, up to 5
+/// with 6 and 8, a stale write of 2 again, and a racing one of 5 with 7. G
+/// read its only mention (4) between two stale writes of it. H is muted at
+/// 10, unmuted at 20, then a stale mute at 15 arrives; I is muted at 30
+/// until 500, then at the same time until unmuted, then until 100.
 pub fn private_race() -> Vec<UserBatch> {
-    let write = |conv: &str, cursor: u64, mark: Option<(i64, Option<u64>)>| UserBatch {
-        user_id: "u".parse().unwrap(),
-        conversations: vec![PrivateWrite {
-            conversation_id: conv.parse().unwrap(),
-            private_cursor: Seq(cursor),
-            mark: mark.map(|(at, seq)| UnreadMark {
-                at,
-                seq: seq.map(Seq),
-            }),
-        }],
+    let write = |conv: &str, cursor: u64, mark: Option<(i64, Option<u64>)>| PrivateWrite {
+        conversation_id: conv.parse().unwrap(),
+        private_cursor: Seq(cursor),
+        mark: mark.map(|(at, seq)| UnreadMark {
+            at,
+            seq: seq.map(Seq),
+        }),
+        read_up_to: Seq(cursor),
+        mentions: Vec::new(),
+        mute: None,
     };
-    vec![
+    let mentioned = |conv: &str, read: u64, mentions: &[u64]| PrivateWrite {
+        read_up_to: Seq(read),
+        mentions: mentions.iter().map(|&s| Seq(s)).collect(),
+        ..write(conv, 0, None)
+    };
+    let muted = |conv: &str, at: i64, until: i64| PrivateWrite {
+        mute: Some(Mute { at, until }),
+        ..write(conv, 0, None)
+    };
+    let writes = vec![
         write("C", 7, None),
         write("C", 3, None),
         write("D", 0, Some((10, Some(1)))),
@@ -315,19 +332,44 @@ pub fn private_race() -> Vec<UserBatch> {
         write("D", 0, Some((15, Some(1)))),
         write("E", 1, Some((5, Some(2)))),
         write("E", 1, Some((5, Some(4)))),
-    ]
+        mentioned("F", 2, &[4, 6]),
+        mentioned("F", 5, &[6, 8]),
+        mentioned("F", 2, &[3, 4, 6]),
+        mentioned("F", 5, &[7]),
+        mentioned("G", 2, &[4]),
+        mentioned("G", 9, &[]),
+        mentioned("G", 2, &[4]),
+        muted("H", 10, Mute::FOREVER),
+        muted("H", 20, Mute::OFF),
+        muted("H", 15, Mute::FOREVER),
+        muted("I", 30, 500),
+        muted("I", 30, Mute::FOREVER),
+        muted("I", 30, 100),
+    ];
+    writes
+        .into_iter()
+        .map(|w| UserBatch {
+            user_id: "u".parse().unwrap(),
+            conversations: vec![w],
+        })
+        .collect()
 }
 
-/// What a max-merging store holds after [`private_race`], for C, D, E.
+/// What a max-merging store holds after [`private_race`], for
+/// [`PRIVATE_RACE`].
 pub fn expected_private_state() -> Vec<PrivateState> {
+    let mute = |at, until| PrivateState {
+        mute: Some(Mute { at, until }),
+        ..PrivateState::default()
+    };
     vec![
         PrivateState {
             private_cursor: Seq(7),
-            mark: None,
+            ..PrivateState::default()
         },
         PrivateState {
-            private_cursor: Seq(0),
             mark: Some(UnreadMark { at: 20, seq: None }),
+            ..PrivateState::default()
         },
         PrivateState {
             private_cursor: Seq(1),
@@ -335,7 +377,15 @@ pub fn expected_private_state() -> Vec<PrivateState> {
                 at: 5,
                 seq: Some(Seq(4)),
             }),
+            ..PrivateState::default()
         },
+        PrivateState {
+            unread_mentions: 3,
+            ..PrivateState::default()
+        },
+        PrivateState::default(),
+        mute(20, Mute::OFF),
+        mute(30, Mute::FOREVER),
     ]
 }
 

@@ -50,7 +50,7 @@ use scylla::statement::prepared::PreparedStatement;
 pub use config::CqlConfig;
 pub use marks::{new_mark, MarkList, MARKS_KEPT};
 pub use schema::schema;
-use schema::{add_delivered_column, column_pending};
+use schema::{add_column, column_pending, ADDED_COLUMNS};
 
 use crate::error::{Error, Result};
 use crate::CursorStore;
@@ -62,6 +62,8 @@ struct Statements {
     conversation: PreparedStatement,
     private_cursor: PreparedStatement,
     mark: PreparedStatement,
+    mentions: PreparedStatement,
+    mute: PreparedStatement,
 }
 
 /// A session on the CQL cluster that holds the cursor snapshots. Clones
@@ -128,14 +130,16 @@ impl CqlStore {
         // The metadata the driver fetched while connecting lists the
         // keyspace's tables: at a restart every statement would be a round
         // trip that changes nothing.
-        let (present, has_delivered) = {
+        let (present, has_added) = {
             let cluster = session.get_cluster_state();
             let keyspace = cluster.get_keyspace(&config.keyspace);
             (
                 keyspace.is_some_and(|ks| TABLES.iter().all(|t| ks.tables.contains_key(*t))),
-                keyspace
-                    .and_then(|ks| ks.tables.get("cursors"))
-                    .is_some_and(|t| t.columns.contains_key("delivered")),
+                ADDED_COLUMNS.iter().all(|(table, column, _)| {
+                    keyspace
+                        .and_then(|ks| ks.tables.get(*table))
+                        .is_some_and(|t| t.columns.contains_key(*column))
+                }),
             )
         };
         if !present {
@@ -144,9 +148,11 @@ impl CqlStore {
                 session.query_unpaged(statement, &[]).await?;
             }
         }
-        if !has_delivered {
-            add_delivered_column(session, &config.keyspace).await?;
-            // Reads ask the metadata whether the column is there
+        if !has_added {
+            for (table, column, kind) in ADDED_COLUMNS {
+                add_column(session, &config.keyspace, table, column, kind).await?;
+            }
+            // Reads ask the metadata whether the columns are there
             // ([`CqlStore::reads_delivered`]); the schema change event that
             // would refresh it may come later.
             session.refresh_metadata().await?;
@@ -172,7 +178,7 @@ impl CqlStore {
             Ok::<_, Error>(statement)
         };
         // Side by side: each is a round trip.
-        let (ids, cursor, departure, conversation, private_cursor, mark) = tokio::try_join!(
+        let (ids, cursor, departure, conversation, private_cursor, mark, mentions, mute) = tokio::try_join!(
             table_ids(session, &config.keyspace),
             prepare(format!(
                 "INSERT INTO {ks}.cursors (conversation_id, user_id, cursor, join_seq, updated_at, delivered) \
@@ -193,6 +199,14 @@ impl CqlStore {
                 "UPDATE {ks}.user_cursors USING TIMESTAMP ? SET unread_mark = ? \
                  WHERE user_id = ? AND conversation_id = ?"
             )),
+            prepare(format!(
+                "UPDATE {ks}.user_cursors USING TIMESTAMP ? SET mentions = ? \
+                 WHERE user_id = ? AND conversation_id = ?"
+            )),
+            prepare(format!(
+                "UPDATE {ks}.user_cursors USING TIMESTAMP ? SET mute_at = ?, muted_until = ? \
+                 WHERE user_id = ? AND conversation_id = ?"
+            )),
         )?;
         let statements = Statements {
             cursor,
@@ -200,6 +214,8 @@ impl CqlStore {
             conversation,
             private_cursor,
             mark,
+            mentions,
+            mute,
         };
         store.statements = Some(Arc::new(statements));
         store.store_name = Some(format!("{}#{ids}", config.store_name()));
@@ -225,6 +241,21 @@ impl CqlStore {
             .get_keyspace(&self.keyspace)
             .and_then(|ks| ks.tables.get("cursors"))
             .is_none_or(|t| t.columns.contains_key("delivered"))
+    }
+
+    /// Whether reads may select the unread mentions and the mute of
+    /// `user_cursors`, as [`reads_delivered`](Self::reads_delivered) does
+    /// for `cursors.delivered`.
+    fn reads_private_extras(&self) -> bool {
+        self.session
+            .get_cluster_state()
+            .get_keyspace(&self.keyspace)
+            .and_then(|ks| ks.tables.get("user_cursors"))
+            .is_none_or(|t| {
+                ["mentions", "mute_at", "muted_until"]
+                    .iter()
+                    .all(|c| t.columns.contains_key(*c))
+            })
     }
 
     /// The driver session, for checks outside readfold's reads.

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use readfold_core::fold::UnreadMark;
-use readfold_core::{ConversationId, ConversationView, CursorKey, MemberCursor, Seq, UserId};
+use readfold_core::{ConversationId, ConversationView, CursorKey, MemberCursor, Mute, Seq, UserId};
 
+use super::write::decode_mentions;
 use super::CqlStore;
 use crate::error::{Error, Result};
 use crate::redis::PrivateState;
@@ -106,14 +107,35 @@ impl CqlStore {
 
     /// A user's private state in each of `conversations`, in that order
     /// (defaults where CQL holds none). The mark's time is not stored: it
-    /// is the cell's write time, and only orders writes.
+    /// is the cell's write time, and only orders writes. Unread mentions
+    /// count above the stored read point and the private cursor.
     pub async fn private_state(&self, user_id: &str, conversations: &[&str]) -> Result<Vec<PrivateState>> {
+        self.private_state_above(user_id, conversations, &[]).await
+    }
+
+    /// [`private_state`](Self::private_state), with unread mentions also
+    /// above the public cursor `public[i]` of the i-th conversation (0 where
+    /// it is not given): a public read rewrites no private row, so the
+    /// stored read point may lag it.
+    pub async fn private_state_above(
+        &self,
+        user_id: &str,
+        conversations: &[&str],
+        public: &[Seq],
+    ) -> Result<Vec<PrivateState>> {
+        // A table no writer of this version has upgraded yet has none of
+        // the later columns: read without them.
+        let extras = self.reads_private_extras();
+        let columns = if extras {
+            "conversation_id, private_cursor, unread_mark, WRITETIME(unread_mark), mentions, mute_at, muted_until"
+        } else {
+            "conversation_id, private_cursor, unread_mark, WRITETIME(unread_mark)"
+        };
         let rows = self
             .session
             .query_unpaged(
                 format!(
-                    "SELECT conversation_id, private_cursor, unread_mark, WRITETIME(unread_mark) \
-                     FROM {}.user_cursors WHERE user_id = ?",
+                    "SELECT {columns} FROM {}.user_cursors WHERE user_id = ?",
                     self.keyspace
                 ),
                 (user_id,),
@@ -121,26 +143,49 @@ impl CqlStore {
             .await?
             .into_rows_result()
             .map_err(Error::cql_result)?;
-        let mut found = BTreeMap::new();
-        for row in rows
-            .rows::<(String, Option<i64>, Option<i64>, Option<i64>)>()
-            .map_err(Error::cql_result)?
-        {
-            let (conversation, cursor, mark, mark_at) = row.map_err(Error::cql_result)?;
-            found.insert(
-                conversation,
-                PrivateState {
-                    private_cursor: seq(cursor.unwrap_or(0)),
-                    mark: mark.zip(mark_at).map(|(value, at)| UnreadMark {
-                        at,
-                        seq: (value >= 0).then(|| seq(value)),
-                    }),
-                },
+        type Base = (String, Option<i64>, Option<i64>, Option<i64>);
+        type Extras = (Option<Vec<i64>>, Option<i64>, Option<i64>);
+        let mut all: Vec<(Base, Extras)> = Vec::new();
+        if extras {
+            type Columns = (
+                String,
+                Option<i64>,
+                Option<i64>,
+                Option<i64>,
+                Option<Vec<i64>>,
+                Option<i64>,
+                Option<i64>,
             );
+            for row in rows.rows::<Columns>().map_err(Error::cql_result)? {
+                let (c, p, m, at, mentions, mute_at, until) = row.map_err(Error::cql_result)?;
+                all.push(((c, p, m, at), (mentions, mute_at, until)));
+            }
+        } else {
+            for row in rows.rows::<Base>().map_err(Error::cql_result)? {
+                all.push((row.map_err(Error::cql_result)?, (None, None, None)));
+            }
+        }
+        let mut found = BTreeMap::new();
+        for ((conversation, cursor, mark, mark_at), (mentions, mute_at, muted_until)) in all {
+            let mark = mark.zip(mark_at).map(|(value, at)| UnreadMark {
+                at,
+                seq: (value >= 0).then(|| seq(value)),
+            });
+            let mentions = mentions.as_deref().map(decode_mentions);
+            let mute = mute_at.zip(muted_until).map(|(at, until)| Mute { at, until });
+            found.insert(conversation, (seq(cursor.unwrap_or(0)), mark, mentions, mute));
         }
         Ok(conversations
             .iter()
-            .map(|c| found.get(*c).copied().unwrap_or_default())
+            .enumerate()
+            .map(|(i, c)| {
+                found
+                    .get(*c)
+                    .map_or_else(PrivateState::default, |(cursor, mark, mentions, mute)| {
+                        let public = public.get(i).copied().unwrap_or(Seq::ZERO);
+                        PrivateState::from_parts(*cursor, *mark, mentions.clone(), *mute, public)
+                    })
+            })
             .collect())
     }
 

@@ -22,8 +22,8 @@ pub fn schema(keyspace: &str, replication: &str) -> [String; 5] {
         // What only the user's own devices see, one partition per user.
         format!(
             "CREATE TABLE IF NOT EXISTS {keyspace}.user_cursors (user_id text, conversation_id text, \
-             private_cursor bigint, unread_mark bigint, \
-             PRIMARY KEY ((user_id), conversation_id))"
+             private_cursor bigint, unread_mark bigint, mentions set<bigint>, mute_at bigint, \
+             muted_until bigint, PRIMARY KEY ((user_id), conversation_id))"
         ),
         // Which snapshot a local checkpoint of each input partition saw
         // (see `marks`): readfold's own, not read by anyone else.
@@ -34,16 +34,31 @@ pub fn schema(keyspace: &str, replication: &str) -> [String; 5] {
     ]
 }
 
-/// Adds `cursors.delivered` unless `system_schema.columns` lists it:
-/// `CREATE TABLE IF NOT EXISTS` leaves a table made before the column as
-/// it is. Two writers that start at once may both add it; the second's
-/// refusal ([`column_exists`]) means the column is there.
-pub(crate) async fn add_delivered_column(session: &Session, keyspace: &str) -> Result<()> {
+/// The columns added since their tables were first created: (table,
+/// column, type).
+pub(crate) const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
+    ("cursors", "delivered", "bigint"),
+    ("user_cursors", "mentions", "set<bigint>"),
+    ("user_cursors", "mute_at", "bigint"),
+    ("user_cursors", "muted_until", "bigint"),
+];
+
+/// Adds `table.column` unless `system_schema.columns` lists it: `CREATE
+/// TABLE IF NOT EXISTS` leaves a table made before the column as it is.
+/// Two writers that start at once may both add it; the second's refusal
+/// ([`column_exists`]) means the column is there.
+pub(crate) async fn add_column(
+    session: &Session,
+    keyspace: &str,
+    table: &str,
+    column: &str,
+    kind: &str,
+) -> Result<()> {
     let found = session
         .query_unpaged(
             "SELECT column_name FROM system_schema.columns \
-             WHERE keyspace_name = ? AND table_name = 'cursors' AND column_name = 'delivered'",
-            (keyspace,),
+             WHERE keyspace_name = ? AND table_name = ? AND column_name = ?",
+            (keyspace, table, column),
         )
         .await?
         .into_rows_result()
@@ -53,10 +68,7 @@ pub(crate) async fn add_delivered_column(session: &Session, keyspace: &str) -> R
         return Ok(());
     }
     match session
-        .query_unpaged(
-            format!("ALTER TABLE {keyspace}.cursors ADD delivered bigint"),
-            &[],
-        )
+        .query_unpaged(format!("ALTER TABLE {keyspace}.{table} ADD {column} {kind}"), &[])
         .await
     {
         Err(e) if column_exists(&e) => Ok(()),
@@ -141,6 +153,15 @@ mod tests {
             cursors.contains("k.cursors") && cursors.contains("PRIMARY KEY ((conversation_id), user_id)")
         );
         assert!(cursors.contains("delivered bigint"));
+        // A new table has every added column.
+        for (table, column, kind) in ADDED_COLUMNS {
+            let created = if table == "cursors" {
+                &cursors
+            } else {
+                &user_cursors
+            };
+            assert!(created.contains(&format!("{column} {kind}")), "{table}.{column}");
+        }
         assert!(conversations.contains("k.conversations"));
         assert!(
             user_cursors.contains("k.user_cursors")

@@ -19,6 +19,17 @@
 //! - `user_cursors.private_cursor`: the private cursor;
 //!   `user_cursors.unread_mark` (the mark's seq, -1 when cleared): the
 //!   mark's time, with the larger value winning a tie as the fold orders it.
+//! - `user_cursors.mentions` (a set<bigint>: the read point R as -(R + 1),
+//!   and the unread mentioned seqs): the whole set at R + 1. Overwriting a
+//!   collection deletes it just below the write's timestamp, so the writes
+//!   of the highest read point win, their sets unioned, and an older
+//!   write's seqs (read since, or held by the newer state) go. A set, not
+//!   text, because the server then joins writes of the same read point;
+//!   text would keep one of them.
+//! - `user_cursors.mute_at` and `muted_until`: both at `at * 4 + rank`,
+//!   rank ordering unmute < timed mute < mute until unmuted, so the greatest
+//!   (at, until) wins both cells; within a rank the larger (positive) time
+//!   wins a tie.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -26,8 +37,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use readfold_core::flush::{ConversationBatch, UserBatch};
-use readfold_core::{ConversationId, Seq, UserId};
+use readfold_core::flush::{ConversationBatch, PrivateWrite, UserBatch};
+use readfold_core::{ConversationId, Mute, Seq, UserId};
 use scylla::client::session::Session;
 use scylla::cluster::ClusterState;
 use scylla::serialize::row::{RowSerializationContext, SerializeRow};
@@ -180,6 +191,8 @@ async fn write_chunk(
             Row::Conversation { .. } => &statements.conversation,
             Row::PrivateCursor { .. } => &statements.private_cursor,
             Row::Mark { .. } => &statements.mark,
+            Row::Mentions { .. } => &statements.mentions,
+            Row::Mute { .. } => &statements.mute,
         };
         counted += u64::from(row.counted());
         batch.append_statement(statement.clone());
@@ -244,6 +257,21 @@ enum Row {
         at: i64,
         value: i64,
     },
+    /// `user_cursors.mentions`: the timestamp, the set, then user_id,
+    /// conversation_id.
+    Mentions {
+        user_id: UserId,
+        conversation_id: ConversationId,
+        timestamp: i64,
+        set: Vec<i64>,
+    },
+    /// `user_cursors.mute_at` and `muted_until`: the timestamp, the two
+    /// values, then user_id, conversation_id.
+    Mute {
+        user_id: UserId,
+        conversation_id: ConversationId,
+        mute: Mute,
+    },
 }
 
 impl Row {
@@ -252,9 +280,12 @@ impl Row {
             Row::Cursor { user_id, .. } | Row::Departure { user_id, .. } => {
                 user_id.as_str().len() + CURSOR_ROW_OVERHEAD
             }
-            Row::PrivateCursor { conversation_id, .. } | Row::Mark { conversation_id, .. } => {
-                conversation_id.as_str().len() + CURSOR_ROW_OVERHEAD
-            }
+            Row::PrivateCursor { conversation_id, .. }
+            | Row::Mark { conversation_id, .. }
+            | Row::Mute { conversation_id, .. } => conversation_id.as_str().len() + CURSOR_ROW_OVERHEAD,
+            Row::Mentions {
+                conversation_id, set, ..
+            } => conversation_id.as_str().len() + CURSOR_ROW_OVERHEAD + MENTION_BYTES * set.len(),
             Row::Conversation { .. } => CONVERSATION_ROW_BYTES,
         }
     }
@@ -266,7 +297,10 @@ impl Row {
             Row::Cursor { conversation_id, .. }
             | Row::Departure { conversation_id, .. }
             | Row::Conversation { conversation_id, .. } => conversation_id.as_str(),
-            Row::PrivateCursor { user_id, .. } | Row::Mark { user_id, .. } => user_id.as_str(),
+            Row::PrivateCursor { user_id, .. }
+            | Row::Mark { user_id, .. }
+            | Row::Mentions { user_id, .. }
+            | Row::Mute { user_id, .. } => user_id.as_str(),
         }
     }
 
@@ -330,6 +364,24 @@ impl SerializeRow for Row {
                 at,
                 value,
             } => (*at, *value, user_id.as_str(), conversation_id.as_str()).serialize(ctx, writer),
+            Row::Mentions {
+                user_id,
+                conversation_id,
+                timestamp,
+                set,
+            } => (*timestamp, set, user_id.as_str(), conversation_id.as_str()).serialize(ctx, writer),
+            Row::Mute {
+                user_id,
+                conversation_id,
+                mute,
+            } => (
+                mute_timestamp(*mute),
+                mute.at,
+                mute.until,
+                user_id.as_str(),
+                conversation_id.as_str(),
+            )
+                .serialize(ctx, writer),
         }
     }
 
@@ -373,7 +425,7 @@ fn rows(batch: &ConversationBatch, updated_at: CqlTimestamp) -> Result<Vec<Row>>
 }
 
 /// The rows of one user: the private cursor of each conversation, and the
-/// mark where there is one.
+/// mark, the unread mentions and the mute where there are any.
 fn private_rows(batch: &UserBatch) -> Result<Vec<Row>> {
     let mut rows = Vec::with_capacity(batch.conversations.len() * 2);
     for c in &batch.conversations {
@@ -390,8 +442,65 @@ fn private_rows(batch: &UserBatch) -> Result<Vec<Row>> {
                 value: mark.seq.map_or(Ok(-1), bigint)?,
             });
         }
+        if let Some((timestamp, set)) = mentions_set(c)? {
+            rows.push(Row::Mentions {
+                user_id: batch.user_id.clone(),
+                conversation_id: c.conversation_id.clone(),
+                timestamp,
+                set,
+            });
+        }
+        if let Some(mute) = c.mute {
+            rows.push(Row::Mute {
+                user_id: batch.user_id.clone(),
+                conversation_id: c.conversation_id.clone(),
+                mute,
+            });
+        }
     }
     Ok(rows)
+}
+
+/// Estimated bytes of one element of the mentions set.
+const MENTION_BYTES: usize = 16;
+
+/// The `mentions` write of one conversation: its timestamp (the read point
+/// plus one) and the set (the read point R as -(R + 1), then the seqs);
+/// `None` when there is nothing to write (no mention, nothing read).
+fn mentions_set(c: &PrivateWrite) -> Result<Option<(i64, Vec<i64>)>> {
+    let read = bigint(c.read_up_to)?;
+    if c.mentions.is_empty() && read == 0 {
+        return Ok(None);
+    }
+    let mut set = Vec::with_capacity(c.mentions.len() + 1);
+    set.push(-read - 1);
+    for &s in c.mentions.iter().filter(|&&s| s > c.read_up_to) {
+        set.push(bigint(s)?);
+    }
+    // The read point is below i64::MAX, as bigint checked: R + 1 fits.
+    Ok(Some((read + 1, set)))
+}
+
+/// The write timestamp of a mute's cells: its time, then its rank.
+/// Saturating: times that far off are no real event's.
+fn mute_timestamp(mute: Mute) -> i64 {
+    let rank = match mute.until {
+        Mute::OFF => 0,
+        Mute::FOREVER => 2,
+        _ => 1,
+    };
+    mute.at.saturating_mul(4).saturating_add(rank)
+}
+
+/// The mentions as `user_cursors.mentions` holds them; see [`mentions_set`].
+pub(crate) fn decode_mentions(set: &[i64]) -> crate::mentions::Mentions {
+    let read = set
+        .iter()
+        .filter(|&&v| v < 0)
+        .map(|&v| (-(v + 1)) as u64)
+        .max()
+        .unwrap_or(0);
+    crate::mentions::Mentions::new(Seq(read), set.iter().filter(|&&v| v > 0).map(|&v| Seq(v as u64)))
 }
 
 /// How big a batch may be.
@@ -724,24 +833,64 @@ mod tests {
                     conversation_id: "C".parse().unwrap(),
                     private_cursor: Seq(4),
                     mark: None,
+                    read_up_to: Seq(4),
+                    mentions: Vec::new(),
+                    mute: None,
                 },
                 PrivateWrite {
                     conversation_id: "D".parse().unwrap(),
                     private_cursor: Seq(0),
                     mark: Some(UnreadMark { at: 10, seq: None }),
+                    read_up_to: Seq(0),
+                    mentions: Vec::new(),
+                    mute: None,
                 },
             ],
         };
         let rows = private_rows(&batch).unwrap();
-        assert_eq!(rows.len(), 3);
+        assert_eq!(rows.len(), 4, "C's read point goes with its mentions");
         assert!(matches!(
-            rows[2],
+            rows[3],
             Row::Mark {
                 at: 10,
                 value: -1,
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn mentions_are_a_set_over_their_read_point() {
+        use readfold_core::flush::PrivateWrite;
+        let write = |read: u64, mentions: &[u64]| PrivateWrite {
+            conversation_id: "C".parse().unwrap(),
+            private_cursor: Seq::ZERO,
+            mark: None,
+            read_up_to: Seq(read),
+            mentions: mentions.iter().map(|&s| Seq(s)).collect(),
+            mute: None,
+        };
+        assert_eq!(mentions_set(&write(0, &[])).unwrap(), None);
+        let (ts, set) = mentions_set(&write(3, &[5, 9])).unwrap().unwrap();
+        assert_eq!((ts, &set[..]), (4, &[-4, 5, 9][..]));
+        assert_eq!(
+            decode_mentions(&set),
+            crate::mentions::Mentions::new(Seq(3), [Seq(5), Seq(9)])
+        );
+        // The union of two writes of the same read point, and a stale
+        // read point left in by an older write, read as the join.
+        let joined = decode_mentions(&[-6, -4, 5, 7, 9]);
+        assert_eq!(joined, crate::mentions::Mentions::new(Seq(5), [Seq(7), Seq(9)]));
+        assert_eq!(decode_mentions(&[]), crate::mentions::Mentions::default());
+    }
+
+    #[test]
+    fn mutes_order_by_time_then_rank() {
+        let ts = |at, until| mute_timestamp(Mute { at, until });
+        assert!(ts(5, Mute::OFF) < ts(5, 100));
+        assert!(ts(5, 100) < ts(5, Mute::FOREVER));
+        assert!(ts(5, Mute::FOREVER) < ts(6, Mute::OFF));
+        assert!(ts(-2, Mute::FOREVER) < ts(0, Mute::OFF));
     }
 
     #[test]

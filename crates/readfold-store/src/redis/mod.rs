@@ -15,7 +15,12 @@
 //! For user U, what only U's own devices see (`merge_private.lua`):
 //! - `P:user:{U}:private` hash conversation -> private cursor;
 //! - `P:user:{U}:marks`   hash conversation -> `<at>:<seq>` of the latest
-//!   mark-as-unread action (seq -1: cleared).
+//!   mark-as-unread action (seq -1: cleared);
+//! - `P:user:{U}:mentions` hash conversation -> `<read>:<s1>,<s2>,...`, the
+//!   highest read point written and the mentioned seqs above it, joined
+//!   order-independently (see [`crate::mentions`]);
+//! - `P:user:{U}:mute`    hash conversation -> `<at>:<until>` of the latest
+//!   mute or unmute (until `i64::MAX`: until unmuted; `i64::MIN`: unmuted).
 
 mod badge;
 mod config;
@@ -65,12 +70,14 @@ pub fn keys(prefix: &str, conversation_id: &str) -> [String; KEYS_PER_CONVERSATI
     ]
 }
 
-/// The Redis keys of one user's private state: private cursors, marks; one
-/// slot per user.
-pub fn user_keys(prefix: &str, user_id: &str) -> [String; 2] {
+/// The Redis keys of one user's private state: private cursors, marks,
+/// unread mentions, mutes; one slot per user.
+pub fn user_keys(prefix: &str, user_id: &str) -> [String; 4] {
     [
         format!("{prefix}:user:{{{user_id}}}:private"),
         format!("{prefix}:user:{{{user_id}}}:marks"),
+        format!("{prefix}:user:{{{user_id}}}:mentions"),
+        format!("{prefix}:user:{{{user_id}}}:mute"),
     ]
 }
 

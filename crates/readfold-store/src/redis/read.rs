@@ -6,10 +6,11 @@
 use std::collections::HashMap;
 
 use readfold_core::fold::UnreadMark;
-use readfold_core::{ConversationView, MemberCursor, Seq, UserId};
+use readfold_core::{ConversationView, MemberCursor, Mute, Seq, UserId};
 
 use super::{keys, user_keys, RedisStore};
 use crate::error::Result;
+use crate::mentions::Mentions;
 
 impl RedisStore {
     /// The conversation's present members and latest seq; `None` when Redis
@@ -74,6 +75,30 @@ impl RedisStore {
 pub struct PrivateState {
     pub private_cursor: Seq,
     pub mark: Option<UnreadMark>,
+    /// Mentions above the stored read point and the cursors the store read
+    /// (the private cursor, and the public one where it was read too).
+    pub unread_mentions: u32,
+    /// The latest mute or unmute.
+    pub mute: Option<Mute>,
+}
+
+impl PrivateState {
+    /// The state from its stored parts; `public` is the public cursor when
+    /// the read has it.
+    pub(crate) fn from_parts(
+        private_cursor: Seq,
+        mark: Option<UnreadMark>,
+        mentions: Option<Mentions>,
+        mute: Option<Mute>,
+        public: Seq,
+    ) -> Self {
+        PrivateState {
+            private_cursor,
+            mark,
+            unread_mentions: mentions.map_or(0, |m| m.unread(private_cursor.max(public))),
+            mute,
+        }
+    }
 }
 
 impl RedisStore {
@@ -83,25 +108,19 @@ impl RedisStore {
         if conversations.is_empty() {
             return Ok(Vec::new());
         }
-        let [private, marks] = user_keys(&self.prefix, user_id);
         let mut conn = self.conn.clone();
-        let (cursors, marks): (Vec<Option<u64>>, Vec<Option<String>>) = redis::pipe()
-            .cmd("HMGET")
-            .arg(&private)
-            .arg(conversations)
-            .cmd("HMGET")
-            .arg(&marks)
-            .arg(conversations)
-            .query_async(&mut conn)
-            .await?;
-        Ok(cursors
-            .into_iter()
-            .zip(marks)
-            .map(|(cursor, mark)| PrivateState {
-                private_cursor: Seq(cursor.unwrap_or(0)),
-                mark: mark.as_deref().and_then(parse_mark),
-            })
-            .collect())
+        let mut pipe = redis::pipe();
+        for key in user_keys(&self.prefix, user_id) {
+            pipe.cmd("HMGET").arg(key).arg(conversations);
+        }
+        type Answer = (
+            Vec<Option<u64>>,
+            Vec<Option<String>>,
+            Vec<Option<String>>,
+            Vec<Option<String>>,
+        );
+        let (cursors, marks, mentions, mutes): Answer = pipe.query_async(&mut conn).await?;
+        Ok(private_states(cursors, marks, mentions, mutes, |_| Seq::ZERO))
     }
 }
 
@@ -151,16 +170,11 @@ impl RedisStore {
                 .arg(&delivered)
                 .arg(user_id);
         }
-        let [private, marks] = user_keys(&self.prefix, user_id);
-        pipe.cmd("EXISTS")
-            .arg(&private)
-            .arg(&marks)
-            .cmd("HMGET")
-            .arg(&private)
-            .arg(conversations)
-            .cmd("HMGET")
-            .arg(&marks)
-            .arg(conversations);
+        let user_keys = user_keys(&self.prefix, user_id);
+        pipe.cmd("EXISTS").arg(&user_keys[..]);
+        for key in &user_keys {
+            pipe.cmd("HMGET").arg(key).arg(conversations);
+        }
         let mut conn = self.conn.clone();
         let values: Vec<redis::Value> = pipe.query_async(&mut conn).await?;
         let n = conversations.len();
@@ -180,15 +194,12 @@ impl RedisStore {
         let has_private: u64 = redis::from_redis_value_ref(&values[per * n])?;
         let cursors: Vec<Option<u64>> = redis::from_redis_value_ref(&values[per * n + 1])?;
         let marks: Vec<Option<String>> = redis::from_redis_value_ref(&values[per * n + 2])?;
+        let mentions: Vec<Option<String>> = redis::from_redis_value_ref(&values[per * n + 3])?;
+        let mutes: Vec<Option<String>> = redis::from_redis_value_ref(&values[per * n + 4])?;
         let private = (has_private > 0).then(|| {
-            cursors
-                .into_iter()
-                .zip(marks)
-                .map(|(cursor, mark)| PrivateState {
-                    private_cursor: Seq(cursor.unwrap_or(0)),
-                    mark: mark.as_deref().and_then(parse_mark),
-                })
-                .collect()
+            private_states(cursors, marks, mentions, mutes, |i| {
+                views[i].and_then(|v| v.member).map_or(Seq::ZERO, |m| m.cursor)
+            })
         });
         Ok(UserViews {
             conversations: views,
@@ -213,6 +224,41 @@ fn member(cursor: u64, delivered: Option<u64>, join_seq: Seq) -> MemberCursor {
 /// A stored join_seq; a member missing from `joined` (or at 0) joined at 1.
 fn joined_seq(stored: u64) -> Seq {
     Seq(stored.max(1))
+}
+
+/// The private states from the answers of one HMGET per user key, in
+/// conversation order; `public(i)` is the public cursor read of the i-th.
+fn private_states(
+    cursors: Vec<Option<u64>>,
+    marks: Vec<Option<String>>,
+    mentions: Vec<Option<String>>,
+    mutes: Vec<Option<String>>,
+    public: impl Fn(usize) -> Seq,
+) -> Vec<PrivateState> {
+    cursors
+        .into_iter()
+        .zip(marks)
+        .zip(mentions.into_iter().zip(mutes))
+        .enumerate()
+        .map(|(i, ((cursor, mark), (mentions, mute)))| {
+            PrivateState::from_parts(
+                Seq(cursor.unwrap_or(0)),
+                mark.as_deref().and_then(parse_mark),
+                mentions.as_deref().and_then(Mentions::decode),
+                mute.as_deref().and_then(parse_mute),
+                public(i),
+            )
+        })
+        .collect()
+}
+
+/// `<at>:<until>` of a mute or an unmute.
+fn parse_mute(text: &str) -> Option<Mute> {
+    let (at, until) = text.split_once(':')?;
+    Some(Mute {
+        at: at.parse().ok()?,
+        until: until.parse().ok()?,
+    })
 }
 
 /// `<at>:<seq>`, seq -1 for a cleared mark.
@@ -250,5 +296,40 @@ mod tests {
         );
         assert_eq!(parse_mark("-3:-1"), Some(UnreadMark { at: -3, seq: None }));
         assert_eq!(parse_mark("garbage"), None);
+    }
+
+    #[test]
+    fn mutes_parse_as_the_script_writes_them() {
+        let forever = format!("-5:{}", Mute::FOREVER);
+        assert_eq!(
+            parse_mute(&forever),
+            Some(Mute {
+                at: -5,
+                until: Mute::FOREVER
+            })
+        );
+        let off = format!("7:{}", Mute::OFF);
+        assert_eq!(
+            parse_mute(&off),
+            Some(Mute {
+                at: 7,
+                until: Mute::OFF
+            })
+        );
+        assert_eq!(parse_mute("7"), None);
+    }
+
+    #[test]
+    fn unread_mentions_count_above_every_cursor_known() {
+        let states = private_states(
+            vec![Some(6), None, None],
+            vec![None, None, None],
+            vec![Some("2:5,7,9".into()), Some("2:5,7,9".into()), None],
+            vec![None, Some("1:-1".into()), None],
+            |i| Seq(if i == 1 { 8 } else { 0 }),
+        );
+        let counts: Vec<u32> = states.iter().map(|s| s.unread_mentions).collect();
+        assert_eq!(counts, [2, 1, 0]);
+        assert_eq!(states[1].mute, Some(Mute { at: 1, until: -1 }));
     }
 }

@@ -40,14 +40,21 @@ impl RedisStore {
     fn private_calls<'a>(&'a self, batches: &'a [UserBatch]) -> impl Iterator<Item = redis::Cmd> + Send + 'a {
         batches.iter().map(|batch| {
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(self.private_script.get_hash()).arg(2);
-            for key in user_keys(&self.prefix, batch.user_id.as_str()) {
+            let keys = user_keys(&self.prefix, batch.user_id.as_str());
+            cmd.arg(self.private_script.get_hash()).arg(keys.len());
+            for key in keys {
                 cmd.arg(key);
             }
             for c in &batch.conversations {
                 cmd.arg(c.conversation_id.as_str()).arg(c.private_cursor.get());
                 match c.mark {
                     Some(mark) => cmd.arg(mark.at).arg(mark.seq.map_or(-1, |s| s.get() as i64)),
+                    None => cmd.arg("").arg(""),
+                };
+                let mentions: Vec<String> = c.mentions.iter().map(|s| s.get().to_string()).collect();
+                cmd.arg(c.read_up_to.get()).arg(mentions.join(","));
+                match c.mute {
+                    Some(mute) => cmd.arg(mute.at).arg(mute.until),
                     None => cmd.arg("").arg(""),
                 };
             }
