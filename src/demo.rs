@@ -373,8 +373,8 @@ pub async fn demo(mut config: Config) -> Result<()> {
                     )
                     .await?;
                 // What the badge stage sends back to the processor.
-                let user_id = UserId::parse(&names.id(user), usize::MAX)
-                    .map_err(|e| Error::DemoScript(id_rejection(e)))?;
+                let user_id = validate::id("user_id", &names.id(user), &config.input, UserId::parse)
+                    .map_err(Error::DemoScript)?;
                 for (c, conv) in expected.clone().conversations() {
                     let Some(m) = conv.member(&user_id).filter(|m| !m.left) else {
                         continue;
@@ -972,11 +972,4 @@ fn print_badges(badges: &BTreeMap<String, Badge>, shown: Option<&Shown>, names: 
         })
         .collect();
     println!("    app badges (readfold badges): {}", line.join(" "));
-}
-
-fn id_rejection(e: readfold_core::IdError) -> readfold_wire::validate::Rejection {
-    readfold_wire::validate::Rejection {
-        reason: readfold_wire::RejectReason::EmptyId,
-        detail: e.to_string(),
-    }
 }

@@ -8,7 +8,7 @@ use readfold_core::{ConversationId, Seq, UserId};
 use readfold_wire::badge::{decode_user_action, UserActionKind};
 use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind, OwnUpdate};
 use readfold_wire::codec::{encode_read_report, ReadAction, ReadReportRecord};
-use readfold_wire::{OutRecord, RejectReason, Rejection};
+use readfold_wire::{validate, OutRecord, RejectReason, Rejection};
 
 use crate::BadgeSettings;
 
@@ -41,28 +41,10 @@ impl Input {
         message: &BorrowedMessage<'_>,
         action_partitions: i32,
     ) -> Input {
-        let reject = |reason, detail: String| Input::Rejected(Rejection { reason, detail });
         if message.topic() == settings.topics.user_read_cursors {
-            return match decode_changelog(
-                ChangelogKind::ByUser,
-                message.key(),
-                message.payload(),
-                settings.input.max_id_bytes,
-            ) {
-                Ok(ChangelogEntry::Own(own)) => Input::Own {
-                    user: own.update.user_id.clone(),
-                    conversation: own.update.conversation_id.clone(),
-                    view: Some(view(&own)),
-                },
-                Ok(ChangelogEntry::Left(key)) => Input::Own {
-                    user: key.user_id,
-                    conversation: key.conversation_id,
-                    view: None,
-                },
-                Ok(_) => reject(RejectReason::Decode, "not a by-user changelog record".into()),
-                Err(e) => reject(RejectReason::Decode, e.to_string()),
-            };
+            return Input::read_own(settings, message);
         }
+        let reject = |reason, detail: String| Input::Rejected(Rejection { reason, detail });
         let Some(value) = message.payload() else {
             return reject(RejectReason::MissingValue, "a user action without a value".into());
         };
@@ -70,15 +52,9 @@ impl Input {
             Ok(action) => action,
             Err(e) => return reject(RejectReason::Decode, e.to_string()),
         };
-        let user = match UserId::parse(&action.user_id, settings.input.max_id_bytes) {
+        let user = match validate::id("user_id", &action.user_id, &settings.input, UserId::parse) {
             Ok(user) => user,
-            Err(e) => {
-                let reason = match e {
-                    readfold_core::IdError::Empty => RejectReason::EmptyId,
-                    readfold_core::IdError::TooLong { .. } => RejectReason::IdTooLong,
-                };
-                return reject(reason, format!("user_id: {e}"));
-            }
+            Err(rejection) => return Input::Rejected(rejection),
         };
         // The user's state lives on murmur2(user_id)'s partition only.
         let placed = partition_for_key(user.as_str().as_bytes(), action_partitions);
@@ -94,6 +70,36 @@ impl Input {
         }
         match action.action {
             UserActionKind::MarkAllRead => Input::MarkAllRead { user, at: action.at },
+        }
+    }
+
+    /// A record of the by-user changelog, read.
+    pub(crate) fn read_own(settings: &BadgeSettings, message: &BorrowedMessage<'_>) -> Input {
+        let reject = |detail: String| {
+            Input::Rejected(Rejection {
+                reason: RejectReason::Decode,
+                detail,
+            })
+        };
+        let entry = decode_changelog(
+            ChangelogKind::ByUser,
+            message.key(),
+            message.payload(),
+            settings.input.max_id_bytes,
+        );
+        match entry {
+            Ok(ChangelogEntry::Own(own)) => Input::Own {
+                user: own.update.user_id.clone(),
+                conversation: own.update.conversation_id.clone(),
+                view: Some(view(&own)),
+            },
+            Ok(ChangelogEntry::Left(key)) => Input::Own {
+                user: key.user_id,
+                conversation: key.conversation_id,
+                view: None,
+            },
+            Ok(_) => reject("not a by-user changelog record".into()),
+            Err(e) => reject(e.to_string()),
         }
     }
 

@@ -243,13 +243,15 @@ impl BadgeStage {
     fn take(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
         let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
         tracing::trace!(topic, partition, offset, "badge stage: record");
+        if !self.assigned.contains(&partition) {
+            // A partition not restored (the topics are co-partitioned): a
+            // rebalance is pending, and the record is read again after it,
+            // so its offset is not committed.
+            return;
+        }
         self.offsets.insert((topic.to_owned(), partition), offset + 1);
         let now = now_ms();
         let input = Input::read(&self.settings, message, self.layout.user_actions);
-        if !self.assigned.contains(&partition) && topic == self.settings.topics.user_read_cursors {
-            // A record of a partition not restored: a rebalance is pending.
-            return;
-        }
         match input.apply(&mut self.badges, now) {
             Applied::Nothing => {}
             Applied::MarkAllRead(reports) => {
@@ -474,7 +476,7 @@ impl BadgeStage {
                 if message.offset() < end {
                     // At the time it was published: the state it made then.
                     let at = message.timestamp().to_millis().unwrap_or_else(now_ms);
-                    Input::read(&settings, message, 1).restore(state, at);
+                    Input::read_own(&settings, message).restore(state, at);
                 }
                 ControlFlow::Continue(())
             })?;

@@ -189,7 +189,8 @@ fn check_placement(conversation: &ConversationId, placement: Placement<'_>) -> R
     Ok(())
 }
 
-fn id<T>(
+/// Parses id `field` within `input.max_id_bytes`, or says why not.
+pub fn id<T>(
     field: &str,
     raw: &str,
     limits: &Limits,
