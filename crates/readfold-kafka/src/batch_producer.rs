@@ -135,21 +135,9 @@ impl<C: ProducerContext + 'static> BatchProducer<C> {
     }
 
     /// Sends everything queued at once, ignoring `linger.ms`, and waits, at
-    /// most `timeout`, until it is all delivered (or failed).
-    ///
-    /// librdkafka's own `rd_kafka_flush`, not rdkafka's `flush`: that one
-    /// calls it without a timeout and, while records are in flight, sleeps
-    /// in 100 ms polls. rdkafka has delivery reports come as events, served
-    /// by the producer's own thread, so librdkafka's flush only waits (on a
-    /// condition variable) for the queued count to reach zero.
+    /// most `timeout`, until it is all delivered (or failed): [`flush_now`].
     pub fn flush_now(&self, timeout: Duration) -> Result<(), KafkaError> {
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: the client is alive for the call (`self.producer`).
-        let err = unsafe { rdsys::rd_kafka_flush(self.producer.client().native_ptr(), ms) };
-        match err {
-            rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
-            err => Err(KafkaError::Flush(RDKafkaErrorCode::from(err))),
-        }
+        flush_now(&self.producer, timeout)
     }
 
     /// The open handle of `topic`, opened on first use.
@@ -192,5 +180,23 @@ fn raw(bytes: Option<&[u8]>) -> (*mut std::ffi::c_void, usize) {
     match bytes {
         Some(b) => (b.as_ptr() as *mut std::ffi::c_void, b.len()),
         None => (std::ptr::null_mut(), 0),
+    }
+}
+
+/// Waits until every record queued is delivered, with librdkafka's own
+/// `rd_kafka_flush`, not rdkafka's `flush`: that one calls it without a
+/// timeout and, while records are in flight, sleeps in 100 ms polls (the
+/// producer's own thread takes the delivery events it waits for), which
+/// `commit_transaction` pays at every commit. Call it before committing.
+pub fn flush_now<C: ProducerContext + 'static>(
+    producer: &ThreadedProducer<C>,
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: the client is alive for the call (`producer`).
+    let err = unsafe { rdsys::rd_kafka_flush(producer.client().native_ptr(), ms) };
+    match err {
+        rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR => Ok(()),
+        err => Err(KafkaError::Flush(RDKafkaErrorCode::from(err))),
     }
 }

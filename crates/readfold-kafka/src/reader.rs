@@ -299,7 +299,10 @@ impl TopicReader {
         loop {
             match self.consumer.poll(wait) {
                 None => return Ok(count),
-                Some(Err(KafkaError::PartitionEOF(_))) => return Ok(count),
+                // One partition's end: the others' records may be queued
+                // behind it (a caller that looks once per flush would fall
+                // behind).
+                Some(Err(KafkaError::PartitionEOF(_))) => continue,
                 Some(Err(e)) if !is_fatal_read(&e) => return Ok(count),
                 Some(Err(e)) => return Err(e.into()),
                 Some(Ok(message)) => {
