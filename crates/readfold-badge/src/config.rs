@@ -20,6 +20,8 @@ pub struct BadgeConfig {
     /// `messages` or `conversations`.
     pub count: String,
     pub flush_interval_ms: u64,
+    /// How often badges changed only by others' messages are published.
+    pub fanout_interval_ms: u64,
 }
 
 impl BadgeConfig {
@@ -35,6 +37,9 @@ impl BadgeConfig {
         }
         if self.flush_interval_ms == 0 {
             return Err("badge.flush_interval_ms must be at least 1".into());
+        }
+        if self.fanout_interval_ms < self.flush_interval_ms {
+            return Err("badge.fanout_interval_ms must be at least badge.flush_interval_ms".into());
         }
         self.rules().map(drop)
     }

@@ -42,7 +42,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use readfold_core::badge::{Badge, Badges};
 use readfold_core::partitioner::partition_for_key;
-use readfold_core::UserId;
+use readfold_core::{ConversationId, Seq, UserId};
 use readfold_kafka::reader::{TopicReader, Until};
 use readfold_kafka::{now_ms, KafkaConfig, TopicsConfig};
 use readfold_store::redis::RedisStore;
@@ -91,12 +91,32 @@ struct Layout {
     dlq: i32,
 }
 
+/// Records taken per look at the clock and the flush timer.
+const TAKE_BATCH: usize = 1000;
+
 /// Records a rebalance; the loop acts on it after the poll.
 struct RebalanceFlag(Arc<AtomicBool>);
 
 impl ClientContext for RebalanceFlag {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
         readfold_kafka::context::log_line(level, fac, log_message);
+    }
+
+    fn stats(&self, statistics: rdkafka::statistics::Statistics) {
+        for (name, topic) in &statistics.topics {
+            for (&partition, p) in &topic.partitions {
+                // Offsets are committed through the producer's transaction,
+                // so the lag is taken from the next offset to take.
+                let end = if p.ls_offset >= 0 {
+                    p.ls_offset
+                } else {
+                    p.hi_offset
+                };
+                if partition >= 0 && p.app_offset >= 0 && end >= 0 {
+                    telemetry::consumer_lag(name, partition, (end - p.app_offset).max(0));
+                }
+            }
+        }
     }
 }
 
@@ -123,6 +143,8 @@ pub struct BadgeStage {
     latest: TopicReader,
     /// Next offset to commit, by (topic, partition).
     offsets: HashMap<(String, i32), i64>,
+    /// Offsets this incarnation committed last, by (topic, partition).
+    committed: HashMap<(String, i32), i64>,
     /// Records for the next transaction besides the badges.
     outbox: Vec<OutRecord>,
     /// Badges drained from the state and not yet committed.
@@ -130,6 +152,10 @@ pub struct BadgeStage {
     /// Badges committed to Kafka but not yet written to Redis.
     unstored: BTreeMap<UserId, (Badge, i64)>,
     last_flush: Instant,
+    /// When badges changed by others' messages were last published.
+    last_fanout: Instant,
+    /// Input records taken: the by-user changelog's, then the actions'.
+    records_in: [metrics::Counter; 2],
 }
 
 impl BadgeStage {
@@ -191,9 +217,14 @@ impl BadgeStage {
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest")
+            .set("statistics.interval.ms", "1000")
             .create_with_context(RebalanceFlag(rebalanced.clone()))?;
         consumer.subscribe(&[&settings.topics.user_read_cursors, &settings.badge.user_actions])?;
         telemetry::describe();
+        let records_in = [
+            telemetry::records_in(&settings.topics.user_read_cursors),
+            telemetry::records_in(&settings.badge.user_actions),
+        ];
         Ok(BadgeStage {
             settings,
             consumer: Arc::new(consumer),
@@ -204,10 +235,13 @@ impl BadgeStage {
             assigned: Default::default(),
             latest,
             offsets: HashMap::new(),
+            committed: HashMap::new(),
             outbox: Vec::new(),
             pending: BTreeMap::new(),
             unstored: BTreeMap::new(),
             last_flush: Instant::now(),
+            last_fanout: Instant::now(),
+            records_in,
         })
     }
 
@@ -220,15 +254,24 @@ impl BadgeStage {
             let wait = interval
                 .saturating_sub(self.last_flush.elapsed())
                 .max(Duration::from_millis(1));
-            let polled = consumer.poll(wait.min(Duration::from_millis(100)));
-            if self.rebalanced.swap(false, Ordering::AcqRel) {
-                self.restore_assigned()?;
-            }
-            match polled {
-                None => {}
-                Some(Err(e)) if readfold_kafka::error::is_fatal(&e) => return Err(e.into()),
-                Some(Err(e)) => tracing::warn!(error = %e, "badge stage: consumer error"),
-                Some(Ok(message)) => self.take(&message),
+            let mut polled = consumer.poll(wait.min(Duration::from_millis(100)));
+            // What else arrived is taken at the same time: one clock read
+            // per batch.
+            let now = now_ms();
+            for taken in 1.. {
+                if self.rebalanced.swap(false, Ordering::AcqRel) {
+                    self.restore_assigned()?;
+                }
+                match polled {
+                    None => break,
+                    Some(Err(e)) if readfold_kafka::error::is_fatal(&e) => return Err(e.into()),
+                    Some(Err(e)) => tracing::warn!(error = %e, "badge stage: consumer error"),
+                    Some(Ok(message)) => self.take(&message, now),
+                }
+                if taken == TAKE_BATCH {
+                    break;
+                }
+                polled = consumer.poll(Duration::ZERO);
             }
             if self.last_flush.elapsed() >= interval {
                 self.flush()?;
@@ -240,7 +283,7 @@ impl BadgeStage {
     }
 
     /// Folds one input record into its partition's state.
-    fn take(&mut self, message: &rdkafka::message::BorrowedMessage<'_>) {
+    fn take(&mut self, message: &rdkafka::message::BorrowedMessage<'_>, now: i64) {
         let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
         tracing::trace!(topic, partition, offset, "badge stage: record");
         if !self.assigned.contains(&partition) {
@@ -250,7 +293,8 @@ impl BadgeStage {
             return;
         }
         self.offsets.insert((topic.to_owned(), partition), offset + 1);
-        let now = now_ms();
+        let actions = usize::from(topic == self.settings.badge.user_actions);
+        self.records_in[actions].increment(1);
         let input = Input::read(&self.settings, message, self.layout.user_actions);
         match input.apply(&mut self.badges, now) {
             Applied::Nothing => {}
@@ -300,8 +344,15 @@ impl BadgeStage {
         self.last_flush = Instant::now();
         let now = now_ms();
         self.follow_latest()?;
+        self.take_positions();
         self.badges.expire(now);
-        self.pending.extend(self.badges.drain());
+        let fanout = Duration::from_millis(self.settings.badge.fanout_interval_ms);
+        if self.last_fanout.elapsed() >= fanout {
+            self.last_fanout = Instant::now();
+            self.pending.extend(self.badges.drain_all());
+        } else {
+            self.pending.extend(self.badges.drain());
+        }
         if self.pending.is_empty() && self.outbox.is_empty() && self.offsets.is_empty() {
             self.store();
             return Ok(());
@@ -322,13 +373,39 @@ impl BadgeStage {
         telemetry::flushed(changed.len(), started.elapsed());
         tracing::debug!(badges = changed.len(), "badge stage: flush committed");
         self.outbox.clear();
-        self.offsets.clear();
+        self.committed.extend(self.offsets.drain());
         self.pending.clear();
         for (user, badge) in changed {
             self.unstored.insert(user, (badge, now));
         }
         self.store();
         Ok(())
+    }
+
+    /// Moves each restored partition's offset to the consumer's position,
+    /// which steps over the commit markers of the first stage's
+    /// transactions: committing past the last record taken would leave the
+    /// lag at 1 for good (Kafka Streams commits the position likewise).
+    /// Every record before the position was taken: the loop takes each one
+    /// polled from a restored partition.
+    fn take_positions(&mut self) {
+        let Ok(positions) = self.consumer.position() else {
+            return;
+        };
+        for e in positions.elements() {
+            let Offset::Offset(position) = e.offset() else {
+                continue;
+            };
+            if !self.assigned.contains(&e.partition()) {
+                continue;
+            }
+            let key = (e.topic().to_owned(), e.partition());
+            if self.committed.get(&key).is_some_and(|&c| c >= position) {
+                continue;
+            }
+            let next = self.offsets.entry(key).or_insert(position);
+            *next = (*next).max(position);
+        }
     }
 
     fn commit(&self, changed: &[(UserId, Badge)], now: i64) -> Result<()> {
@@ -381,6 +458,7 @@ impl BadgeStage {
                     .ok_or(KafkaError::Global(rdkafka::types::RDKafkaErrorCode::State))?;
                 producer.send_offsets_to_transaction(&offsets, &group, Duration::from_secs(30))?;
             }
+            readfold_kafka::batch_producer::flush_now(producer, Duration::from_secs(30))?;
             producer.commit_transaction(Duration::from_secs(30))
         };
         match body() {
@@ -427,6 +505,7 @@ impl BadgeStage {
         self.badges.forget_users();
         self.assigned.clear();
         self.offsets.clear();
+        self.committed.clear();
         self.outbox.clear();
         self.pending.clear();
         let topic = self.settings.topics.user_read_cursors.clone();
@@ -482,7 +561,7 @@ impl BadgeStage {
             })?;
         }
         // Published already; mutes that ran out since are changes.
-        self.badges.drain();
+        self.badges.drain_all();
         self.badges.expire(now_ms());
         telemetry::restored(records, started.elapsed());
         tracing::info!(partitions = ?assigned, records, ms = started.elapsed().as_millis() as u64, "badge stage: partitions restored");
@@ -494,10 +573,21 @@ impl BadgeStage {
     /// Takes in what the conversations' changelog says of latest seqs
     /// since the last look.
     fn follow_latest(&mut self) -> Result<()> {
-        let (badges, max_id_bytes) = (&mut self.badges, self.settings.input.max_id_bytes);
+        let max_id_bytes = self.settings.input.max_id_bytes;
+        // A busy conversation's members are recounted once per look, not
+        // once per message.
+        let mut latest: HashMap<ConversationId, Seq> = HashMap::new();
+        self.latest.poll_available(Duration::ZERO, |m| {
+            let entry = decode_changelog(ChangelogKind::ByConversation, m.key(), m.payload(), max_id_bytes);
+            if let Ok(ChangelogEntry::Upsert(u)) = entry {
+                let seq = latest.entry(u.conversation_id).or_default();
+                *seq = (*seq).max(u.latest_seq);
+            }
+        })?;
         let now = now_ms();
-        self.latest
-            .poll_available(Duration::ZERO, |m| take_latest(badges, m, max_id_bytes, now))?;
+        for (conversation, seq) in latest {
+            self.badges.advance_latest(&conversation, seq, now);
+        }
         Ok(())
     }
 }

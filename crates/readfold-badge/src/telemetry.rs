@@ -2,9 +2,17 @@
 
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_histogram, histogram};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter};
 
 pub(crate) fn describe() {
+    describe_counter!(
+        "readfold_badge_records_in_total",
+        "badge stage input records taken, by topic"
+    );
+    describe_gauge!(
+        "readfold_consumer_lag",
+        "Input records not yet processed (end offset minus position), per partition."
+    );
     describe_counter!("readfold_badge_flushes_total", "badge stage flushes, by result");
     describe_counter!(
         "readfold_badge_updates_total",
@@ -60,4 +68,17 @@ pub(crate) fn redis_failed() {
 pub(crate) fn restored(records: u64, took: Duration) {
     counter!("readfold_badge_restored_records_total").increment(records);
     histogram!("readfold_badge_restore_seconds").record(took.as_secs_f64());
+}
+
+/// The input counter of `topic`, held so that a record costs no lookup.
+pub(crate) fn records_in(topic: &str) -> Counter {
+    counter!("readfold_badge_records_in_total", "topic" => topic.to_owned())
+}
+
+/// Records of one input partition not yet taken (end offset minus
+/// position), from librdkafka statistics; the processor's gauge, so that one
+/// alert covers both stages.
+pub(crate) fn consumer_lag(topic: &str, partition: i32, lag: i64) {
+    gauge!("readfold_consumer_lag", "topic" => topic.to_owned(), "partition" => partition.to_string())
+        .set(lag as f64);
 }
