@@ -14,6 +14,8 @@ pub enum Error {
     Store(#[from] readfold_store::Error),
     #[error(transparent)]
     Processor(#[from] readfold_processor::Error),
+    #[error("loadgen: {0}")]
+    Loadgen(#[from] readfold_loadgen::Error),
     /// Replay's reader, which the raw reads and the seed design share.
     #[error("{what}: {source}")]
     Replay {

@@ -6,8 +6,8 @@ use readfold_kafka::now_ms;
 
 use crate::error::Result;
 
-/// `config` on topics, a group, a Redis key prefix and a CQL keyspace of
-/// their own, named `readfold.bench-<tag>-<ms>`.
+/// `config` on topics (the badge stage's too), groups, a Redis key prefix and
+/// a CQL keyspace of their own, named `readfold-bench-<tag>-<ms>`.
 pub fn on_fresh_topics(config: &Config, tag: &str) -> Config {
     let name = format!("readfold-bench-{tag}-{}", now_ms());
     let mut config = config.clone();
@@ -22,6 +22,9 @@ pub fn on_fresh_topics(config: &Config, tag: &str) -> Config {
     ] {
         *topic = format!("{name}.{role}");
     }
+    config.badge.user_badges = format!("{name}.user-badges");
+    config.badge.user_actions = format!("{name}.user-actions");
+    config.badge.group_id = format!("{name}-badges");
     config.kafka.group_id = name.clone();
     config.redis.key_prefix = name;
     config.cql.keyspace = "readfold_bench".into();

@@ -93,6 +93,11 @@ pub fn spawn_pipeline(config: &Config, addr: &str) -> Result<(ChildGuard, ChildG
     Ok((spawn("run", &vars)?, spawn("gateway", &vars)?))
 }
 
+/// `readfold badges` beside the pipeline.
+pub fn spawn_badge_stage(config: &Config) -> Result<ChildGuard> {
+    spawn("badges", &pipeline_vars(config, ""))
+}
+
 /// One more `readfold gateway` of the pipeline, listening on `addr`.
 pub fn spawn_gateway(config: &Config, addr: &str) -> Result<ChildGuard> {
     spawn("gateway", &pipeline_vars(config, addr))

@@ -15,7 +15,11 @@
 //! connections: the many-connections row. `--gateways N` spreads the
 //! connections over N gateway processes and `--held N` adds idle ones held
 //! by child processes (`held`), for more connections than one process may
-//! open.
+//! open. `--badge-observers N` runs the badge stage (`readfold badges`)
+//! beside and measures the app badge as clients see it: message-to-badge
+//! at N group members who never read (each message raises their badge),
+//! and message-to-badge and receipt-to-badge at N users who muted the group
+//! and read a 1:1 chat of their own.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -26,11 +30,11 @@ use std::time::{Duration, Instant};
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
 use readfold::config::Config;
-use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::admin::{create_topic, ensure_topics};
 use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_store::redis::RedisStore;
-use readfold_wire::codec::{ConversationEventRecord, EventRecord};
+use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -86,6 +90,12 @@ pub struct Args {
     /// Idle connections per holding process, at most.
     #[arg(long, default_value_t = 15_000, value_parser = clap::value_parser!(u64).range(1..))]
     pub held_per_process: u64,
+    /// Users whose app badge is checked, with `readfold badges` run beside
+    /// (0: no badge stage): as many group members who never read, past
+    /// --members, and as many who muted the group and read a 1:1 chat of
+    /// their own once a second.
+    #[arg(long, default_value_t = 0)]
+    pub badge_observers: usize,
 }
 
 /// One step's figures.
@@ -111,6 +121,23 @@ pub struct HotGroupStep {
     pub cores_processor: f64,
     pub cores_bench: f64,
     pub servers: ServerCpu,
+    pub badges: BadgeSamples,
+}
+
+/// The app badge as the badge observers saw it over a step.
+#[derive(Clone, Debug, Default)]
+pub struct BadgeSamples {
+    /// Group message to the first badge frame counting it, at members who
+    /// never read.
+    pub group_message_ms: Vec<f64>,
+    /// A 1:1 message to the first badge frame counting it, and the
+    /// receipt of it to the first badge frame clearing it, at the users who
+    /// muted the group.
+    pub own_message_ms: Vec<f64>,
+    pub receipt_ms: Vec<f64>,
+    /// Waits for a badge frame that gave up after [`BADGE_WAIT`].
+    pub missed: u64,
+    pub cores: f64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -124,6 +151,7 @@ pub struct HotGroupFigures {
     pub rss_before: u64,
     pub rss_after: u64,
     pub connect_secs: f64,
+    pub badge_observers: usize,
     pub steps: Vec<HotGroupStep>,
 }
 
@@ -152,6 +180,11 @@ struct Shared {
     pushes: Mutex<HashMap<(u32, u32, u64), u64>>,
     push_ms: Mutex<Vec<f64>>,
     errors: Mutex<BTreeMap<String, u64>>,
+    /// When each group message was due, in µs, by seq - 1.
+    hot_due: Mutex<Vec<u64>>,
+    group_badge_ms: Mutex<Vec<f64>>,
+    /// Each badge observer's `messages`, as its badge frames arrive.
+    badge_frames: Vec<mpsc::UnboundedSender<u64>>,
 }
 
 impl Shared {
@@ -167,8 +200,18 @@ impl Shared {
 /// Who a client is.
 #[derive(Clone, Copy)]
 enum Role {
-    Hot { observer: bool },
-    Small { chat: u32 },
+    Hot {
+        observer: bool,
+    },
+    Small {
+        chat: u32,
+    },
+    /// A group member who never reads: its badge counts every message.
+    Unread,
+    /// A user who muted the group, reading a 1:1 chat of its own.
+    BadgeObserver {
+        slot: usize,
+    },
 }
 
 /// The read model of the hot group as the bench drives it: each member's
@@ -317,6 +360,8 @@ async fn read_frames(
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut ready = Some(ready);
+    // An unread member's group messages counted by a badge frame so far.
+    let mut counted = 0u64;
     // An observer's receipts: the first not yet seen, and which after it were.
     let (mut lo, mut seen) = (0usize, VecDeque::<bool>::new());
     while let Some(Ok(message)) = source.next().await {
@@ -384,6 +429,29 @@ async fn read_frames(
                 seen.pop_front();
                 lo += 1;
             }
+        } else if text.starts_with(r#"{"type":"badge""#) {
+            let Some(messages) = serde_json::from_str::<Value>(text)
+                .ok()
+                .and_then(|f| f["messages"].as_u64())
+            else {
+                continue;
+            };
+            match role {
+                Role::Unread if messages > counted => {
+                    let due = shared.hot_due.lock().expect("bench lock");
+                    let upto = messages.min(due.len() as u64);
+                    let ms: Vec<f64> = (counted..upto)
+                        .map(|i| shared.ms_since(due[i as usize]))
+                        .collect();
+                    drop(due);
+                    counted = counted.max(upto);
+                    shared.group_badge_ms.lock().expect("bench lock").extend(ms);
+                }
+                Role::BadgeObserver { slot } => {
+                    let _ = shared.badge_frames[slot].send(messages);
+                }
+                _ => {}
+            }
         } else if text.starts_with(r#"{"type":"cursor""#) {
             let Role::Small { chat } = role else { continue };
             let Ok(frame) = serde_json::from_str::<Value>(text) else {
@@ -431,12 +499,79 @@ fn hot_user(i: usize) -> String {
     format!("h{i:05}")
 }
 
+/// The badge observers: user `b{i}` muted the group and reads its 1:1 chat
+/// with `bp{i}`, who writes to it.
+fn badge_user(i: usize) -> String {
+    format!("b{i}")
+}
+
+fn badge_chat(i: usize) -> String {
+    format!("bchat-{i}")
+}
+
+/// How long a badge observer waits for a badge frame before it counts the
+/// wait as missed.
+const BADGE_WAIT: Duration = Duration::from_secs(5);
+
+/// One badge observer's cycle: a message in its chat, the badge frame that
+/// counts it, the receipt, and the frame that clears it. Returns the two
+/// latencies, `None` for one not seen within `wait`.
+async fn badge_cycle(
+    i: usize,
+    seq: u64,
+    producer: &InputProducer,
+    writer: &mpsc::UnboundedSender<String>,
+    frames: &mut mpsc::UnboundedReceiver<u64>,
+    wait: Duration,
+) -> Result<(Option<f64>, Option<f64>)> {
+    let event = ConversationEventRecord {
+        conversation_id: badge_chat(i),
+        seq: seq as i64,
+        at: now_ms(),
+        event: EventRecord::MessageSent {
+            mention_all: false,
+            mentions: Default::default(),
+            sender_id: format!("bp{i}"),
+        },
+    };
+    let counted = badge_until(frames, |m| m >= 1, wait);
+    let (sent, counted) = tokio::join!(producer.event(&event), counted);
+    sent?;
+    let Some(counted) = counted else {
+        return Ok((None, None));
+    };
+    let read = serde_json::json!({ "type": "read", "conversation": badge_chat(i), "seq": seq });
+    let cleared = badge_until(frames, |m| m == 0, wait);
+    let _ = writer.send(read.to_string());
+    Ok((Some(counted), cleared.await))
+}
+
+/// Milliseconds from now until a badge frame whose `messages` is `want`ed,
+/// or `None` when none comes within `wait`.
+async fn badge_until(
+    frames: &mut mpsc::UnboundedReceiver<u64>,
+    want: fn(u64) -> bool,
+    wait: Duration,
+) -> Option<f64> {
+    let started = Instant::now();
+    loop {
+        match tokio::time::timeout_at((started + wait).into(), frames.recv()).await {
+            Ok(Some(m)) if want(m) => return Some(started.elapsed().as_secs_f64() * 1000.0),
+            Ok(Some(_)) => continue,
+            _ => return None,
+        }
+    }
+}
+
 pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> {
     let members = args.members;
     let background = args.background;
     let size = args.background_size.max(2);
     let chats = background.div_ceil(size);
-    let connections = members + chats * size;
+    let observers = args.badge_observers;
+    let small_end = members + chats * size;
+    // The badge observers: unread members, then users who muted the group.
+    let connections = small_end + 2 * observers;
     // Root may raise the hard limit too; the children inherit it.
     let limit = readfold::gateway::raise_fd_limit(2 * connections as u64 + 10_000, true);
     if limit < connections as u64 + 1_000 {
@@ -445,8 +580,21 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
     let mut config = on_fresh_topics(config, "hot");
     config.cql.enabled = false;
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
+    if observers > 0 {
+        for (topic, compacted) in [
+            (&config.badge.user_badges, true),
+            (&config.badge.user_actions, false),
+        ] {
+            create_topic(&config.kafka, topic, layout.partitions, 1, compacted).await?;
+        }
+    }
     let addr = free_addr()?;
     let (processor, gateway) = crate::gateway::spawn_pipeline(&config, &addr.to_string())?;
+    let badge_stage = if observers > 0 {
+        Some(crate::gateway::spawn_badge_stage(&config)?)
+    } else {
+        None
+    };
     let mut addrs = vec![addr];
     let mut gateways = vec![gateway];
     for _ in 1..args.gateways {
@@ -462,8 +610,15 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         &config.topics,
         layout.partitions,
     )?);
-    let joins: Vec<ConversationEventRecord> = (0..members)
+    let joins: Vec<ConversationEventRecord> = (0..members + observers)
         .map(|i| (HOT.to_owned(), hot_user(i)))
+        .chain((0..observers).flat_map(|i| {
+            [
+                (HOT.to_owned(), badge_user(i)),
+                (badge_chat(i), badge_user(i)),
+                (badge_chat(i), format!("bp{i}")),
+            ]
+        }))
         .chain((0..chats * size).map(|i| (format!("small-{}", i / size), small_user(i))))
         .chain((0..held).map(|i| (idle_chat(i, size), idle_user(i))))
         .map(|(conversation_id, user_id)| ConversationEventRecord {
@@ -480,7 +635,7 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
     let started = Instant::now();
     let last_idle = held.saturating_sub(1);
     let expect = [
-        (HOT.to_owned(), members),
+        (HOT.to_owned(), members + 2 * observers),
         (format!("small-{}", chats.max(1) - 1), size),
         (
             idle_chat(last_idle, size),
@@ -513,6 +668,21 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+    // The badge observers of the second kind mute the group: their badge
+    // counts their own chat only.
+    let mutes: Vec<ReadReportRecord> = (0..observers)
+        .map(|i| ReadReportRecord {
+            conversation_id: HOT.to_owned(),
+            user_id: badge_user(i),
+            seq: 0,
+            device_id: None,
+            reported_at: now_ms(),
+            private: false,
+            action: ReadAction::Mute,
+            muted_until: None,
+        })
+        .collect();
+    producer.send_many(&mutes, &[]).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let gateways_rss = || gateways.iter().map(|g| rss_of(g.pid())).sum::<u64>();
     let rss_before = gateways_rss();
@@ -520,7 +690,12 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
     let holders = hold_idle(&addrs, held, args.held_per_process as usize, size, connections).await?;
 
     // Connect and subscribe everyone, a few hundred at a time.
+    let (badge_frames, mut badge_rxs): (Vec<_>, Vec<_>) =
+        (0..observers).map(|_| mpsc::unbounded_channel::<u64>()).unzip();
     let shared = Arc::new(Shared {
+        hot_due: Mutex::default(),
+        group_badge_ms: Mutex::default(),
+        badge_frames,
         started: Instant::now(),
         measuring: AtomicBool::new(false),
         frames: (0..connections).map(|_| AtomicU64::new(0)).collect(),
@@ -539,6 +714,15 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         let (user, conversation, role) = if index < members {
             let observer = index < args.observers;
             (hot_user(index), HOT.to_owned(), Role::Hot { observer })
+        } else if index >= small_end + observers {
+            let slot = index - small_end - observers;
+            (badge_user(slot), badge_chat(slot), Role::BadgeObserver { slot })
+        } else if index >= small_end {
+            (
+                hot_user(members + index - small_end),
+                HOT.to_owned(),
+                Role::Unread,
+            )
         } else {
             let i = index - members;
             let chat = (i / size) as u32;
@@ -556,9 +740,24 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
     let connect_secs = connecting.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_after = gateways_rss();
+    // One cycle per badge observer: the badge stage is live before the load.
+    let mut badge_seqs = vec![0u64; observers];
+    for (i, frames) in badge_rxs.iter_mut().enumerate() {
+        badge_seqs[i] += 1;
+        let writer = &writers[small_end + observers + i];
+        let wait = Duration::from_secs(120);
+        if let (_, None) = badge_cycle(i, badge_seqs[i], &producer, writer, frames, wait).await? {
+            return Err(Error::timeout("a badge observer's badge did not clear", 120));
+        }
+    }
 
     let clocks = ServerClocks::new(&config).await;
     let mut steps = Vec::new();
+    let badge_cpu = || {
+        badge_stage
+            .as_ref()
+            .map_or(0.0, |b| cpu_secs_of(&b.pid().to_string()))
+    };
     let mut hot_seq = 0u64;
     let mut small_seqs = vec![0u64; chats];
     let model = Arc::new(Mutex::new(HotModel::new(members)));
@@ -574,15 +773,50 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         shared.unseen.store(0, Ordering::Relaxed);
         let cpu = |pid: u32| cpu_secs_of(&pid.to_string());
         let gateways_cpu = || gateways.iter().map(|g| cpu(g.pid())).sum::<f64>();
-        let (g0, p0, b0, s0) = (
+        shared.group_badge_ms.lock().expect("bench lock").clear();
+        let (g0, p0, b0, s0, c0) = (
             gateways_cpu(),
             cpu(processor.pid()),
             cpu_secs_of("self"),
             clocks.read().await,
+            badge_cpu(),
         );
         shared.measuring.store(true, Ordering::Relaxed);
         let step_started = Instant::now();
         let seconds = Duration::from_secs(args.seconds);
+
+        // Each badge observer's cycles, one a second, spread over the second.
+        let observing: Vec<_> = badge_rxs
+            .drain(..)
+            .enumerate()
+            .map(|(i, mut frames)| {
+                let (producer, writer) = (producer.clone(), writers[small_end + observers + i].clone());
+                let mut seq = badge_seqs[i];
+                let start = step_started + Duration::from_secs(1).mul_f64(i as f64 / observers as f64);
+                tokio::spawn(async move {
+                    let mut samples = (Vec::new(), Vec::new(), 0u64);
+                    let mut due = start;
+                    // Cycles start within the step only, however long one waits.
+                    while due < step_started + seconds && Instant::now() < step_started + seconds {
+                        tokio::time::sleep_until(due.into()).await;
+                        seq += 1;
+                        let (counted, cleared) =
+                            badge_cycle(i, seq, &producer, &writer, &mut frames, BADGE_WAIT).await?;
+                        match counted {
+                            Some(ms) => samples.0.push(ms),
+                            None => samples.2 += 1,
+                        }
+                        match cleared {
+                            Some(ms) => samples.1.push(ms),
+                            None if counted.is_some() => samples.2 += 1,
+                            None => {}
+                        }
+                        due += Duration::from_secs(1);
+                    }
+                    Ok::<_, Error>((frames, seq, samples))
+                })
+            })
+            .collect();
 
         // The receipts go out 20 ms after their messages, from a task that
         // only waits for their time.
@@ -656,6 +890,11 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
                 let hot = next() % total_rate < rate;
                 let (conversation, sender, reader, seq) = if hot {
                     hot_seq += 1;
+                    shared
+                        .hot_due
+                        .lock()
+                        .expect("bench lock")
+                        .push(due.saturating_duration_since(shared.started).as_micros() as u64);
                     let sender = (next() % members as u64) as usize;
                     let reader = (sender + 1 + (next() % (members as u64 - 1).max(1)) as usize) % members;
                     model.lock().expect("bench lock").sent(sender, hot_seq);
@@ -699,12 +938,29 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         }
         drop(receipt_tx);
         let receipts = receipts_task.await.map_err(Error::task("receipts"))?;
+        // Rates and cores are over the load; the observers' last cycles
+        // may end after it.
+        let elapsed = step_started.elapsed().as_secs_f64();
         // Frames and cores are counted over the load; the last receipts
         // still show after it.
         shared.measuring.store(false, Ordering::Relaxed);
-        let elapsed = step_started.elapsed().as_secs_f64();
         let s1 = clocks.read().await;
-        let (g1, p1, b1) = (gateways_cpu(), cpu(processor.pid()), cpu_secs_of("self"));
+        let (g1, p1, b1, c1) = (
+            gateways_cpu(),
+            cpu(processor.pid()),
+            cpu_secs_of("self"),
+            badge_cpu(),
+        );
+        let mut badges = BadgeSamples::default();
+        for (i, task) in observing.into_iter().enumerate() {
+            let (frames, seq, (own, receipt, missed)) =
+                task.await.map_err(Error::task("badge observer"))??;
+            badge_rxs.push(frames);
+            badge_seqs[i] = seq;
+            badges.own_message_ms.extend(own);
+            badges.receipt_ms.extend(receipt);
+            badges.missed += missed;
+        }
         tokio::time::sleep(Duration::from_secs(2)).await;
         let window = elapsed;
         let sorted = |mut v: Vec<f64>| {
@@ -736,20 +992,32 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
             push_ms: sorted(shared.push_ms.lock().expect("bench lock").clone()),
             hot_frames: per_client(0..members, &shared.frames),
             hot_bytes: per_client(0..members, &shared.bytes),
-            background_frames: per_client(members..connections, &shared.frames),
-            background_bytes: per_client(members..connections, &shared.bytes),
+            background_frames: per_client(members..small_end, &shared.frames),
+            background_bytes: per_client(members..small_end, &shared.bytes),
             errors: shared.errors.lock().expect("bench lock").clone(),
             cores_gateway: (g1 - g0) / window,
             cores_processor: (p1 - p0) / window,
             cores_bench: (b1 - b0) / window,
             servers: s1.since(s0).per_second(window),
+            badges: BadgeSamples {
+                group_message_ms: sorted(shared.group_badge_ms.lock().expect("bench lock").clone()),
+                own_message_ms: sorted(badges.own_message_ms),
+                receipt_ms: sorted(badges.receipt_ms),
+                cores: (c1 - c0) / window,
+                ..badges
+            },
         });
     }
     drop(writers);
     drop(holders);
     drop(gateways);
     drop(processor);
-    delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    drop(badge_stage);
+    let mut topics: Vec<&String> = config.topics.names().into_iter().collect();
+    if observers > 0 {
+        topics.extend([&config.badge.user_badges, &config.badge.user_actions]);
+    }
+    delete_bench_topics(&config.kafka, topics).await?;
     delete_bench_keys(&config.redis).await;
     Ok(HotGroupFigures {
         members,
@@ -761,6 +1029,7 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
         rss_before,
         rss_after,
         connect_secs,
+        badge_observers: observers,
         steps,
     })
 }
@@ -895,6 +1164,26 @@ pub fn print_hot_group(f: &HotGroupFigures) {
                 p(&s.push_ms, 0.99),
                 s.push_ms.len(),
                 bytes / 1024.0
+            );
+        }
+        if f.badge_observers > 0 {
+            let b = &s.badges;
+            println!(
+                "    app badge (readfold badges beside, {:.2} cores): group message-to-badge at {} members who never read p50 {:.0} ms, p99 {:.0} ms ({} samples); at {} users who muted the group, own 1:1 message-to-badge p50 {:.0} ms, p99 {:.0} ms, receipt-to-badge p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms ({} receipts, {} waits over {} s)",
+                b.cores,
+                f.badge_observers,
+                p(&b.group_message_ms, 0.5),
+                p(&b.group_message_ms, 0.99),
+                b.group_message_ms.len(),
+                f.badge_observers,
+                p(&b.own_message_ms, 0.5),
+                p(&b.own_message_ms, 0.99),
+                p(&b.receipt_ms, 0.5),
+                p(&b.receipt_ms, 0.99),
+                b.receipt_ms.last().copied().unwrap_or(0.0),
+                b.receipt_ms.len(),
+                b.missed,
+                BADGE_WAIT.as_secs()
             );
         }
         println!(

@@ -2,6 +2,7 @@
 //! that run `readfold` commands as child processes take the `readfold`
 //! binary built next to this one.
 
+mod badge_stage;
 mod checkpoint;
 mod child;
 mod error;
@@ -90,6 +91,13 @@ enum Bench {
     /// topics. With `--members 0` it only holds the small chats'
     /// connections.
     HotGroup(hot_group::Args),
+    /// Whether the badge stage (`readfold badges`) keeps up with the first
+    /// stage: each one's records, CPU per record and lag, at each offered
+    /// rate of loadgen's workload.
+    ///
+    /// `readfold run` and `readfold badges` are child processes on fresh
+    /// topics.
+    BadgeStage(badge_stage::Args),
     /// `readfold replay` records/s of the cursors and latency tables, next
     /// to a raw read of the same records, produced onto fresh topics.
     Replay(replay::Args),
@@ -139,6 +147,7 @@ impl Bench {
                 | Bench::Throughput(_)
                 | Bench::Restart(_)
                 | Bench::Latency(_)
+                | Bench::BadgeStage(_)
         )
     }
 }
@@ -195,6 +204,9 @@ fn run(bench: Bench, config: Config) -> Result<()> {
         }
         Bench::HotGroup(args) => {
             hot_group::print_hot_group(&runtime.block_on(hot_group::hot_group(&config, &args))?);
+        }
+        Bench::BadgeStage(args) => {
+            badge_stage::print_badge_stage(&runtime.block_on(badge_stage::badge_stage(&config, &args))?);
         }
         Bench::Replay(args) => {
             replay::print_replay(&runtime.block_on(replay::replay(&config, &args))?);

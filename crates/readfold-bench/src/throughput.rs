@@ -399,9 +399,17 @@ fn commit_watcher_config(config: &Config) -> ClientConfig {
 
 /// The next offset past the last record of every input partition.
 pub fn end_offsets(config: &Config) -> Result<TopicPartitionList> {
+    end_offsets_of(
+        config,
+        &[&config.topics.read_reports, &config.topics.conversation_events],
+    )
+}
+
+/// The next offset past the last record of every partition of `topics`.
+pub fn end_offsets_of(config: &Config, topics: &[&String]) -> Result<TopicPartitionList> {
     let consumer: BaseConsumer = watcher_config(config).create()?;
     let mut ends = TopicPartitionList::new();
-    for topic in [&config.topics.read_reports, &config.topics.conversation_events] {
+    for topic in topics {
         let partitions = partition_ids(&consumer, topic)?;
         let watermarks = watermarks_of(&consumer, topic, &partitions, Duration::from_secs(10))?;
         for (p, (_, high)) in partitions.into_iter().zip(watermarks) {
