@@ -22,6 +22,9 @@ pub struct BadgeConfig {
     pub flush_interval_ms: u64,
     /// How often badges changed only by others' messages are published.
     pub fanout_interval_ms: u64,
+    /// Members held from which a conversation's messages wait for
+    /// `fanout_interval_ms`.
+    pub fanout_min_members: usize,
 }
 
 impl BadgeConfig {

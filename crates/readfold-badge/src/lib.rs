@@ -186,7 +186,7 @@ impl BadgeStage {
             &format!("{}-latest", settings.badge.group_id),
             true,
         )?;
-        let mut badges = Badges::new(rules);
+        let mut badges = Badges::new(rules).with_fanout_min_members(settings.badge.fanout_min_members);
         // Every latest seq so far before any view is counted against them.
         let started = Instant::now();
         let topic = &settings.topics.read_cursors;

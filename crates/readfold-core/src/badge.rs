@@ -201,6 +201,9 @@ pub struct Badges {
     /// others' messages: a big group's message changes every member's, so
     /// these are published less often ([`Badges::drain_all`]).
     dirty_by_messages: BTreeSet<UserId>,
+    /// Members held from which a conversation's messages change badges in
+    /// that slower lane; a smaller one's go at once.
+    fanout_min_members: usize,
     /// Each conversation's latest seq, from the conversations' changelog.
     latest: FastMap<ConversationId, Seq>,
     /// The users held in each conversation.
@@ -208,10 +211,21 @@ pub struct Badges {
 }
 
 impl Badges {
+    /// With every conversation's messages in the slower lane; see
+    /// [`Badges::with_fanout_min_members`].
     pub fn new(rules: BadgeRules) -> Self {
         Badges {
             rules,
             ..Badges::default()
+        }
+    }
+
+    /// Conversations with fewer members held than `members` publish their
+    /// messages' changes at once, as own changes are.
+    pub fn with_fanout_min_members(self, members: usize) -> Self {
+        Badges {
+            fanout_min_members: members,
+            ..self
         }
     }
 
@@ -314,6 +328,7 @@ impl Badges {
             return 0;
         };
         let rule = self.rules.muted;
+        let at_once = members.len() < self.fanout_min_members;
         let (mut changed, mut mute_ended) = (0, Vec::new());
         for user in members {
             let Some(state) = self.users.get_mut(user) else {
@@ -333,7 +348,10 @@ impl Badges {
                 state.totals.sub(held.counted);
                 state.totals.add(counted);
                 held.counted = counted;
-                if !self.dirty.contains(user) {
+                if at_once {
+                    self.dirty_by_messages.remove(user);
+                    self.dirty.insert(user.clone());
+                } else if !self.dirty.contains(user) {
                     self.dirty_by_messages.insert(user.clone());
                 }
                 changed += 1;
@@ -644,6 +662,18 @@ mod tests {
         assert_eq!(b.drain_all(), vec![(u.clone(), b.badge(&u))]);
         assert_eq!(b.badge(&u).totals.messages, 2);
         assert_eq!(b.dirty_len(), 0);
+        // Below the members held that make a big conversation: at once.
+        let mut b = Badges::new(BadgeRules::default()).with_fanout_min_members(3);
+        b.apply(&u, &c, Some(view(1, 0, None)), 0);
+        b.apply(&w, &c, Some(view(1, 0, None)), 0);
+        b.drain();
+        assert_eq!(b.advance_latest(&c, Seq(11), 0), 2);
+        assert_eq!(b.drain().len(), 2, "a small conversation's message goes at once");
+        b.apply(&user("x"), &c, Some(view(1, 0, None)), 0);
+        b.drain();
+        assert_eq!(b.advance_latest(&c, Seq(12), 0), 3);
+        assert!(b.drain().is_empty(), "3 held: the slower lane");
+        assert_eq!(b.drain_all().len(), 3);
     }
 
     #[test]
