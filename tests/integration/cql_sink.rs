@@ -396,6 +396,15 @@ async fn snapshot_marks_change_only_over_the_expected_list() {
     drop_keyspace(&store).await;
 }
 
+/// A session of the CQL driver's own, for statements readfold does not make.
+async fn raw_session() -> scylla::client::session::Session {
+    scylla::client::session_builder::SessionBuilder::new()
+        .known_node(cql_contact_point())
+        .build()
+        .await
+        .unwrap()
+}
+
 /// A keyspace whose `cursors` table predates the delivered column, with
 /// rows an earlier writer left: a writer adds the column at connect (two
 /// writers starting at once both manage), the old rows read as delivered
@@ -406,11 +415,7 @@ async fn a_table_from_before_the_delivered_column_gets_it_at_connect() {
     let _services = shared_services().await;
     let ks = unique_keyspace("upgrade");
     let config = cql_config(&ks);
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_node(cql_contact_point())
-        .build()
-        .await
-        .unwrap();
+    let session = raw_session().await;
     // The schema as it was: every table, `cursors` without the column.
     for statement in readfold_store::cql::schema(&ks, &config.replication) {
         let old = statement.replace(" delivered bigint,", "");
@@ -485,11 +490,7 @@ async fn a_table_from_before_mentions_and_mutes_gets_them_at_connect() {
     let _services = shared_services().await;
     let ks = unique_keyspace("upgrade_private");
     let config = cql_config(&ks);
-    let session = scylla::client::session_builder::SessionBuilder::new()
-        .known_node(cql_contact_point())
-        .build()
-        .await
-        .unwrap();
+    let session = raw_session().await;
     let added = " mentions set<bigint>, mute_at bigint, muted_until bigint,";
     for statement in readfold_store::cql::schema(&ks, &config.replication) {
         let old = statement.replace(added, "");

@@ -85,7 +85,7 @@ async fn subscribe(ws: &mut WsClient, conversation: &str) -> Value {
 }
 
 /// Stops the gateway and the processor with SIGTERM; both must exit cleanly.
-fn stop(mut gateway: Processor, mut processor: Processor) {
+pub(crate) fn stop(mut gateway: Processor, mut processor: Processor) {
     assert!(
         gateway.terminate(Duration::from_secs(30)),
         "{}",
@@ -1032,6 +1032,26 @@ async fn unread_mentions_go_up_when_mentioned_and_down_when_read_on_every_device
 
 /// Waits until `who`'s pane on a demo page has subscribed (the joins went
 /// through Kafka and the processor).
+/// A browser on the demo page of `conversation` showing alice, bob and
+/// carol, once all three panes are subscribed.
+pub(crate) async fn open_demo_page(
+    driver: &Driver,
+    addr: &str,
+    conversation: &str,
+    gateway: &Processor,
+    processor: &Processor,
+) -> Browser {
+    let mut page = driver.browser().await;
+    page.open(&format!(
+        "http://{addr}/demo/?conversation={conversation}&members=alice,bob,carol"
+    ))
+    .await;
+    for who in ["alice", "bob", "carol"] {
+        wait_subscribed(&mut page, who, gateway, processor).await;
+    }
+    page
+}
+
 pub(crate) async fn wait_subscribed(
     browser: &mut Browser,
     who: &str,
@@ -1227,14 +1247,7 @@ async fn the_demo_page_shows_mentions_and_a_muted_conversation() {
     let (gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__DEMO", "true")]).await;
     let driver = Driver::start().await;
     let conversation = unique("mentions");
-    let mut page = driver.browser().await;
-    page.open(&format!(
-        "http://{addr}/demo/?conversation={conversation}&members=alice,bob,carol"
-    ))
-    .await;
-    for who in ["alice", "bob", "carol"] {
-        wait_subscribed(&mut page, who, &gateway, &processor).await;
-    }
+    let mut page = open_demo_page(&driver, &addr, &conversation, &gateway, &processor).await;
     let wait = Duration::from_secs(30);
     say(&mut page, "alice", "Standup in 5, @bob", 1).await;
     say(&mut page, "carol", "@all the release is out", 2).await;

@@ -9,7 +9,7 @@ use readfold_core::badge::{recount, Badge};
 use readfold_core::UserId;
 use serde_json::{json, Value};
 
-use crate::gateway::{chat, connect, say, spawn_gateway, wait_subscribed};
+use crate::gateway::{chat, connect, open_demo_page, say, spawn_gateway, stop};
 use crate::kit::browser::Driver;
 use crate::kit::*;
 
@@ -123,13 +123,7 @@ async fn every_device_of_a_user_follows_their_badge_and_marks_all_read() {
     let seen = stranger.drain(Duration::from_millis(500)).await;
     assert!(seen.iter().all(|f| f["type"] != "badge"), "{seen:?}");
     assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());
-    let (mut gateway, mut processor) = (gateway, processor);
-    assert!(
-        gateway.terminate(Duration::from_secs(30)),
-        "{}",
-        gateway.log_text()
-    );
-    assert!(processor.terminate(Duration::from_secs(30)));
+    stop(gateway, processor);
 }
 
 /// The demo page shows the badge stage's badge as each pane's app badge,
@@ -142,14 +136,7 @@ async fn the_demo_page_shows_the_servers_badge_and_marks_all_read() {
     let (gateway, addr) = spawn_gateway(&env, &[("READFOLD__GATEWAY__DEMO", "true")]).await;
     let driver = Driver::start().await;
     let conversation = unique("badges");
-    let mut page = driver.browser().await;
-    page.open(&format!(
-        "http://{addr}/demo/?conversation={conversation}&members=alice,bob,carol"
-    ))
-    .await;
-    for who in ["alice", "bob", "carol"] {
-        wait_subscribed(&mut page, who, &gateway, &processor).await;
-    }
+    let mut page = open_demo_page(&driver, &addr, &conversation, &gateway, &processor).await;
     let wait = Duration::from_secs(30);
     say(&mut page, "alice", "lunch?", 1).await;
     say(&mut page, "alice", "@bob at noon", 2).await;
@@ -179,11 +166,5 @@ async fn the_demo_page_shows_the_servers_badge_and_marks_all_read() {
     page.wait_for_text("#badge-bob", "0", wait).await;
     page.close().await;
     assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());
-    let (mut gateway, mut processor) = (gateway, processor);
-    assert!(
-        gateway.terminate(Duration::from_secs(30)),
-        "{}",
-        gateway.log_text()
-    );
-    assert!(processor.terminate(Duration::from_secs(30)));
+    stop(gateway, processor);
 }
