@@ -12,6 +12,19 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::ops::StoreProbes;
 
+/// The stage's settings from `config`, writing to `redis` if given; on the
+/// current runtime.
+pub(crate) fn settings(config: &Config, redis: Option<RedisStore>) -> BadgeSettings {
+    BadgeSettings {
+        kafka: config.kafka.clone(),
+        topics: config.topics.clone(),
+        badge: config.badge.clone(),
+        input: config.input.clone(),
+        redis,
+        runtime: tokio::runtime::Handle::current(),
+    }
+}
+
 pub async fn badges(config: Config) -> Result<()> {
     let ops = crate::ops::start(&config).await?;
     // The first stage's topics: the input and where mark-all-read writes.
@@ -25,14 +38,7 @@ pub async fn badges(config: Config) -> Result<()> {
         redis: redis.clone().map(Arc::new),
         cql: None,
     });
-    let settings = BadgeSettings {
-        kafka: config.kafka.clone(),
-        topics: config.topics.clone(),
-        badge: config.badge.clone(),
-        input: config.input.clone(),
-        redis,
-        runtime: tokio::runtime::Handle::current(),
-    };
+    let settings = settings(&config, redis);
     let stop = Arc::new(AtomicBool::new(false));
     let signalled = stop.clone();
     tokio::spawn(async move {

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use readfold_badge::{BadgeSettings, BadgeStage};
+use readfold_badge::BadgeStage;
 use readfold_core::badge::{recount, Badge};
 use readfold_core::Mute;
 use readfold_kafka::admin::create_topic;
@@ -241,6 +241,28 @@ impl Names {
     }
 }
 
+/// Produces one scripted event of `conversation` and applies it to the
+/// state the demo expects.
+async fn play_event(
+    producer: &InputProducer,
+    expected: &mut PartitionState,
+    config: &Config,
+    conversation: &str,
+    seq: i64,
+    at: i64,
+    event: EventRecord,
+) -> Result<()> {
+    let e = ConversationEventRecord {
+        conversation_id: conversation.to_owned(),
+        seq,
+        at,
+        event,
+    };
+    producer.event(&e).await?;
+    expected.apply_event(&validate::conversation_event(e, &config.input).map_err(Error::DemoScript)?);
+    Ok(())
+}
+
 pub async fn demo(mut config: Config) -> Result<()> {
     config.flush.interval_ms = config.flush.interval_ms.min(200);
     config.snapshot.interval_ms = config.snapshot.interval_ms.min(1000);
@@ -300,19 +322,12 @@ pub async fn demo(mut config: Config) -> Result<()> {
                 sender, seq, text, ..
             } => {
                 texts.insert((conv, seq), (sender, text));
-                let e = ConversationEventRecord {
-                    conversation_id: cid.clone(),
-                    seq,
-                    at: base_at,
-                    event: EventRecord::MessageSent {
-                        mention_all: false,
-                        mentions: Vec::new(),
-                        sender_id: names.id(sender),
-                    },
+                let sent = EventRecord::MessageSent {
+                    mention_all: false,
+                    mentions: Vec::new(),
+                    sender_id: names.id(sender),
                 };
-                producer.event(&e).await?;
-                expected
-                    .apply_event(&validate::conversation_event(e, &config.input).map_err(Error::DemoScript)?);
+                play_event(&producer, &mut expected, &config, cid, seq, base_at, sent).await?;
                 format!("{sender} sends #{seq} {text:?}")
             }
             Step::Mention {
@@ -324,19 +339,12 @@ pub async fn demo(mut config: Config) -> Result<()> {
                 ..
             } => {
                 texts.insert((conv, seq), (sender, text));
-                let e = ConversationEventRecord {
-                    conversation_id: cid.clone(),
-                    seq,
-                    at: base_at,
-                    event: EventRecord::MessageSent {
-                        mention_all: all,
-                        mentions: users.iter().map(|u| names.id(u)).collect(),
-                        sender_id: names.id(sender),
-                    },
+                let sent = EventRecord::MessageSent {
+                    mention_all: all,
+                    mentions: users.iter().map(|u| names.id(u)).collect(),
+                    sender_id: names.id(sender),
                 };
-                producer.event(&e).await?;
-                expected
-                    .apply_event(&validate::conversation_event(e, &config.input).map_err(Error::DemoScript)?);
+                play_event(&producer, &mut expected, &config, cid, seq, base_at, sent).await?;
                 format!("{sender} sends #{seq} {text:?} (a mention)")
             }
             Step::Mute { user, .. } => {
@@ -425,17 +433,10 @@ pub async fn demo(mut config: Config) -> Result<()> {
                 }
             }
             Step::Join { user, at_seq, .. } => {
-                let e = ConversationEventRecord {
-                    conversation_id: cid.clone(),
-                    seq: at_seq,
-                    at: base_at,
-                    event: EventRecord::MemberJoined {
-                        user_id: names.id(user),
-                    },
+                let joined = EventRecord::MemberJoined {
+                    user_id: names.id(user),
                 };
-                producer.event(&e).await?;
-                expected
-                    .apply_event(&validate::conversation_event(e, &config.input).map_err(Error::DemoScript)?);
+                play_event(&producer, &mut expected, &config, cid, at_seq, base_at, joined).await?;
                 format!("{user} joins (latest seq {at_seq})")
             }
             Step::Garbage { .. } => {
@@ -860,14 +861,7 @@ async fn start_badge_stage(
     } else {
         None
     };
-    let settings = BadgeSettings {
-        kafka: config.kafka.clone(),
-        topics: config.topics.clone(),
-        badge: config.badge.clone(),
-        input: config.input.clone(),
-        redis,
-        runtime: tokio::runtime::Handle::current(),
-    };
+    let settings = crate::badges::settings(config, redis);
     Ok(tokio::task::spawn_blocking(move || {
         BadgeStage::new(settings)?.run(stop)
     }))

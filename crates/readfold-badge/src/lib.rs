@@ -199,7 +199,10 @@ impl BadgeStage {
                 within: Duration::from_secs(600),
             },
             |m| {
-                take_latest(&mut badges, m, max_id_bytes, now_ms());
+                // Nobody is held yet: each record only sets a seq.
+                if let Some((conversation, seq)) = latest_of(m, max_id_bytes) {
+                    badges.advance_latest(&conversation, seq, now_ms());
+                }
                 ControlFlow::Continue(())
             },
         )?;
@@ -578,10 +581,9 @@ impl BadgeStage {
         // once per message.
         let mut latest: HashMap<ConversationId, Seq> = HashMap::new();
         self.latest.poll_available(Duration::ZERO, |m| {
-            let entry = decode_changelog(ChangelogKind::ByConversation, m.key(), m.payload(), max_id_bytes);
-            if let Ok(ChangelogEntry::Upsert(u)) = entry {
-                let seq = latest.entry(u.conversation_id).or_default();
-                *seq = (*seq).max(u.latest_seq);
+            if let Some((conversation, seq)) = latest_of(m, max_id_bytes) {
+                let highest = latest.entry(conversation).or_default();
+                *highest = (*highest).max(seq);
             }
         })?;
         let now = now_ms();
@@ -592,17 +594,16 @@ impl BadgeStage {
     }
 }
 
-/// A conversations' changelog record's latest seq into `badges`; what does
-/// not decode is the first stage's to have dead-lettered, not this one's.
-fn take_latest(
-    badges: &mut Badges,
+/// The conversation and latest seq of a conversations' changelog record;
+/// what does not decode is the first stage's to have dead-lettered, not
+/// this one's.
+fn latest_of(
     m: &rdkafka::message::BorrowedMessage<'_>,
     max_id_bytes: usize,
-    now: i64,
-) {
-    let entry = decode_changelog(ChangelogKind::ByConversation, m.key(), m.payload(), max_id_bytes);
-    if let Ok(ChangelogEntry::Upsert(u)) = entry {
-        badges.advance_latest(&u.conversation_id, u.latest_seq, now);
+) -> Option<(ConversationId, Seq)> {
+    match decode_changelog(ChangelogKind::ByConversation, m.key(), m.payload(), max_id_bytes) {
+        Ok(ChangelogEntry::Upsert(u)) => Some((u.conversation_id, u.latest_seq)),
+        _ => None,
     }
 }
 

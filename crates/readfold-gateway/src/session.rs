@@ -214,9 +214,22 @@ async fn mark_all_read(gateway: Arc<Gateway>, user: UserId, outbox: Arc<Outbox>,
             Some(partition),
         )
         .await;
+    answer_produced(&outbox, request, started, sent, || {});
+}
+
+/// Counts a produce and answers it: an ack once the broker has the record
+/// (after `taken`), `unavailable` if it does not.
+fn answer_produced<E: std::fmt::Display>(
+    outbox: &Outbox,
+    request: Option<String>,
+    started: Instant,
+    sent: Result<(), E>,
+    taken: impl FnOnce(),
+) {
     match sent {
         Ok(()) => {
             telemetry::produced("ok", started.elapsed().as_secs_f64());
+            taken();
             outbox.push_control(ServerFrame::Ack { id: request });
         }
         Err(e) => {
@@ -385,30 +398,19 @@ async fn receipt(
         return;
     }
     let started = Instant::now();
-    match gateway.producer.report(&record).await {
-        Ok(()) => {
-            telemetry::produced("ok", started.elapsed().as_secs_f64());
-            let reached = match record.action {
-                ReadAction::Read if !record.private => Some(Reached::Read),
-                ReadAction::Delivered => Some(Reached::Delivered),
-                _ => None,
-            };
-            if let Some(reached) = reached {
-                gateway
-                    .hub
-                    .receipt_taken(conversation.as_str(), user.as_str(), reached, seq);
-            }
-            outbox.push_control(ServerFrame::Ack { id: request });
+    let sent = gateway.producer.report(&record).await;
+    answer_produced(&outbox, request, started, sent, || {
+        let reached = match record.action {
+            ReadAction::Read if !record.private => Some(Reached::Read),
+            ReadAction::Delivered => Some(Reached::Delivered),
+            _ => None,
+        };
+        if let Some(reached) = reached {
+            gateway
+                .hub
+                .receipt_taken(conversation.as_str(), user.as_str(), reached, seq);
         }
-        Err(e) => {
-            telemetry::produced("error", started.elapsed().as_secs_f64());
-            outbox.push_control(ServerFrame::error(
-                "unavailable",
-                format!("the broker did not take it: {e}"),
-                request,
-            ));
-        }
-    }
+    });
 }
 
 /// How often a receipt the gateway would refuse is looked at again.
