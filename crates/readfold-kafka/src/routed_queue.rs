@@ -12,10 +12,12 @@
 use std::any::Any;
 use std::ffi::{c_void, CStr};
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use rdkafka::bindings as rdsys;
+use rdkafka::consumer::{Consumer, ConsumerContext};
 use rdkafka::error::KafkaError;
+use rdkafka::TopicPartitionList;
 use tokio::sync::Notify;
 
 use crate::queue_batch::{forward_partition, QueueBatch, QueuedMessage};
@@ -80,6 +82,36 @@ impl Drop for RoutedQueue {
     }
 }
 
+/// Where a consumer context's rebalance callback finds the queue to route
+/// an assignment to, while its reader lives.
+#[derive(Default)]
+pub struct RouteSlot(Mutex<Weak<RoutedQueue>>);
+
+impl RouteSlot {
+    /// Routes what `reader` reads from the next assignment on.
+    pub fn set(&self, reader: &RoutedReader) {
+        *self.0.lock().expect("route slot lock") = reader.queue();
+    }
+
+    /// Routes the partitions about to be assigned; call from the rebalance
+    /// callback, before they are assigned. One that cannot be routed is
+    /// still read, one message at a time, from the consumer's own queue.
+    pub fn route(&self, tpl: &TopicPartitionList) {
+        let Some(queue) = self.0.lock().expect("route slot lock").upgrade() else {
+            return;
+        };
+        for e in tpl.elements() {
+            if !queue.route(e.topic(), e.partition()) {
+                tracing::warn!(
+                    topic = e.topic(),
+                    partition = e.partition(),
+                    "could not route a partition to the batched queue; reading it from the consumer's"
+                );
+            }
+        }
+    }
+}
+
 /// Reads a [`RoutedQueue`] a batch at a time. It owns the queue: the
 /// rebalance callback routes partitions through a [`std::sync::Weak`]
 /// (`RoutedReader::queue`), which stops working once the reader is gone.
@@ -117,6 +149,18 @@ impl RoutedReader {
             queue: Arc::new(RoutedQueue { queue, client, ready }),
             _client: keep_alive,
         }
+    }
+
+    /// A reader of a new queue of `consumer`, which it keeps alive. Have
+    /// the consumer's rebalance callback route to it ([`RouteSlot`]).
+    pub fn of<C, X>(consumer: &Arc<C>) -> Self
+    where
+        C: Consumer<X> + Send + Sync + 'static,
+        X: ConsumerContext,
+    {
+        let client = NonNull::new(consumer.client().native_ptr()).expect("a consumer has a native client");
+        // SAFETY: `client` is the handle of the consumer kept alive.
+        unsafe { RoutedReader::new(client, consumer.clone()) }
     }
 
     /// The queue, for the rebalance callback to route partitions to.

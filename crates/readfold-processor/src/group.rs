@@ -3,8 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{CStr, CString};
-use std::ptr::NonNull;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -14,7 +13,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer}
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
-use readfold_kafka::routed_queue::{RoutedQueue, RoutedReader};
+use readfold_kafka::routed_queue::{RouteSlot, RoutedReader};
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 
 use crate::error::Result;
@@ -45,7 +44,7 @@ pub struct GroupContext {
     committed_wait: Duration,
     /// Where assigned partitions' fetched messages go, while its reader
     /// lives (see [`routed_reader`]).
-    routed: Mutex<Weak<RoutedQueue>>,
+    routed: RouteSlot,
     /// Each input partition's end as the last statistics gave it: its last
     /// stable offset (read-committed: what an open transaction holds back
     /// is not there to fold yet), by input as in `inputs`.
@@ -104,26 +103,6 @@ impl GroupEvents {
     }
 }
 
-impl GroupContext {
-    /// Routes the partitions about to be assigned to the run loop's
-    /// batched queue. One that cannot be routed is still read, one message
-    /// at a time, from the consumer's own queue.
-    fn route(&self, tpl: &TopicPartitionList) {
-        let Some(queue) = self.routed.lock().expect("routed queue lock").upgrade() else {
-            return;
-        };
-        for e in tpl.elements() {
-            if !queue.route(e.topic(), e.partition()) {
-                tracing::warn!(
-                    topic = e.topic(),
-                    partition = e.partition(),
-                    "could not route a partition to the batched queue; reading it from the consumer's"
-                );
-            }
-        }
-    }
-}
-
 impl ClientContext for GroupContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, facility: &str, message: &str) {
         readfold_kafka::context::log_line(level, facility, message);
@@ -171,7 +150,7 @@ impl ConsumerContext for GroupContext {
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
         if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS {
             let offsets_stable = start_at_committed(consumer, tpl, self.committed_wait);
-            self.route(tpl);
+            self.routed.route(tpl);
             if let Err(e) = consumer.assign(tpl) {
                 tracing::error!(error = %e, "could not apply the group's assignment");
             }
@@ -268,7 +247,7 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         ],
         // Past it, librdkafka fetches the offsets itself.
         committed_wait: stable_offsets_wait(kafka),
-        routed: Mutex::new(Weak::new()),
+        routed: RouteSlot::default(),
         stable_ends: Mutex::default(),
     };
     let consumer: GroupConsumer = kafka
@@ -292,9 +271,7 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
 /// assignment on (see [`readfold_kafka::routed_queue`]). Make it before
 /// the first poll: the assignment is routed when it is applied.
 pub fn routed_reader(consumer: &Arc<GroupConsumer>) -> RoutedReader {
-    let client = NonNull::new(consumer.client().native_ptr()).expect("a consumer has a native client");
-    // SAFETY: `client` is the handle of the consumer passed to keep alive.
-    let reader = unsafe { RoutedReader::new(client, consumer.clone()) };
-    *consumer.context().routed.lock().expect("routed queue lock") = reader.queue();
+    let reader = RoutedReader::of(consumer);
+    consumer.context().routed.set(&reader);
     reader
 }
