@@ -367,6 +367,17 @@ pub enum ChangelogKind {
     MemberState,
 }
 
+/// The conversation and latest seq a by-conversation changelog value
+/// carries, read without building the record (a reader that follows every
+/// conversation's latest seq sees a record per cursor change); `None` for a
+/// tombstone or what does not decode. The value names its conversation, so
+/// the key is not read.
+pub fn latest_seq_of(value: Option<&[u8]>, max_id_bytes: usize) -> Option<(ConversationId, Seq)> {
+    let (conversation, latest) = codec::cursor_update_latest(strip_changelog_frame(value?))?;
+    let conversation = ConversationId::parse(conversation, max_id_bytes).ok()?;
+    Some((conversation, Seq(latest.max(0) as u64)))
+}
+
 /// Decodes one changelog record. The key names the member; the value (none
 /// for a tombstone) carries the state. Values are clamped into the ranges
 /// the fold produces (cursors >= 0, join_seq >= 1, latest_seq >= 0), so a

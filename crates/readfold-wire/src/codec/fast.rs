@@ -249,6 +249,31 @@ pub fn cursor_update(bytes: &[u8]) -> Option<CursorUpdateRecord> {
     c.end(record)
 }
 
+/// The conversation id and latest seq of a `CursorUpdate` of any version
+/// (v1.0 and v1.1 end after `updated_at`), borrowed; `None` when the bytes
+/// are anything else. Every field is walked, none built.
+pub fn cursor_update_latest(bytes: &[u8]) -> Option<(&str, i64)> {
+    let mut c = Cursor { bytes };
+    let conversation_id = c.str()?;
+    c.bytes()?;
+    c.long()?;
+    c.long()?;
+    let latest_seq = c.long()?;
+    c.long()?;
+    if c.at_end() {
+        return Some((conversation_id, latest_seq));
+    }
+    c.optional_long()?;
+    c.optional_boolean()?;
+    if c.at_end() {
+        return Some((conversation_id, latest_seq));
+    }
+    c.optional_long()?;
+    c.optional_int()?;
+    c.optional_long()?;
+    c.end((conversation_id, latest_seq))
+}
+
 /// `MemberState` v1.2 or v1.0 (which ends after `updated_at`), or `None`
 /// when the bytes are anything else.
 pub fn member_state(bytes: &[u8]) -> Option<MemberStateRecord> {

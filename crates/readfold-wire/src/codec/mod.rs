@@ -6,7 +6,7 @@
 //! Outputs are plain Avro binary.
 
 mod fast;
-mod fast_encode;
+pub(crate) mod fast_encode;
 mod records;
 #[cfg(test)]
 mod tests;
@@ -466,6 +466,12 @@ pub fn decode_cursor_update(bytes: &[u8]) -> Result<CursorUpdateRecord, DecodeEr
         Some(record) => Ok(record),
         None => CursorUpdateRecord::from_value(decode_value(&codecs().cursor_update, bytes)?),
     }
+}
+
+/// The conversation id and latest seq of a `CursorUpdate` (any version),
+/// borrowed, without building the record; `None` if it does not decode.
+pub fn cursor_update_latest(bytes: &[u8]) -> Option<(&str, i64)> {
+    fast::cursor_update_latest(bytes)
 }
 
 pub fn encode_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {

@@ -265,6 +265,22 @@ fn v1_0_records_still_decode_with_the_added_fields_at_their_defaults() {
     };
     let old = encode_historic_cursor_update(&update);
     assert_eq!(decode_cursor_update(&old).unwrap(), update);
+    // Every version's conversation and latest seq read without the record.
+    let full = CursorUpdateRecord {
+        private_cursor: Some(6),
+        unread_mark: Some(true),
+        delivered_cursor: Some(6),
+        unread_mentions: Some(2),
+        muted_until: Some(9),
+        ..update.clone()
+    };
+    for bytes in [old, encode_v1_1_cursor_update(&full), encode_cursor_update(&full)] {
+        assert_eq!(cursor_update_latest(&bytes), Some(("G", 6)));
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(cursor_update_latest(&longer), None);
+        assert_eq!(cursor_update_latest(&bytes[..bytes.len() - 1]), None);
+    }
 }
 
 #[test]
