@@ -9,17 +9,12 @@ use readfold_core::UserId;
 use super::RedisStore;
 use crate::error::Result;
 
-/// Sets the hash unless it holds a newer `updated_at`. KEYS[1]: the hash;
-/// ARGV: updated_at, badge, conversations, messages, mentions.
-const WRITE_BADGE: &str = r"
-local stored = redis.call('HGET', KEYS[1], 'updated_at')
-if stored and tonumber(stored) > tonumber(ARGV[1]) then
-  return 0
-end
-redis.call('HSET', KEYS[1], 'updated_at', ARGV[1], 'badge', ARGV[2],
-  'conversations', ARGV[3], 'messages', ARGV[4], 'mentions', ARGV[5])
-return 1
-";
+/// Sets each user's hash unless it holds a newer `updated_at`; see the
+/// file for its keys and arguments.
+pub const WRITE_BADGES_SCRIPT: &str = include_str!("write_badges.lua");
+
+/// Script arguments per user.
+const ARGS_PER_USER: usize = 5;
 
 /// The key of a user's badge; one slot per user.
 pub fn badge_key(prefix: &str, user_id: &str) -> String {
@@ -27,33 +22,33 @@ pub fn badge_key(prefix: &str, user_id: &str) -> String {
 }
 
 impl RedisStore {
-    /// Writes users' badges, each published at its time, in one pipeline
-    /// of EVALSHA calls (the script is loaded first if the server lacks it).
+    /// Writes users' badges, each published at its time: one script call
+    /// per `conversations_per_call` users (the setting that bounds a merge
+    /// call's keys, for the same Redis Cluster reason), in pipelines of
+    /// bounded size.
     pub async fn write_badges(&self, badges: &[(UserId, Badge, i64)]) -> Result<()> {
-        let script = redis::Script::new(WRITE_BADGE);
-        let mut pipe = redis::pipe();
-        for (user, badge, at) in badges {
-            pipe.cmd("EVALSHA")
-                .arg(script.get_hash())
-                .arg(1)
-                .arg(badge_key(&self.prefix, user.as_str()))
-                .arg(at)
-                .arg(badge.badge)
-                .arg(badge.totals.conversations)
-                .arg(badge.totals.messages)
-                .arg(badge.totals.mentions)
-                .ignore();
+        if badges.is_empty() {
+            return Ok(());
         }
-        let mut conn = self.conn.clone();
-        let answer: redis::RedisResult<()> = pipe.query_async(&mut conn).await;
-        match answer {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.prepare_invoke().load_async(&mut conn).await?;
-                pipe.query_async::<()>(&mut conn).await?;
-                Ok(())
+        let per_call = self.conversations_per_call.max(1);
+        let calls = badges.chunks(per_call).map(|users| {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(self.badge_script.get_hash()).arg(users.len());
+            for (user, _, _) in users {
+                cmd.arg(badge_key(&self.prefix, user.as_str()));
             }
-            other => Ok(other?),
-        }
+            for (_, badge, at) in users {
+                cmd.arg(at)
+                    .arg(badge.badge)
+                    .arg(badge.totals.conversations)
+                    .arg(badge.totals.messages)
+                    .arg(badge.totals.mentions);
+            }
+            debug_assert_eq!(cmd.args_iter().count(), 3 + users.len() * (1 + ARGS_PER_USER));
+            cmd
+        });
+        self.run_all(super::write::pipelines(calls)).await?;
+        Ok(())
     }
 
     /// A user's badge and when it was published; `None` when Redis holds

@@ -88,6 +88,7 @@ pub struct RedisStore {
     conn: ConnectionManager,
     script: redis::Script,
     private_script: redis::Script,
+    badge_script: redis::Script,
     prefix: String,
     conversations_per_call: usize,
 }
@@ -109,6 +110,7 @@ impl RedisStore {
             conn,
             script: redis::Script::new(MERGE_SCRIPT),
             private_script: redis::Script::new(MERGE_PRIVATE_SCRIPT),
+            badge_script: redis::Script::new(badge::WRITE_BADGES_SCRIPT),
             prefix: config.key_prefix.clone(),
             conversations_per_call: config.conversations_per_call,
         })

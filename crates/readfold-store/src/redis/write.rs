@@ -6,6 +6,7 @@ use futures_util::stream::{self, StreamExt, TryStreamExt};
 use readfold_core::flush::{ConversationBatch, MemberWrite, UserBatch};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
+use super::badge::WRITE_BADGES_SCRIPT;
 use super::{keys, user_keys, RedisStore, KEYS_PER_CONVERSATION};
 use crate::error::{Error, Result};
 
@@ -17,7 +18,7 @@ pub const MERGE_PRIVATE_SCRIPT: &str = include_str!("merge_private.lua");
 impl RedisStore {
     pub(super) async fn load_script(&self) -> Result<()> {
         let mut conn = self.conn.clone();
-        for script in [MERGE_SCRIPT, MERGE_PRIVATE_SCRIPT] {
+        for script in [MERGE_SCRIPT, MERGE_PRIVATE_SCRIPT, WRITE_BADGES_SCRIPT] {
             let _: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
                 .arg(script)
@@ -65,7 +66,7 @@ impl RedisStore {
     /// Runs pipelines of script calls, [`PIPELINES_IN_FLIGHT`] at a time;
     /// the fields raised in all. Their calls touch disjoint keys, so the
     /// order they land in does not matter.
-    async fn run_all(&self, pipes: impl Iterator<Item = redis::Pipeline> + Send) -> Result<u64> {
+    pub(super) async fn run_all(&self, pipes: impl Iterator<Item = redis::Pipeline> + Send) -> Result<u64> {
         stream::iter(pipes)
             .map(|pipe| self.run(pipe))
             .buffer_unordered(PIPELINES_IN_FLIGHT)
@@ -198,7 +199,9 @@ const PIPELINES_IN_FLIGHT: usize = 2;
 /// [`PIPELINES_IN_FLIGHT`] at the start, then one as each answer comes, so
 /// that a large flush's first pipeline goes out before its last command is
 /// built.
-fn pipelines(cmds: impl Iterator<Item = redis::Cmd> + Send) -> impl Iterator<Item = redis::Pipeline> + Send {
+pub(super) fn pipelines(
+    cmds: impl Iterator<Item = redis::Cmd> + Send,
+) -> impl Iterator<Item = redis::Pipeline> + Send {
     // Its name included.
     let mut cmds = cmds.map(|cmd| (cmd.args_iter().count(), cmd)).peekable();
     std::iter::from_fn(move || {
