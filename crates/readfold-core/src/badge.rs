@@ -88,6 +88,19 @@ pub struct BadgeRules {
     pub count: BadgeCount,
 }
 
+impl BadgeRules {
+    /// The badge of these totals.
+    fn badge(&self, totals: Totals) -> Badge {
+        Badge {
+            badge: match self.count {
+                BadgeCount::Messages => totals.messages,
+                BadgeCount::Conversations => totals.conversations,
+            },
+            totals,
+        }
+    }
+}
+
 /// One conversation as its member's own devices see it: what the by-user
 /// changelog's last record of it says.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -172,42 +185,124 @@ pub struct Badge {
     pub totals: Totals,
 }
 
-/// A conversation held for a user: its view, and what it added to the
-/// user's totals (taken off exactly when it changes).
+/// A conversation held for a user: its view, what it added to the user's
+/// totals (taken off exactly when it changes), and the user's slot.
 #[derive(Clone, Copy, Debug)]
 struct Held {
     view: OwnConversation,
     counted: Totals,
     counted_muted: bool,
+    user: u32,
 }
 
-#[derive(Clone, Debug, Default)]
+/// Which drain publishes a user's changed badge.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Lane {
+    #[default]
+    Clean,
+    /// Changed only by others' messages in big conversations: the full
+    /// drain.
+    Messages,
+    /// Changed by their own record, a mute's end, or a small conversation's
+    /// message: every drain.
+    Own,
+}
+
+#[derive(Clone, Debug)]
 struct UserState {
-    conversations: FastMap<ConversationId, Held>,
+    id: UserId,
     totals: Totals,
+    /// The conversations held for the user.
+    conversations: Vec<ConversationId>,
+    lane: Lane,
+}
+
+/// A conversation: its latest seq (from the conversations' changelog; it
+/// only grows) and the members held, with their views, side by side so
+/// that a message recounts them without a lookup per member.
+#[derive(Clone, Debug, Default)]
+struct ConversationState {
+    latest: Seq,
+    members: FastMap<UserId, Held>,
+}
+
+/// The users whose badge changed since the last drain, by lane, as slots;
+/// a slot whose lane moved on since it was listed is skipped.
+#[derive(Clone, Debug, Default)]
+struct Lanes {
+    own: Vec<u32>,
+    messages: Vec<u32>,
+    /// Users not [`Lane::Clean`].
+    dirty: usize,
+}
+
+impl Lanes {
+    fn own(&mut self, state: &mut UserState, slot: u32) {
+        if state.lane != Lane::Own {
+            self.dirty += usize::from(state.lane == Lane::Clean);
+            state.lane = Lane::Own;
+            self.own.push(slot);
+        }
+    }
+
+    fn by_messages(&mut self, state: &mut UserState, slot: u32) {
+        if state.lane == Lane::Clean {
+            self.dirty += 1;
+            state.lane = Lane::Messages;
+            self.messages.push(slot);
+        }
+    }
 }
 
 /// The badges of the users of one input partition.
 #[derive(Clone, Debug, Default)]
 pub struct Badges {
     rules: BadgeRules,
-    users: FastMap<UserId, UserState>,
+    /// Members held from which a conversation's messages change badges in
+    /// the slower lane; a smaller one's go at once.
+    fanout_min_members: usize,
+    conversations: FastMap<ConversationId, ConversationState>,
+    /// Users by slot. A user with no conversation left keeps the slot until
+    /// their last change is drained; then it is reused.
+    users: Vec<UserState>,
+    slots: FastMap<UserId, u32>,
+    free: Vec<u32>,
+    /// Users with at least one conversation held.
+    held_users: usize,
     /// Mutes that end after the time they were counted at: (end, user,
     /// conversation).
     expiries: BTreeSet<(i64, UserId, ConversationId)>,
-    /// Users whose badge changed since the last drain.
-    dirty: BTreeSet<UserId>,
-    /// Users whose badge changed since the last full drain only through
-    /// others' messages: a big group's message changes every member's, so
-    /// these are published less often ([`Badges::drain_all`]).
-    dirty_by_messages: BTreeSet<UserId>,
-    /// Members held from which a conversation's messages change badges in
-    /// that slower lane; a smaller one's go at once.
-    fanout_min_members: usize,
-    /// Each conversation's latest seq, from the conversations' changelog.
-    latest: FastMap<ConversationId, Seq>,
-    /// The users held in each conversation.
-    members: FastMap<ConversationId, BTreeSet<UserId>>,
+    lanes: Lanes,
+}
+
+/// `user`'s slot, taken (a free one, or a new one) if they have none.
+fn slot_of(
+    slots: &mut FastMap<UserId, u32>,
+    users: &mut Vec<UserState>,
+    free: &mut Vec<u32>,
+    user: &UserId,
+) -> u32 {
+    if let Some(&slot) = slots.get(user) {
+        return slot;
+    }
+    let state = UserState {
+        id: user.clone(),
+        totals: Totals::default(),
+        conversations: Vec::new(),
+        lane: Lane::Clean,
+    };
+    let slot = match free.pop() {
+        Some(slot) => {
+            users[slot as usize] = state;
+            slot
+        }
+        None => {
+            users.push(state);
+            u32::try_from(users.len() - 1).expect("fewer than 2^32 users per instance")
+        }
+    };
+    slots.insert(user.clone(), slot);
+    slot
 }
 
 impl Badges {
@@ -240,15 +335,21 @@ impl Badges {
         now_ms: i64,
     ) -> bool {
         let rule = self.rules.muted;
-        let latest = self.latest.get(conversation).copied().unwrap_or(Seq::ZERO);
-        if view.is_some() && !self.users.contains_key(user) {
-            self.users.insert(user.clone(), UserState::default());
+        if view.is_some() && !self.conversations.contains_key(conversation) {
+            self.conversations
+                .insert(conversation.clone(), ConversationState::default());
         }
-        let Some(state) = self.users.get_mut(user) else {
+        let Some(conv) = self.conversations.get_mut(conversation) else {
             return false;
         };
+        let old = conv.members.get(user).copied();
+        let slot = match (old, view) {
+            (Some(old), _) => old.user,
+            (None, Some(_)) => slot_of(&mut self.slots, &mut self.users, &mut self.free, user),
+            (None, None) => return false,
+        };
+        let state = &mut self.users[slot as usize];
         let before = state.totals;
-        let old = state.conversations.get(conversation).copied();
         let old_expiry = old.and_then(|o| o.view.muted_until.filter(|_| o.counted_muted));
         if let Some(old) = old {
             state.totals.sub(old.counted);
@@ -257,35 +358,31 @@ impl Badges {
         match view {
             Some(view) => {
                 let muted = view.muted_at(now_ms);
-                let counted = contribution(&view.at_latest(latest), muted, rule);
+                let counted = contribution(&view.at_latest(conv.latest), muted, rule);
                 state.totals.add(counted);
                 new_expiry = view.muted_until.filter(|_| muted);
                 let held = Held {
                     view,
                     counted,
                     counted_muted: muted,
+                    user: slot,
                 };
-                match state.conversations.get_mut(conversation) {
+                match conv.members.get_mut(user) {
                     Some(h) => *h = held,
                     None => {
-                        state.conversations.insert(conversation.clone(), held);
-                        self.members
-                            .entry(conversation.clone())
-                            .or_default()
-                            .insert(user.clone());
+                        conv.members.insert(user.clone(), held);
+                        state.conversations.push(conversation.clone());
+                        self.held_users += usize::from(state.conversations.len() == 1);
                     }
                 }
             }
-            None if old.is_some() => {
-                state.conversations.remove(conversation);
-                if let Some(members) = self.members.get_mut(conversation) {
-                    members.remove(user);
-                    if members.is_empty() {
-                        self.members.remove(conversation);
-                    }
+            None => {
+                conv.members.remove(user);
+                if let Some(i) = state.conversations.iter().position(|c| c == conversation) {
+                    state.conversations.swap_remove(i);
                 }
+                self.held_users -= usize::from(state.conversations.is_empty());
             }
-            None => {}
         }
         if old_expiry != new_expiry {
             if let Some(until) = old_expiry {
@@ -296,47 +393,57 @@ impl Badges {
             }
         }
         let changed = state.totals != before;
-        if state.conversations.is_empty() {
-            self.users.remove(user);
-        }
         if changed {
-            self.dirty.insert(user.clone());
+            self.lanes.own(state, slot);
         }
+        self.release_if_done(slot);
         changed
+    }
+
+    /// Frees the slot of a user with no conversation held and nothing left
+    /// to publish.
+    fn release_if_done(&mut self, slot: u32) {
+        let state = &self.users[slot as usize];
+        if state.conversations.is_empty()
+            && state.lane == Lane::Clean
+            && self.slots.get(&state.id) == Some(&slot)
+        {
+            self.slots.remove(&state.id);
+            self.free.push(slot);
+        }
     }
 
     /// Forgets every user (a restore follows), keeping the conversations'
     /// latest seqs, which come from elsewhere.
     pub fn forget_users(&mut self) {
+        for conv in self.conversations.values_mut() {
+            conv.members = FastMap::default();
+        }
         self.users.clear();
-        self.members.clear();
+        self.slots.clear();
+        self.free.clear();
+        self.held_users = 0;
         self.expiries.clear();
-        self.dirty.clear();
-        self.dirty_by_messages.clear();
+        self.lanes = Lanes::default();
     }
 
     /// Raises a conversation's latest seq (from the conversations'
     /// changelog) to `seq` if it is higher, and recounts its members held.
     /// Returns how many users' badges changed.
     pub fn advance_latest(&mut self, conversation: &ConversationId, seq: Seq, now_ms: i64) -> usize {
-        let latest = self.latest.entry(conversation.clone()).or_default();
-        if seq <= *latest {
+        let rule = self.rules.muted;
+        if !self.conversations.contains_key(conversation) {
+            self.conversations
+                .insert(conversation.clone(), ConversationState::default());
+        }
+        let conv = self.conversations.get_mut(conversation).expect("just inserted");
+        if seq <= conv.latest {
             return 0;
         }
-        *latest = seq;
-        let Some(members) = self.members.get(conversation) else {
-            return 0;
-        };
-        let rule = self.rules.muted;
-        let at_once = members.len() < self.fanout_min_members;
+        conv.latest = seq;
+        let at_once = conv.members.len() < self.fanout_min_members;
         let (mut changed, mut mute_ended) = (0, Vec::new());
-        for user in members {
-            let Some(state) = self.users.get_mut(user) else {
-                continue;
-            };
-            let Some(held) = state.conversations.get_mut(conversation) else {
-                continue;
-            };
+        for (user, held) in conv.members.iter_mut() {
             let muted = held.view.muted_at(now_ms);
             if muted != held.counted_muted {
                 // Its expiry is due too: applied whole, below.
@@ -345,14 +452,14 @@ impl Badges {
             }
             let counted = contribution(&held.view.at_latest(seq), muted, rule);
             if counted != held.counted {
+                let state = &mut self.users[held.user as usize];
                 state.totals.sub(held.counted);
                 state.totals.add(counted);
                 held.counted = counted;
                 if at_once {
-                    self.dirty_by_messages.remove(user);
-                    self.dirty.insert(user.clone());
-                } else if !self.dirty.contains(user) {
-                    self.dirty_by_messages.insert(user.clone());
+                    self.lanes.own(state, held.user);
+                } else {
+                    self.lanes.by_messages(state, held.user);
                 }
                 changed += 1;
             }
@@ -363,9 +470,9 @@ impl Badges {
         changed
     }
 
-    /// Conversations whose latest seq is known.
+    /// Conversations whose latest seq or members are known.
     pub fn conversation_count(&self) -> usize {
-        self.latest.len()
+        self.conversations.len()
     }
 
     /// When the next mute runs out, if any: call [`Badges::expire`] then.
@@ -383,9 +490,9 @@ impl Badges {
             }
             let (_, user, conversation) = self.expiries.pop_first().expect("just looked");
             let Some(held) = self
-                .users
-                .get(&user)
-                .and_then(|s| s.conversations.get(&conversation))
+                .conversations
+                .get(&conversation)
+                .and_then(|c| c.members.get(&user))
                 .copied()
             else {
                 continue;
@@ -398,49 +505,60 @@ impl Badges {
 
     /// A user's badge now.
     pub fn badge(&self, user: &UserId) -> Badge {
-        let totals = self.users.get(user).map_or_else(Totals::default, |s| s.totals);
-        Badge {
-            badge: match self.rules.count {
-                BadgeCount::Messages => totals.messages,
-                BadgeCount::Conversations => totals.conversations,
-            },
-            totals,
-        }
+        let totals = self
+            .slots
+            .get(user)
+            .map_or_else(Totals::default, |&slot| self.users[slot as usize].totals);
+        self.rules.badge(totals)
     }
 
     /// The users whose badge changed since the last drain through their
-    /// own records, mute expiries or departures, with their badge now, in
-    /// user order. Those changed only by others' messages wait for
+    /// own records, mute expiries, departures or a small conversation's
+    /// messages, with their badge now, in user order. Those changed only by
+    /// others' messages in big conversations wait for
     /// [`Badges::drain_all`].
     pub fn drain(&mut self) -> Vec<(UserId, Badge)> {
-        let dirty = std::mem::take(&mut self.dirty);
-        for user in &dirty {
-            self.dirty_by_messages.remove(user);
-        }
-        dirty
-            .into_iter()
-            .map(|user| {
-                let badge = self.badge(&user);
-                (user, badge)
-            })
-            .collect()
+        self.drain_lanes(false)
     }
 
     /// [`Badges::drain`], and the users changed only by others' messages.
     pub fn drain_all(&mut self) -> Vec<(UserId, Badge)> {
-        let by_messages = std::mem::take(&mut self.dirty_by_messages);
-        self.dirty.extend(by_messages);
-        self.drain()
+        self.drain_lanes(true)
+    }
+
+    fn drain_lanes(&mut self, all: bool) -> Vec<(UserId, Badge)> {
+        let mut slots = std::mem::take(&mut self.lanes.own);
+        if all {
+            slots.append(&mut self.lanes.messages);
+        }
+        let mut drained = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let state = &mut self.users[slot as usize];
+            let due = match state.lane {
+                Lane::Own => true,
+                Lane::Messages => all,
+                Lane::Clean => false,
+            };
+            if !due {
+                continue;
+            }
+            state.lane = Lane::Clean;
+            self.lanes.dirty -= 1;
+            drained.push((state.id.clone(), self.rules.badge(state.totals)));
+            self.release_if_done(slot);
+        }
+        drained.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        drained
     }
 
     /// Users whose badge changed since the last drain, both kinds.
     pub fn dirty_len(&self) -> usize {
-        self.dirty.len() + self.dirty_by_messages.len()
+        self.lanes.dirty
     }
 
     /// Users held.
     pub fn user_count(&self) -> usize {
-        self.users.len()
+        self.held_users
     }
 
     /// What marking everything read takes for `user`: each of their
@@ -448,15 +566,16 @@ impl Badges {
     /// up to it), and whether it is marked unread (a clear of the mark,
     /// which reading up to where it was set does not lift). In id order.
     pub fn mark_all_read(&self, user: &UserId) -> Vec<MarkRead> {
-        let Some(state) = self.users.get(user) else {
+        let Some(&slot) = self.slots.get(user) else {
             return Vec::new();
         };
-        let mut out: Vec<MarkRead> = state
+        let mut out: Vec<MarkRead> = self.users[slot as usize]
             .conversations
             .iter()
-            .map(|(c, h)| {
-                let latest = self.latest.get(c).copied().unwrap_or(Seq::ZERO);
-                (c, h.view.at_latest(latest))
+            .filter_map(|c| {
+                let conv = self.conversations.get(c)?;
+                let held = conv.members.get(user)?;
+                Some((c, held.view.at_latest(conv.latest)))
             })
             .filter(|(_, v)| v.read_up_to < v.latest_seq || v.marked_unread)
             .map(|(c, v)| MarkRead {
@@ -748,13 +867,15 @@ mod tests {
         fn totals_equal_a_recount_of_the_latest_views(
             records in prop::collection::vec((0u8..3, 0u8..4, arb_view(), 0i64..5, prop::option::of(9u64..15), any::<bool>()), 0..60),
             muted in prop_oneof![Just(MutedRule::MentionsOnly), Just(MutedRule::Exclude), Just(MutedRule::Include)],
+            fanout_min_members in 0usize..4,
         ) {
             let rules = BadgeRules { muted, count: BadgeCount::Messages };
-            let mut b = Badges::new(rules);
+            let mut b = Badges::new(rules).with_fanout_min_members(fanout_min_members);
             let mut latest: HashMap<(UserId, ConversationId), OwnConversation> = HashMap::new();
             let mut messages: HashMap<ConversationId, Seq> = HashMap::new();
+            let mut published: HashMap<UserId, Badge> = HashMap::new();
             let mut now = 0;
-            for (u, c, v, step, message, expire_first) in records {
+            for (i, (u, c, v, step, message, expire_first)) in records.into_iter().enumerate() {
                 now += step;
                 if expire_first {
                     b.expire(now);
@@ -783,7 +904,18 @@ mod tests {
                     }
                     prop_assert_eq!(b.badge(&u).totals, want);
                 }
+                let drained = if i % 3 == 0 { b.drain_all() } else { b.drain() };
+                published.extend(drained);
             }
+            // Every change reaches a drain, and the last one drained is the
+            // badge now.
+            published.extend(b.drain_all());
+            prop_assert_eq!(b.dirty_len(), 0);
+            for u in (0..3).map(|u| user(&format!("u{u}"))) {
+                prop_assert_eq!(published.get(&u).copied().unwrap_or_default(), b.badge(&u));
+            }
+            let holding: BTreeSet<&UserId> = latest.keys().map(|(u, _)| u).collect();
+            prop_assert_eq!(b.user_count(), holding.len());
         }
     }
 }
