@@ -1,6 +1,6 @@
 //! The stage's two inputs, read into what the pure state takes.
 
-use rdkafka::message::{BorrowedMessage, Message};
+use readfold_kafka::queue_batch::QueuedMessage;
 
 use readfold_core::badge::{Badges, MarkRead, OwnConversation};
 use readfold_core::partitioner::partition_for_key;
@@ -38,14 +38,14 @@ pub(crate) enum Applied {
 impl Input {
     pub(crate) fn read(
         settings: &BadgeSettings,
-        message: &BorrowedMessage<'_>,
+        message: &QueuedMessage<'_>,
         action_partitions: i32,
     ) -> Input {
-        if message.topic() == settings.topics.user_read_cursors {
-            return Input::read_own(settings, message);
+        if message.topic == settings.topics.user_read_cursors {
+            return Input::read_own(settings, message.key, message.payload);
         }
         let reject = |reason, detail: String| Input::Rejected(Rejection { reason, detail });
-        let Some(value) = message.payload() else {
+        let Some(value) = message.payload else {
             return reject(RejectReason::MissingValue, "a user action without a value".into());
         };
         let action = match decode_user_action(value, settings.input.format) {
@@ -58,13 +58,13 @@ impl Input {
         };
         // The user's state lives on murmur2(user_id)'s partition only.
         let placed = partition_for_key(user.as_str().as_bytes(), action_partitions);
-        if settings.input.check_partitioning && placed != message.partition() {
+        if settings.input.check_partitioning && placed != message.partition {
             return reject(
                 RejectReason::WrongPartition,
                 format!(
                     "user {:?} belongs on partition {placed}, not {}",
                     user.as_str(),
-                    message.partition()
+                    message.partition
                 ),
             );
         }
@@ -74,19 +74,14 @@ impl Input {
     }
 
     /// A record of the by-user changelog, read.
-    pub(crate) fn read_own(settings: &BadgeSettings, message: &BorrowedMessage<'_>) -> Input {
+    pub(crate) fn read_own(settings: &BadgeSettings, key: Option<&[u8]>, value: Option<&[u8]>) -> Input {
         let reject = |detail: String| {
             Input::Rejected(Rejection {
                 reason: RejectReason::Decode,
                 detail,
             })
         };
-        let entry = decode_changelog(
-            ChangelogKind::ByUser,
-            message.key(),
-            message.payload(),
-            settings.input.max_id_bytes,
-        );
+        let entry = decode_changelog(ChangelogKind::ByUser, key, value, settings.input.max_id_bytes);
         match entry {
             Ok(ChangelogEntry::Own(own)) => Input::Own {
                 user: own.update.user_id.clone(),

@@ -10,7 +10,9 @@
 //! transaction with the input offsets, the changed users' badges on
 //! compacted `chat.user-badges`, the read reports a mark-all-read sends back
 //! to the first stage's input, and dead letters; then it writes the badges
-//! to Redis.
+//! to Redis on the runtime, while the loop goes on. The inputs are read a
+//! batch at a time off a queue the assigned partitions are routed to, as
+//! the first stage reads its own.
 //!
 //! The state is restored from the input itself: a partition of the by-user
 //! changelog is compacted and keyed exactly as the state is (user,
@@ -36,22 +38,28 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ThreadedProducer};
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 
 use readfold_core::badge::{Badge, Badges};
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, Seq, UserId};
+use readfold_kafka::batch_producer::{BatchProducer, BatchRecord};
+use readfold_kafka::queue_batch::QueuedMessage;
 use readfold_kafka::reader::{TopicReader, Until};
+use readfold_kafka::routed_queue::{RouteSlot, RoutedReader};
 use readfold_kafka::{now_ms, KafkaConfig, TopicsConfig};
 use readfold_store::redis::RedisStore;
-use readfold_wire::badge::{encode_user_badge, UserBadgeRecord};
-use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind};
+use readfold_wire::badge::encode_badge;
+use readfold_wire::changelog::latest_seq_of;
 use readfold_wire::{Limits, OutRecord};
 
 pub use config::BadgeConfig;
 use input::{Applied, Input};
+
+/// Maps keyed by ids, with a hash cheaper than SipHash on short keys.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Why the stage stopped.
 #[derive(Debug, thiserror::Error)]
@@ -94,10 +102,23 @@ struct Layout {
 /// Records taken per look at the clock and the flush timer.
 const TAKE_BATCH: usize = 1000;
 
-/// Records a rebalance; the loop acts on it after the poll.
-struct RebalanceFlag(Arc<AtomicBool>);
+/// The longest wait for input, so that the group's callbacks (served by
+/// the consumer's own poll) wait no longer.
+const MAX_WAIT: Duration = Duration::from_millis(100);
 
-impl ClientContext for RebalanceFlag {
+/// The inputs, in the order offsets are kept: the by-user changelog, then
+/// the user actions.
+const OWN: usize = 0;
+const ACTIONS: usize = 1;
+
+/// Receives the group's callbacks: routes an assignment to the batched
+/// queue and records the rebalance, which the loop acts on after the poll.
+struct StageContext {
+    rebalanced: Arc<AtomicBool>,
+    routed: RouteSlot,
+}
+
+impl ClientContext for StageContext {
     fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
         readfold_kafka::context::log_line(level, fac, log_message);
     }
@@ -120,10 +141,16 @@ impl ClientContext for RebalanceFlag {
     }
 }
 
-impl ConsumerContext for RebalanceFlag {
+impl ConsumerContext for StageContext {
+    fn pre_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Assign(tpl) = rebalance {
+            self.routed.route(tpl);
+        }
+    }
+
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if !matches!(rebalance, Rebalance::Error(_)) {
-            self.0.store(true, Ordering::Release);
+            self.rebalanced.store(true, Ordering::Release);
         }
     }
 }
@@ -131,9 +158,9 @@ impl ConsumerContext for RebalanceFlag {
 /// The badge stage.
 pub struct BadgeStage {
     settings: BadgeSettings,
-    consumer: Arc<BaseConsumer<RebalanceFlag>>,
+    consumer: Arc<BaseConsumer<StageContext>>,
     rebalanced: Arc<AtomicBool>,
-    producer: ThreadedProducer<readfold_kafka::context::LogContext>,
+    producer: BatchProducer<readfold_kafka::context::LogContext>,
     layout: Layout,
     /// The state of the users of the assigned partitions.
     badges: Badges,
@@ -141,16 +168,18 @@ pub struct BadgeStage {
     assigned: std::collections::BTreeSet<i32>,
     /// Follows every partition of the conversations' changelog.
     latest: TopicReader,
-    /// Next offset to commit, by (topic, partition).
-    offsets: HashMap<(String, i32), i64>,
-    /// Offsets this incarnation committed last, by (topic, partition).
-    committed: HashMap<(String, i32), i64>,
+    /// Next offset to commit, by input ([`OWN`], [`ACTIONS`]) and partition.
+    offsets: [BTreeMap<i32, i64>; 2],
+    /// Offsets this incarnation committed last, likewise.
+    committed: [BTreeMap<i32, i64>; 2],
     /// Records for the next transaction besides the badges.
     outbox: Vec<OutRecord>,
     /// Badges drained from the state and not yet committed.
     pending: BTreeMap<UserId, Badge>,
     /// Badges committed to Kafka but not yet written to Redis.
     unstored: BTreeMap<UserId, (Badge, i64)>,
+    /// The Redis write under way, and what it writes.
+    storing: Option<Storing>,
     last_flush: Instant,
     /// When badges changed by others' messages were last published.
     last_fanout: Instant,
@@ -213,7 +242,7 @@ impl BadgeStage {
             "badge stage: latest seqs read"
         );
         let rebalanced = Arc::new(AtomicBool::new(false));
-        let consumer: BaseConsumer<RebalanceFlag> = settings
+        let consumer: BaseConsumer<StageContext> = settings
             .kafka
             .client_config()
             .set("group.id", &settings.badge.group_id)
@@ -221,7 +250,10 @@ impl BadgeStage {
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest")
             .set("statistics.interval.ms", "1000")
-            .create_with_context(RebalanceFlag(rebalanced.clone()))?;
+            .create_with_context(StageContext {
+                rebalanced: rebalanced.clone(),
+                routed: RouteSlot::default(),
+            })?;
         consumer.subscribe(&[&settings.topics.user_read_cursors, &settings.badge.user_actions])?;
         telemetry::describe();
         let records_in = [
@@ -232,16 +264,17 @@ impl BadgeStage {
             settings,
             consumer: Arc::new(consumer),
             rebalanced,
-            producer,
+            producer: BatchProducer::new(Arc::new(producer)),
             layout,
             badges,
             assigned: Default::default(),
             latest,
-            offsets: HashMap::new(),
-            committed: HashMap::new(),
+            offsets: Default::default(),
+            committed: Default::default(),
             outbox: Vec::new(),
             pending: BTreeMap::new(),
             unstored: BTreeMap::new(),
+            storing: None,
             last_flush: Instant::now(),
             last_fanout: Instant::now(),
             records_in,
@@ -253,41 +286,62 @@ impl BadgeStage {
         let interval = Duration::from_millis(self.settings.badge.flush_interval_ms);
         // A record borrows the consumer while the stage folds it.
         let consumer = self.consumer.clone();
+        // Made before the first poll, which applies the first assignment.
+        let mut routed = RoutedReader::of(&consumer);
+        consumer.context().routed.set(&routed);
         while !stop.load(Ordering::Acquire) {
-            let wait = interval
-                .saturating_sub(self.last_flush.elapsed())
-                .max(Duration::from_millis(1));
-            let mut polled = consumer.poll(wait.min(Duration::from_millis(100)));
-            // What else arrived is taken at the same time: one clock read
-            // per batch.
+            // The consumer's own queue holds the group's callbacks, errors,
+            // and the records of a partition that could not be routed.
+            let polled = consumer.poll(Duration::ZERO);
+            if self.rebalanced.swap(false, Ordering::AcqRel) {
+                // Taken off the queue before the rebalance: consumption
+                // restarts at the committed offsets.
+                routed.discard();
+                self.restore_assigned()?;
+            }
+            // One clock read per batch.
             let now = now_ms();
-            for taken in 1.. {
-                if self.rebalanced.swap(false, Ordering::AcqRel) {
-                    self.restore_assigned()?;
-                }
-                match polled {
+            match polled {
+                None => {}
+                Some(Err(e)) if readfold_kafka::error::is_fatal(&e) => return Err(e.into()),
+                Some(Err(e)) => tracing::warn!(error = %e, "badge stage: consumer error"),
+                Some(Ok(message)) => self.take(&queued(&message), now),
+            }
+            let mut taken = 0;
+            while taken < TAKE_BATCH {
+                match routed.next_message() {
                     None => break,
                     Some(Err(e)) if readfold_kafka::error::is_fatal(&e) => return Err(e.into()),
                     Some(Err(e)) => tracing::warn!(error = %e, "badge stage: consumer error"),
                     Some(Ok(message)) => self.take(&message, now),
                 }
-                if taken == TAKE_BATCH {
-                    break;
-                }
-                polled = consumer.poll(Duration::ZERO);
+                taken += 1;
             }
             if self.last_flush.elapsed() >= interval {
                 self.flush()?;
+            } else if taken < TAKE_BATCH {
+                let wait = interval
+                    .saturating_sub(self.last_flush.elapsed())
+                    .clamp(Duration::from_millis(1), MAX_WAIT);
+                self.settings.runtime.block_on(async {
+                    let _ = tokio::time::timeout(wait, routed.ready()).await;
+                });
             }
         }
         self.flush()?;
+        self.store_rest();
         tracing::info!("badge stage stopped");
         Ok(())
     }
 
     /// Folds one input record into its partition's state.
-    fn take(&mut self, message: &rdkafka::message::BorrowedMessage<'_>, now: i64) {
-        let (topic, partition, offset) = (message.topic(), message.partition(), message.offset());
+    fn take(&mut self, message: &QueuedMessage<'_>, now: i64) {
+        let QueuedMessage {
+            topic,
+            partition,
+            offset,
+            ..
+        } = *message;
         tracing::trace!(topic, partition, offset, "badge stage: record");
         if !self.assigned.contains(&partition) {
             // A partition not restored (the topics are co-partitioned): a
@@ -295,9 +349,13 @@ impl BadgeStage {
             // so its offset is not committed.
             return;
         }
-        self.offsets.insert((topic.to_owned(), partition), offset + 1);
-        let actions = usize::from(topic == self.settings.badge.user_actions);
-        self.records_in[actions].increment(1);
+        let input = if topic == self.settings.badge.user_actions {
+            ACTIONS
+        } else {
+            OWN
+        };
+        self.offsets[input].insert(partition, offset + 1);
+        self.records_in[input].increment(1);
         let input = Input::read(&self.settings, message, self.layout.user_actions);
         match input.apply(&mut self.badges, now) {
             Applied::Nothing => {}
@@ -318,8 +376,8 @@ impl BadgeStage {
                 };
                 let out = self.output_topics();
                 self.outbox.push(readfold_wire::dead_letter::dead_letter(
-                    message.key(),
-                    message.payload(),
+                    message.key,
+                    message.payload,
                     &rejection,
                     &source,
                     &out,
@@ -356,7 +414,7 @@ impl BadgeStage {
         } else {
             self.pending.extend(self.badges.drain());
         }
-        if self.pending.is_empty() && self.outbox.is_empty() && self.offsets.is_empty() {
+        if self.pending.is_empty() && self.outbox.is_empty() && self.offsets.iter().all(BTreeMap::is_empty) {
             self.store();
             return Ok(());
         }
@@ -376,7 +434,9 @@ impl BadgeStage {
         telemetry::flushed(changed.len(), started.elapsed());
         tracing::debug!(badges = changed.len(), "badge stage: flush committed");
         self.outbox.clear();
-        self.committed.extend(self.offsets.drain());
+        for (committed, offsets) in self.committed.iter_mut().zip(&mut self.offsets) {
+            committed.extend(std::mem::take(offsets));
+        }
         self.pending.clear();
         for (user, badge) in changed {
             self.unstored.insert(user, (badge, now));
@@ -399,38 +459,46 @@ impl BadgeStage {
             let Offset::Offset(position) = e.offset() else {
                 continue;
             };
-            if !self.assigned.contains(&e.partition()) {
+            let Some(input) = self.input_of(e.topic()) else {
+                continue;
+            };
+            let partition = e.partition();
+            if !self.assigned.contains(&partition) {
                 continue;
             }
-            let key = (e.topic().to_owned(), e.partition());
-            if self.committed.get(&key).is_some_and(|&c| c >= position) {
+            if self.committed[input]
+                .get(&partition)
+                .is_some_and(|&c| c >= position)
+            {
                 continue;
             }
-            let next = self.offsets.entry(key).or_insert(position);
+            let next = self.offsets[input].entry(partition).or_insert(position);
             *next = (*next).max(position);
         }
     }
 
     fn commit(&self, changed: &[(UserId, Badge)], now: i64) -> Result<()> {
-        let producer = &self.producer;
+        let producer = self.producer.producer();
         producer.begin_transaction().map_err(Error::FatalTransaction)?;
         let body = || -> std::result::Result<(), KafkaError> {
-            for (user, badge) in changed {
-                let value = encode_user_badge(&UserBadgeRecord {
-                    user_id: user.to_string(),
-                    badge: *badge,
-                    updated_at: now,
-                });
-                let key = user.as_str().as_bytes();
-                let partition = partition_for_key(key, self.layout.user_badges);
-                send(
-                    producer,
-                    BaseRecord::to(&self.settings.badge.user_badges)
-                        .partition(partition)
-                        .key(key)
-                        .payload(value.as_slice()),
-                )?;
-            }
+            let values: Vec<Vec<u8>> = changed
+                .iter()
+                .map(|(user, badge)| encode_badge(user.as_str(), badge, now))
+                .collect();
+            let records: Vec<BatchRecord<'_>> = changed
+                .iter()
+                .zip(&values)
+                .map(|((user, _), value)| {
+                    let key = user.as_str().as_bytes();
+                    BatchRecord {
+                        partition: partition_for_key(key, self.layout.user_badges),
+                        key: Some(key),
+                        value: Some(value),
+                    }
+                })
+                .collect();
+            self.producer
+                .send_batch(&self.settings.badge.user_badges, &records)?;
             for record in &self.outbox {
                 let mut headers = OwnedHeaders::new();
                 for (name, value) in &record.headers {
@@ -451,8 +519,10 @@ impl BadgeStage {
                 send(producer, out)?;
             }
             let mut offsets = TopicPartitionList::new();
-            for ((topic, partition), offset) in &self.offsets {
-                offsets.add_partition_offset(topic, *partition, Offset::Offset(*offset))?;
+            for (topic, by_partition) in self.inputs().into_iter().zip(&self.offsets) {
+                for (&partition, &offset) in by_partition {
+                    offsets.add_partition_offset(topic, partition, Offset::Offset(offset))?;
+                }
             }
             if offsets.count() > 0 {
                 let group = self
@@ -476,26 +546,60 @@ impl BadgeStage {
         }
     }
 
-    /// Writes the committed badges to Redis; what fails is tried again at
-    /// the next flush.
+    /// Writes the committed badges to Redis on the runtime, so that the
+    /// stage folds and commits meanwhile; one write at a time, and what
+    /// fails is tried again with the next one.
     fn store(&mut self) {
         let Some(redis) = &self.settings.redis else {
             self.unstored.clear();
             return;
         };
+        if let Some(storing) = &self.storing {
+            if !storing.task.is_finished() {
+                return;
+            }
+            let Storing { task, batch } = self.storing.take().expect("a write under way");
+            let failed = match self.settings.runtime.block_on(task) {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(e) => Some(e.to_string()),
+            };
+            if let Some(error) = failed {
+                telemetry::redis_failed();
+                tracing::warn!(%error, users = batch.len(), "badge stage: Redis write failed; retrying with the next one");
+                // A badge committed since is newer and stays.
+                for (user, badge, at) in batch.iter() {
+                    self.unstored.entry(user.clone()).or_insert((*badge, *at));
+                }
+            }
+        }
         if self.unstored.is_empty() {
             return;
         }
-        let batch: Vec<(UserId, Badge, i64)> = self
-            .unstored
-            .iter()
-            .map(|(u, (b, at))| (u.clone(), *b, *at))
-            .collect();
-        match self.settings.runtime.block_on(redis.write_badges(&batch)) {
-            Ok(()) => self.unstored.clear(),
-            Err(e) => {
-                telemetry::redis_failed();
-                tracing::warn!(error = %e, users = batch.len(), "badge stage: Redis write failed; retrying at the next flush");
+        let batch: Arc<Vec<(UserId, Badge, i64)>> = Arc::new(
+            std::mem::take(&mut self.unstored)
+                .into_iter()
+                .map(|(u, (b, at))| (u, b, at))
+                .collect(),
+        );
+        let (redis, writing) = (redis.clone(), batch.clone());
+        let task = self
+            .settings
+            .runtime
+            .spawn(async move { redis.write_badges(&writing).await });
+        self.storing = Some(Storing { task, batch });
+    }
+
+    /// As the stage stops: waits for the write under way, then writes
+    /// what is left (a write that fails is tried again, up to three in all).
+    fn store_rest(&mut self) {
+        for _ in 0..3 {
+            if let Some(storing) = &mut self.storing {
+                let _ = self.settings.runtime.block_on(&mut storing.task);
+            }
+            self.store();
+            if self.storing.is_none() {
+                return;
             }
         }
     }
@@ -507,8 +611,8 @@ impl BadgeStage {
         // What was not committed is read again from the committed offsets.
         self.badges.forget_users();
         self.assigned.clear();
-        self.offsets.clear();
-        self.committed.clear();
+        self.offsets = Default::default();
+        self.committed = Default::default();
         self.outbox.clear();
         self.pending.clear();
         let topic = self.settings.topics.user_read_cursors.clone();
@@ -558,7 +662,7 @@ impl BadgeStage {
                 if message.offset() < end {
                     // At the time it was published: the state it made then.
                     let at = message.timestamp().to_millis().unwrap_or_else(now_ms);
-                    Input::read_own(&settings, message).restore(state, at);
+                    Input::read_own(&settings, message.key(), message.payload()).restore(state, at);
                 }
                 ControlFlow::Continue(())
             })?;
@@ -573,13 +677,25 @@ impl BadgeStage {
 }
 
 impl BadgeStage {
+    /// The input topics, as [`OWN`] and [`ACTIONS`] index them.
+    fn inputs(&self) -> [&str; 2] {
+        [
+            &self.settings.topics.user_read_cursors,
+            &self.settings.badge.user_actions,
+        ]
+    }
+
+    fn input_of(&self, topic: &str) -> Option<usize> {
+        self.inputs().iter().position(|&input| input == topic)
+    }
+
     /// Takes in what the conversations' changelog says of latest seqs
     /// since the last look.
     fn follow_latest(&mut self) -> Result<()> {
         let max_id_bytes = self.settings.input.max_id_bytes;
         // A busy conversation's members are recounted once per look, not
         // once per message.
-        let mut latest: HashMap<ConversationId, Seq> = HashMap::new();
+        let mut latest: FastMap<ConversationId, Seq> = FastMap::default();
         self.latest.poll_available(Duration::ZERO, |m| {
             if let Some((conversation, seq)) = latest_of(m, max_id_bytes) {
                 let highest = latest.entry(conversation).or_default();
@@ -597,13 +713,25 @@ impl BadgeStage {
 /// The conversation and latest seq of a conversations' changelog record;
 /// what does not decode is the first stage's to have dead-lettered, not
 /// this one's.
-fn latest_of(
-    m: &rdkafka::message::BorrowedMessage<'_>,
-    max_id_bytes: usize,
-) -> Option<(ConversationId, Seq)> {
-    match decode_changelog(ChangelogKind::ByConversation, m.key(), m.payload(), max_id_bytes) {
-        Ok(ChangelogEntry::Upsert(u)) => Some((u.conversation_id, u.latest_seq)),
-        _ => None,
+fn latest_of(m: &BorrowedMessage<'_>, max_id_bytes: usize) -> Option<(ConversationId, Seq)> {
+    latest_seq_of(m.payload(), max_id_bytes)
+}
+
+/// A Redis write under way.
+struct Storing {
+    task: tokio::task::JoinHandle<readfold_store::Result<()>>,
+    batch: Arc<Vec<(UserId, Badge, i64)>>,
+}
+
+/// A record of the consumer's own queue, as the routed queue lends them.
+fn queued<'a>(m: &'a BorrowedMessage<'_>) -> QueuedMessage<'a> {
+    QueuedMessage {
+        topic: m.topic(),
+        partition: m.partition(),
+        offset: m.offset(),
+        timestamp: m.timestamp().to_millis(),
+        key: m.key(),
+        payload: m.payload(),
     }
 }
 
