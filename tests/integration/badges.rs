@@ -15,7 +15,7 @@ use readfold_store::redis::RedisStore;
 use readfold_wire::badge::{decode_user_badge, encode_user_action, UserActionKind, UserActionRecord};
 
 use crate::kit::load::produce_mixed_load;
-use crate::kit::reference::{sent, Reference};
+use crate::kit::reference::{joined, report, sent, Reference};
 use crate::kit::*;
 
 /// Each user's badge as the reference fold's final state gives it, counted
@@ -195,6 +195,42 @@ async fn badges_equal_a_recount_after_a_mixed_workload_with_both_stages_killed()
             );
         }
     }
+    assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_while_the_badge_stage_is_down_reaches_the_badge_after_it() {
+    // b reads everything, then a message comes while no badge stage runs:
+    // b's own record does not change, only the conversation's latest seq.
+    let env = TestEnv::new("badges-down", 2).await;
+    let mut processor = env.spawn("a");
+    let mut stage = env.spawn_command("badges", "b1", &[]);
+    let mut reference = Reference::default();
+    let mut feed = env.feed(&mut reference);
+    for (c, peer) in [("down-1", "p1"), ("down-2", "p2")] {
+        feed.event(joined(c, "b", 0)).await;
+        feed.event(joined(c, peer, 0)).await;
+        feed.event(sent(c, peer, 1)).await;
+        feed.report(report(c, "b", 1)).await;
+    }
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    let rules = env.config.badge.rules().unwrap();
+    let read = expected_badges(&reference, rules, readfold_kafka::now_ms());
+    assert_eq!(read["b"].badge, 0);
+    wait_for_badges(&env, &read, Duration::from_secs(60)).await;
+
+    stage.kill();
+    env.feed(&mut reference).event(sent("down-1", "p1", 2)).await;
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    let mut stage = env.spawn_command("badges", "b1", &[]);
+    let want = expected_badges(&reference, rules, readfold_kafka::now_ms());
+    assert_eq!(want["b"].badge, 1, "one message unread");
+    wait_for_badges(&env, &want, Duration::from_secs(60)).await;
     assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());
     assert!(
         processor.terminate(Duration::from_secs(30)),

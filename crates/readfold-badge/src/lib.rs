@@ -30,7 +30,7 @@ mod config;
 mod input;
 mod telemetry;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -51,7 +51,7 @@ use readfold_kafka::reader::{TopicReader, Until};
 use readfold_kafka::routed_queue::{RouteSlot, RoutedReader};
 use readfold_kafka::{now_ms, KafkaConfig, TopicsConfig};
 use readfold_store::redis::RedisStore;
-use readfold_wire::badge::encode_badge;
+use readfold_wire::badge::{decode_user_badge, encode_badge};
 use readfold_wire::changelog::latest_seq_of;
 use readfold_wire::{Limits, OutRecord};
 
@@ -667,12 +667,66 @@ impl BadgeStage {
                 ControlFlow::Continue(())
             })?;
         }
-        // Published already; mutes that ran out since are changes.
-        self.badges.drain_all();
+        // What the badges topic holds already is not published again; a
+        // badge changed by a message the last owner never published (or
+        // that came while no instance ran), or by a mute that ran out
+        // since, differs from it and goes at the next flush.
         self.badges.expire(now_ms());
+        let restored = self.badges.drain_all();
+        let published = self.published_badges(&assigned)?;
+        let users: BTreeSet<UserId> = restored
+            .into_iter()
+            .map(|(user, _)| user)
+            .chain(published.keys().cloned())
+            .collect();
+        let mut republished = 0;
+        for user in users {
+            let badge = self.badges.badge(&user);
+            if published.get(&user).copied().unwrap_or_default() != badge {
+                self.pending.insert(user, badge);
+                republished += 1;
+            }
+        }
         telemetry::restored(records, started.elapsed());
-        tracing::info!(partitions = ?assigned, records, ms = started.elapsed().as_millis() as u64, "badge stage: partitions restored");
+        tracing::info!(partitions = ?assigned, records, badges = published.len(), republished, ms = started.elapsed().as_millis() as u64, "badge stage: partitions restored");
         Ok(())
+    }
+
+    /// The badges last published for the users of `partitions` of the
+    /// by-user changelog, read from the compacted badges topic.
+    fn published_badges(&self, partitions: &[i32]) -> Result<FastMap<UserId, Badge>> {
+        let topic = &self.settings.badge.user_badges;
+        let by_user = self.layout.user_actions;
+        // The stage creates the badges topic co-partitioned with its input;
+        // one made otherwise is read whole, each user kept or not.
+        let only = (self.layout.user_badges == by_user).then_some(partitions);
+        let reader = TopicReader::new(
+            &self.settings.kafka,
+            &format!("{}-published", self.settings.badge.group_id),
+            true,
+        )?;
+        let read = reader.assign_from_beginning(topic, only)?;
+        let max_id_bytes = self.settings.input.max_id_bytes;
+        let mut published = FastMap::default();
+        reader.read(
+            topic,
+            &read,
+            Until::End {
+                within: Duration::from_secs(600),
+            },
+            |m| {
+                let record = m.payload().and_then(|value| decode_user_badge(value).ok());
+                if let Some(r) = record {
+                    if let Ok(user) = UserId::parse(&r.user_id, max_id_bytes) {
+                        if partitions.contains(&partition_for_key(user.as_str().as_bytes(), by_user)) {
+                            published.insert(user, r.badge);
+                        }
+                    }
+                }
+                ControlFlow::Continue(())
+            },
+        )?;
+        Ok(published)
     }
 }
 
