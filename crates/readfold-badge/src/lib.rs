@@ -400,23 +400,35 @@ impl BadgeStage {
     }
 
     /// Publishes what changed since the last flush, with the offsets, in one
-    /// transaction; then writes the badges to Redis.
+    /// transaction (and, once per `badge.fanout_interval_ms`, big
+    /// conversations' fan-out in a second); then writes the badges to Redis.
     fn flush(&mut self) -> Result<()> {
         self.last_flush = Instant::now();
         let now = now_ms();
         self.follow_latest()?;
         self.take_positions();
         self.badges.expire(now);
+        self.pending.extend(self.badges.drain());
+        let committed = self.publish(now)?;
+        // Big conversations' fan-out goes in a transaction of its own,
+        // after the users' own changes, which so wait behind thousands of
+        // badges neither in this commit nor in the gateway's consumer.
         let fanout = Duration::from_millis(self.settings.badge.fanout_interval_ms);
-        if self.last_fanout.elapsed() >= fanout {
+        if committed && self.last_fanout.elapsed() >= fanout {
             self.last_fanout = Instant::now();
             self.pending.extend(self.badges.drain_all());
-        } else {
-            self.pending.extend(self.badges.drain());
+            self.publish(now)?;
         }
+        self.store();
+        Ok(())
+    }
+
+    /// Commits the pending badges, the outbox and the offsets in one
+    /// transaction; false if it failed and was aborted (all of it is tried
+    /// again at the next flush).
+    fn publish(&mut self, now: i64) -> Result<bool> {
         if self.pending.is_empty() && self.outbox.is_empty() && self.offsets.iter().all(BTreeMap::is_empty) {
-            self.store();
-            return Ok(());
+            return Ok(true);
         }
         let started = Instant::now();
         let changed: Vec<(UserId, Badge)> = self.pending.iter().map(|(u, b)| (u.clone(), *b)).collect();
@@ -428,7 +440,7 @@ impl BadgeStage {
                 // comes meanwhile) goes in the next flush.
                 tracing::warn!(error = %e, "badge stage: flush failed; retrying at the next one");
                 telemetry::flush_failed();
-                return Ok(());
+                return Ok(false);
             }
         }
         telemetry::flushed(changed.len(), started.elapsed());
@@ -441,8 +453,7 @@ impl BadgeStage {
         for (user, badge) in changed {
             self.unstored.insert(user, (badge, now));
         }
-        self.store();
-        Ok(())
+        Ok(true)
     }
 
     /// Moves each restored partition's offset to the consumer's position,
