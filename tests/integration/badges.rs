@@ -204,6 +204,50 @@ async fn badges_equal_a_recount_after_a_mixed_workload_with_both_stages_killed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn badge_instances_join_and_leave_under_load() {
+    // b1 starts before anything is on the changelogs; b2 and b3 join under
+    // load and b2 is SIGKILLed. The closing messages come from a member
+    // who may have left: every badge still equals a recount.
+    let env = TestEnv::new("badges-scale", 3).await;
+    let mut processor = env.spawn("a");
+    let mut b1 = env.spawn_command("badges", "b1", &[]);
+    let scaler = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut b2 = env.spawn_command("badges", "b2", &[]);
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        let b3 = env.spawn_command("badges", "b3", &[]);
+        tokio::time::sleep(Duration::from_millis(2000)).await;
+        assert!(b2.is_running(), "{}", b2.log_text());
+        b2.kill();
+        b3
+    };
+    let (mut load, mut b3) = tokio::join!(produce_mixed_load(&env, Duration::from_secs(10), 91), scaler);
+    for c in ["c0", "c1", "c2"] {
+        let id: readfold_core::ConversationId = c.parse().unwrap();
+        let next = load
+            .reference
+            .state
+            .conversation(&id)
+            .map_or(0, |v| v.latest_seq().get()) as i64
+            + 1;
+        env.feed(&mut load.reference).event(sent(c, "u0", next)).await;
+    }
+    env.wait_for_reference(&load.reference, Duration::from_secs(60))
+        .await;
+    let rules = env.config.badge.rules().unwrap();
+    let want = expected_badges(&load.reference, rules, readfold_kafka::now_ms());
+    wait_for_badges(&env, &want, Duration::from_secs(60)).await;
+    for stage in [&mut b1, &mut b3] {
+        assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());
+    }
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_while_the_badge_stage_is_down_reaches_the_badge_after_it() {
     // b reads everything, then a message comes while no badge stage runs:
     // b's own record does not change, only the conversation's latest seq.

@@ -540,6 +540,23 @@ impl Members {
         self.slots().iter()
     }
 
+    /// The positions and users of the members with a public record that
+    /// is not a tombstone: listed and present.
+    pub(crate) fn published(&self) -> impl Iterator<Item = (usize, u32)> + '_ {
+        self.slots()
+            .iter()
+            .enumerate()
+            .filter(|(_, slot)| slot.bits & LISTED != 0 && slot.bits & LEFT == 0)
+            .map(|(position, slot)| (position, slot.user()))
+    }
+
+    /// Whether the member at `position` has a public record that is not a
+    /// tombstone.
+    pub(crate) fn published_at(&self, position: usize) -> bool {
+        let bits = self.slots()[position].bits;
+        bits & LISTED != 0 && bits & LEFT == 0
+    }
+
     /// Adds `outputs` to what changed of the slot at `position`. Returns
     /// whether the slot was clean (one more dirty member) and whether the
     /// conversation was (one more dirty conversation).

@@ -904,7 +904,28 @@ impl PartitionState {
         if outputs.any() {
             self.dirty.mark(number, conv, position, outputs);
         }
-        outputs.any()
+        // A sender who left (a tombstone) or is not listed publishes no
+        // latest seq: another member's record carries it, or readers that
+        // follow latest seqs (the badge stage) never learn of the message.
+        let mut carried = outputs.any();
+        if raised
+            && matches!(event.kind, EventKind::MessageSent { .. })
+            && !conv.members.published_at(position)
+        {
+            carried = false;
+            // The lowest user id: the same member however the state is held.
+            let users = &self.users;
+            let other = conv
+                .members
+                .published()
+                .min_by(|a, b| users.id(a.1).cmp(users.id(b.1)))
+                .map(|(position, _)| position);
+            if let Some(other) = other {
+                self.dirty.mark(number, conv, other, Outputs::PUBLIC);
+                carried = true;
+            }
+        }
+        outputs.any() || carried
     }
 
     /// Rebuilds state from a public changelog record (restore). Marks
