@@ -14,7 +14,7 @@ use readfold_serve::client::HttpClient;
 use readfold_store::redis::RedisStore;
 use readfold_wire::badge::{decode_user_badge, encode_user_action, UserActionKind, UserActionRecord};
 
-use crate::kit::load::produce_mixed_load;
+use crate::kit::load::{produce_mixed_load, Load};
 use crate::kit::reference::{joined, report, sent, Reference};
 use crate::kit::*;
 
@@ -70,6 +70,27 @@ async fn wait_for_badges(env: &TestEnv, want: &BTreeMap<String, Badge>, timeout:
     }
 }
 
+/// Ends a mixed load with messages nobody reads (every other member's
+/// badge follows, though their own records do not change; the sender may
+/// have left), waits until the first stage folded everything, and returns
+/// each user's badge counted from scratch.
+async fn close_and_recount(env: &TestEnv, load: &mut Load) -> BTreeMap<String, Badge> {
+    for c in ["c0", "c1", "c2"] {
+        let id: readfold_core::ConversationId = c.parse().unwrap();
+        let next = load
+            .reference
+            .state
+            .conversation(&id)
+            .map_or(0, |v| v.latest_seq().get()) as i64
+            + 1;
+        env.feed(&mut load.reference).event(sent(c, "u0", next)).await;
+    }
+    env.wait_for_reference(&load.reference, Duration::from_secs(60))
+        .await;
+    let rules = env.config.badge.rules().unwrap();
+    expected_badges(&load.reference, rules, readfold_kafka::now_ms())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn badges_equal_a_recount_after_a_mixed_workload_with_both_stages_killed() {
     let env = TestEnv::new("badges", 3).await;
@@ -93,22 +114,7 @@ async fn badges_equal_a_recount_after_a_mixed_workload_with_both_stages_killed()
         }
     };
     let (mut load, ()) = tokio::join!(produce_mixed_load(&env, Duration::from_secs(10), 77), killer);
-    // Last, messages nobody reads: every other member's badge follows,
-    // though their own records do not change.
-    for c in ["c0", "c1", "c2"] {
-        let id: readfold_core::ConversationId = c.parse().unwrap();
-        let next = load
-            .reference
-            .state
-            .conversation(&id)
-            .map_or(0, |v| v.latest_seq().get()) as i64
-            + 1;
-        env.feed(&mut load.reference).event(sent(c, "u0", next)).await;
-    }
-    env.wait_for_reference(&load.reference, Duration::from_secs(60))
-        .await;
-    let rules = env.config.badge.rules().unwrap();
-    let want = expected_badges(&load.reference, rules, readfold_kafka::now_ms());
+    let want = close_and_recount(&env, &mut load).await;
     assert!(
         want.values().any(|b| b.badge > 0),
         "the load leaves something unread"
@@ -222,20 +228,7 @@ async fn badge_instances_join_and_leave_under_load() {
         b3
     };
     let (mut load, mut b3) = tokio::join!(produce_mixed_load(&env, Duration::from_secs(10), 91), scaler);
-    for c in ["c0", "c1", "c2"] {
-        let id: readfold_core::ConversationId = c.parse().unwrap();
-        let next = load
-            .reference
-            .state
-            .conversation(&id)
-            .map_or(0, |v| v.latest_seq().get()) as i64
-            + 1;
-        env.feed(&mut load.reference).event(sent(c, "u0", next)).await;
-    }
-    env.wait_for_reference(&load.reference, Duration::from_secs(60))
-        .await;
-    let rules = env.config.badge.rules().unwrap();
-    let want = expected_badges(&load.reference, rules, readfold_kafka::now_ms());
+    let want = close_and_recount(&env, &mut load).await;
     wait_for_badges(&env, &want, Duration::from_secs(60)).await;
     for stage in [&mut b1, &mut b3] {
         assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());

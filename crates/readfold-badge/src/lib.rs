@@ -305,7 +305,7 @@ impl BadgeStage {
                 None => {}
                 Some(Err(e)) if readfold_kafka::error::is_fatal(&e) => return Err(e.into()),
                 Some(Err(e)) => tracing::warn!(error = %e, "badge stage: consumer error"),
-                Some(Ok(message)) => self.take(&queued(&message), now),
+                Some(Ok(message)) => self.take(&QueuedMessage::of(&message), now),
             }
             let mut taken = 0;
             while taken < TAKE_BATCH {
@@ -786,18 +786,6 @@ fn latest_of(m: &BorrowedMessage<'_>, max_id_bytes: usize) -> Option<(Conversati
 struct Storing {
     task: tokio::task::JoinHandle<readfold_store::Result<()>>,
     batch: Arc<Vec<(UserId, Badge, i64)>>,
-}
-
-/// A record of the consumer's own queue, as the routed queue lends them.
-fn queued<'a>(m: &'a BorrowedMessage<'_>) -> QueuedMessage<'a> {
-    QueuedMessage {
-        topic: m.topic(),
-        partition: m.partition(),
-        offset: m.offset(),
-        timestamp: m.timestamp().to_millis(),
-        key: m.key(),
-        payload: m.payload(),
-    }
 }
 
 /// Queues a record, waiting while librdkafka's queue is full.

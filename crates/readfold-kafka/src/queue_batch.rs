@@ -36,6 +36,21 @@ pub struct QueuedMessage<'a> {
     pub payload: Option<&'a [u8]>,
 }
 
+impl<'a> QueuedMessage<'a> {
+    /// A message polled one at a time (from a consumer's own queue), as a
+    /// batch lends them.
+    pub fn of(message: &'a impl rdkafka::message::Message) -> Self {
+        QueuedMessage {
+            topic: message.topic(),
+            partition: message.partition(),
+            offset: message.offset(),
+            timestamp: message.timestamp().to_millis(),
+            key: message.key(),
+            payload: message.payload(),
+        }
+    }
+}
+
 /// The last batch librdkafka took off a queue, handed over in order.
 pub(crate) struct QueueBatch {
     /// `slots[..taken]` hold the batch, of which `slots[..next]` were

@@ -17,13 +17,7 @@ pub(crate) struct Record<'a> {
 impl<'a> Record<'a> {
     /// A message of the consumer's own queue.
     pub fn of(message: &'a impl Message) -> Self {
-        Record {
-            topic: message.topic(),
-            partition: message.partition(),
-            offset: message.offset(),
-            key: message.key(),
-            payload: message.payload(),
-        }
+        QueuedMessage::of(message).into()
     }
 
     pub fn to_owned(self) -> OwnedRecord {

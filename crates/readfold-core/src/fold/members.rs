@@ -205,6 +205,12 @@ impl Slot {
         self.user
     }
 
+    /// Whether the member's public record is an upsert, not a tombstone or
+    /// none: listed and present.
+    fn is_published(&self) -> bool {
+        self.bits & LISTED != 0 && self.bits & LEFT == 0
+    }
+
     fn extra<'a>(&self, extras: &'a Extras) -> Option<&'a Extra> {
         (self.bits & HAS_EXTRA != 0).then(|| extras.get(self.join_seq_or_extra))
     }
@@ -546,15 +552,14 @@ impl Members {
         self.slots()
             .iter()
             .enumerate()
-            .filter(|(_, slot)| slot.bits & LISTED != 0 && slot.bits & LEFT == 0)
+            .filter(|(_, slot)| slot.is_published())
             .map(|(position, slot)| (position, slot.user()))
     }
 
     /// Whether the member at `position` has a public record that is not a
     /// tombstone.
     pub(crate) fn published_at(&self, position: usize) -> bool {
-        let bits = self.slots()[position].bits;
-        bits & LISTED != 0 && bits & LEFT == 0
+        self.slots()[position].is_published()
     }
 
     /// Adds `outputs` to what changed of the slot at `position`. Returns

@@ -907,12 +907,11 @@ impl PartitionState {
         // A sender who left (a tombstone) or is not listed publishes no
         // latest seq: another member's record carries it, or readers that
         // follow latest seqs (the badge stage) never learn of the message.
-        let mut carried = outputs.any();
+        let mut marked = outputs.any();
         if raised
             && matches!(event.kind, EventKind::MessageSent { .. })
             && !conv.members.published_at(position)
         {
-            carried = false;
             // The lowest user id: the same member however the state is held.
             let users = &self.users;
             let other = conv
@@ -922,10 +921,10 @@ impl PartitionState {
                 .map(|(position, _)| position);
             if let Some(other) = other {
                 self.dirty.mark(number, conv, other, Outputs::PUBLIC);
-                carried = true;
+                marked = true;
             }
         }
-        outputs.any() || carried
+        marked
     }
 
     /// Rebuilds state from a public changelog record (restore). Marks
