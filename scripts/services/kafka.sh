@@ -249,6 +249,13 @@ transaction.state.log.num.partitions=1
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
+# KIP-848 groups take their session timeout and heartbeat from the broker:
+# a SIGKILLed member's partitions move after 6 s, as in the tests' classic
+# groups (session.timeout.ms 6000), and moves are seen within a second.
+group.consumer.min.session.timeout.ms=2000
+group.consumer.session.timeout.ms=6000
+group.consumer.min.heartbeat.interval.ms=500
+group.consumer.heartbeat.interval.ms=1000
 log.cleaner.enable=true
 log.cleaner.backoff.ms=1000
 log.retention.check.interval.ms=30000

@@ -319,7 +319,8 @@ pub fn committed<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, plan: &FlushPla
 /// snapshot backlog is given back. With `same_assignment` (no rebalance
 /// since [`begin`]), so are its dead letters (ahead of newer ones) and its
 /// offsets, unless newer input has moved them on; after a revoke the input
-/// will be delivered again, as [`PartitionSlot::forget_uncommitted`] says.
+/// will be delivered again, as [`PartitionSlot::forget_uncommitted`] says,
+/// and so it is for a partition restored anew since.
 pub fn failed<D: Clone>(
     slots: &mut BTreeMap<i32, PartitionSlot<D>>,
     plan: &FlushPlan<D>,
@@ -347,12 +348,17 @@ pub fn failed<D: Clone>(
     if !same_assignment {
         return;
     }
+    // A partition released and taken again since (the consumer protocol's
+    // incremental rebalances) has another restore: its input is read again
+    // from the committed offsets.
+    let same_restore =
+        |partition: &i32, slot: &PartitionSlot<D>| plan.restore_of.get(partition) == Some(&slot.restore);
     for &(kind, partition, offset) in &plan.offsets {
-        if let Some(slot) = slots.get_mut(&partition) {
+        if let Some(slot) = slots.get_mut(&partition).filter(|s| same_restore(&partition, s)) {
             slot.offsets.entry(kind).or_insert(offset);
         }
     }
-    for (partition, slot) in slots.iter_mut() {
+    for (partition, slot) in slots.iter_mut().filter(|(p, s)| same_restore(p, s)) {
         let older: Vec<D> = plan
             .dead_letters
             .iter()
@@ -908,6 +914,27 @@ mod tests {
         slots.clear();
         failed(&mut slots, &first, true);
         assert!(slots.is_empty());
+    }
+
+    /// The consumer protocol released partition 0 and gave it back while
+    /// the flush was in flight: the new slot reads its input again from the
+    /// committed offsets, so nothing of the old one's progress comes back;
+    /// partition 1, held throughout, gets its offset and dead letter back.
+    #[test]
+    fn a_failed_flush_gives_no_progress_back_to_a_partition_restored_anew() {
+        let mut slots = slots_with(&[(0, report("C", "u", 3)), (1, report("D", "u", 2))]);
+        for slot in slots.values_mut() {
+            slot.dead_letters.push("bad");
+        }
+        let first = begin(&mut slots);
+        slots.insert(
+            0,
+            PartitionSlot::restored(PartitionState::new(), SnapshotDue::Nothing),
+        );
+        failed(&mut slots, &first, true);
+        assert!(slots[&0].offsets.is_empty() && slots[&0].dead_letters.is_empty());
+        assert_eq!(slots[&1].offsets[&InputKind::ReadReports], 11);
+        assert_eq!(slots[&1].dead_letters, ["bad"]);
     }
 
     /// A flush that commits after its partition was restored again adds

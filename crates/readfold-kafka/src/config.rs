@@ -14,13 +14,54 @@ pub struct KafkaConfig {
     pub group_id: String,
     pub instance_id: String,
     pub transaction_timeout_ms: u64,
+    /// How the processor's consumer group assigns partitions.
+    #[serde(default)]
+    pub group_protocol: GroupProtocol,
     /// librdkafka properties passed to every client as they are.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
 }
 
+/// The consumer group protocol of the processor's group (the badge stage's
+/// group is always `classic`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupProtocol {
+    /// Kafka's classic protocol with the eager range assignor: every
+    /// rebalance stops every member's partitions.
+    #[default]
+    Classic,
+    /// KIP-848 (Kafka 4): the broker's range assignor, incremental. Only
+    /// the partitions that move stop; session timeout and heartbeat
+    /// interval are the broker's (`group.consumer.*`).
+    Consumer,
+}
+
+/// Properties that only the protocol's own settings may set: passed through
+/// they would break the rebalance handling, or librdkafka refuses them
+/// under the consumer protocol ("defined broker side").
+const GROUP_PROTOCOL_OWNED: [&str; 4] = [
+    "group.protocol",
+    "partition.assignment.strategy",
+    "session.timeout.ms",
+    "heartbeat.interval.ms",
+];
+
 impl KafkaConfig {
     pub fn check(&self) -> Result<(), String> {
+        if self.properties.contains_key("group.protocol") {
+            return Err("kafka.properties must not set group.protocol: use kafka.group_protocol".into());
+        }
+        if self.group_protocol == GroupProtocol::Consumer {
+            if let Some(key) = GROUP_PROTOCOL_OWNED
+                .iter()
+                .find(|k| self.properties.contains_key(**k))
+            {
+                return Err(format!(
+                    "kafka.properties must not set {key} with kafka.group_protocol = \"consumer\": the broker's group.consumer.* settings decide it"
+                ));
+            }
+        }
         if self.group_id.is_empty() {
             return Err("kafka.group_id must not be empty".into());
         }
@@ -237,6 +278,28 @@ pub(crate) mod tests {
     fn the_defaults_pass_their_checks() {
         default_section::<KafkaConfig>("kafka").check().unwrap();
         default_section::<TopicsConfig>("topics").check().unwrap();
+    }
+
+    #[test]
+    fn the_group_protocol_is_set_only_by_its_own_key() {
+        let mut kafka: KafkaConfig = default_section("kafka");
+        assert_eq!(kafka.group_protocol, GroupProtocol::Classic);
+        kafka
+            .properties
+            .insert("session.timeout.ms".into(), "6000".into());
+        kafka.check().unwrap();
+        kafka.group_protocol = GroupProtocol::Consumer;
+        let e = kafka.check().unwrap_err();
+        assert!(
+            e.contains("session.timeout.ms") && e.contains("group.consumer"),
+            "{e}"
+        );
+        kafka.properties.clear();
+        kafka.check().unwrap();
+        kafka
+            .properties
+            .insert("group.protocol".into(), "consumer".into());
+        assert!(kafka.check().unwrap_err().contains("kafka.group_protocol"));
     }
 
     #[test]

@@ -27,7 +27,7 @@ pub mod queue_batch;
 pub mod reader;
 pub mod routed_queue;
 
-pub use config::{KafkaConfig, TopicsConfig};
+pub use config::{GroupProtocol, KafkaConfig, TopicsConfig};
 pub use error::{is_fatal, Error, Result};
 
 /// Milliseconds since the Unix epoch, as readfold stamps the records it

@@ -159,6 +159,34 @@ impl QueueBatch {
         self.taken = 0;
     }
 
+    /// Destroys the messages not yet handed over (and the one lent last)
+    /// of the partitions `gone` says, keeping the others in order.
+    pub(crate) fn discard_where(&mut self, gone: impl Fn(&str, i32) -> bool) {
+        self.destroy_lent();
+        let mut kept = self.next;
+        for i in self.next..self.taken {
+            let message = self.slots[i];
+            // SAFETY: taken off the queue by us, not yet destroyed; its
+            // topic lives as long as the message.
+            let m = unsafe { &*message };
+            let topic = (!m.rkt.is_null())
+                .then(|| {
+                    unsafe { CStr::from_ptr(rdsys::rd_kafka_topic_name(m.rkt)) }
+                        .to_str()
+                        .ok()
+                })
+                .flatten();
+            if topic.is_some_and(|t| gone(t, m.partition)) {
+                // SAFETY: as above, destroyed once.
+                unsafe { rdsys::rd_kafka_message_destroy(message) };
+            } else {
+                self.slots[kept] = message;
+                kept += 1;
+            }
+        }
+        self.taken = kept;
+    }
+
     fn destroy_lent(&mut self) {
         if std::mem::take(&mut self.lent) {
             // SAFETY: taken off the queue by us and destroyed once.

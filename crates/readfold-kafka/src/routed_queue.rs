@@ -188,6 +188,14 @@ impl RoutedReader {
         self.batch.discard();
     }
 
+    /// Destroys the taken messages not yet handed over of the `released`
+    /// partitions (topic, partition): the group took them away, and
+    /// whoever holds them next reads them again from the committed offsets.
+    pub fn discard_released(&mut self, released: &[(String, i32)]) {
+        self.batch
+            .discard_where(|topic, partition| released.iter().any(|(t, p)| t == topic && *p == partition));
+    }
+
     /// How many offsets this consumer has still to take before it reaches
     /// the ends of `partitions` (topic, partition, end offset if known),
     /// summed: each end less the consumer's position in that partition

@@ -120,9 +120,7 @@ impl Processor {
                 }
             };
             if let Some(record) = deferred {
-                if self.apply_group_events() {
-                    routed.discard();
-                }
+                self.apply_group_events(routed);
                 self.restore_assigned().await?;
                 self.process(record).await?;
             }

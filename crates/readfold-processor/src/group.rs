@@ -9,27 +9,39 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use rdkafka::client::ClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol, StreamConsumer};
 use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 use readfold_kafka::routed_queue::{RouteSlot, RoutedReader};
-use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_kafka::{GroupProtocol, KafkaConfig, TopicsConfig};
 
 use crate::error::Result;
 use crate::telemetry;
 
-/// What the consumer group told us, in order.
+/// What the consumer group told us, in order. The classic protocol
+/// revokes and assigns whole; the consumer protocol (KIP-848) adds and
+/// releases some partitions while the rest go on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GroupEvent {
-    Revoked {
-        lost: bool,
-    },
+    /// Everything goes.
+    Revoked { lost: bool },
+    /// The whole new assignment.
     Assigned {
         partitions: Vec<(String, i32)>,
         /// The assignment already waited for stable committed offsets
         /// ([`start_at_committed`]): a restore need not wait again.
         offsets_stable: bool,
+    },
+    /// These come, beside what is held.
+    Added {
+        partitions: Vec<(String, i32)>,
+        offsets_stable: bool,
+    },
+    /// These go; the rest stay.
+    Released {
+        partitions: Vec<(String, i32)>,
+        lost: bool,
     },
 }
 
@@ -140,30 +152,60 @@ impl ClientContext for GroupContext {
 }
 
 impl ConsumerContext for GroupContext {
-    /// Applies a rebalance as rdkafka's own handler does (the range
-    /// assignor is eager: assign and unassign whole) and queues its event
-    /// for the run loop, except that an assignment names where each
-    /// partition starts. Left to librdkafka, a partition without a committed offset
-    /// waits 100 ms before it asks for its first offset (its offset reset
-    /// backs off as after an error): every first start of a group lost
-    /// that much before its first record.
+    /// Applies a rebalance as rdkafka's own handler does (whole under the
+    /// classic protocol's eager range assignor, incrementally under the
+    /// consumer protocol) and queues its event for the run loop, except
+    /// that an assignment names where each partition starts. Left to
+    /// librdkafka, a partition without a committed offset waits 100 ms
+    /// before it asks for its first offset (its offset reset backs off as
+    /// after an error): every first start of a group lost that much before
+    /// its first record.
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let incremental = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        let named = |tpl: &TopicPartitionList| {
+            tpl.elements()
+                .iter()
+                .map(|e| (e.topic().to_owned(), e.partition()))
+                .collect()
+        };
         if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS {
             let offsets_stable = start_at_committed(consumer, tpl, self.committed_wait);
             self.routed.route(tpl);
-            if let Err(e) = consumer.assign(tpl) {
+            let applied = if incremental {
+                consumer.incremental_assign(tpl)
+            } else {
+                consumer.assign(tpl)
+            };
+            if let Err(e) = applied {
                 tracing::error!(error = %e, "could not apply the group's assignment");
             }
             telemetry::rebalance("assign");
-            let partitions = tpl
-                .elements()
-                .iter()
-                .map(|e| (e.topic().to_owned(), e.partition()))
-                .collect();
-            self.push(GroupEvent::Assigned {
-                partitions,
-                offsets_stable,
+            let partitions = named(tpl);
+            self.push(if incremental {
+                GroupEvent::Added {
+                    partitions,
+                    offsets_stable,
+                }
+            } else {
+                GroupEvent::Assigned {
+                    partitions,
+                    offsets_stable,
+                }
             });
+        } else if incremental {
+            // A revoke, or a rebalance error: what it names goes.
+            if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS {
+                telemetry::rebalance("revoke");
+            }
+            let lost =
+                err != RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS || consumer.assignment_lost();
+            self.push(GroupEvent::Released {
+                partitions: named(tpl),
+                lost,
+            });
+            if let Err(e) = consumer.incremental_unassign(tpl) {
+                tracing::error!(error = %e, "could not apply the group's revoke");
+            }
         } else {
             // A revoke, or a rebalance error: either way nothing stays
             // assigned, as rdkafka's own handler does.
@@ -250,20 +292,26 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         routed: RouteSlot::default(),
         stable_ends: Mutex::default(),
     };
-    let consumer: GroupConsumer = kafka
-        .backlog_client_config()
+    let mut config = kafka.backlog_client_config();
+    config
         .set("group.id", &kafka.group_id)
         .set("enable.auto.commit", "false")
         // As NONE_COMMITTED_START.
         .set("auto.offset.reset", "earliest")
         // Input producers may be transactional too.
         .set("isolation.level", "read_committed")
-        // Range puts partition p of both inputs on one member; see topology.md.
-        .set("partition.assignment.strategy", "range")
         // Often enough for a catch-up's pacing to know the inputs' ends
         // (see `Processor::queue_drained`).
-        .set("statistics.interval.ms", "100")
-        .create_with_context(context)?;
+        .set("statistics.interval.ms", "100");
+    // Either range assignor puts partition p of both inputs on one member;
+    // see topology.md.
+    match kafka.group_protocol {
+        GroupProtocol::Classic => config.set("partition.assignment.strategy", "range"),
+        GroupProtocol::Consumer => config
+            .set("group.protocol", "consumer")
+            .set("group.remote.assignor", "range"),
+    };
+    let consumer: GroupConsumer = config.create_with_context(context)?;
     Ok((consumer, GroupEvents(events)))
 }
 

@@ -329,9 +329,7 @@ impl Processor {
             };
             // Rebalance callbacks ran inside recv(); apply them before
             // touching any partition's state.
-            if self.apply_group_events() {
-                routed.discard();
-            }
+            self.apply_group_events(&mut routed);
             self.restore_assigned().await?;
             match step {
                 Step::Shutdown => break,
@@ -379,7 +377,7 @@ impl Processor {
         if let Err(e) = self.finish_snapshot().await {
             tracing::warn!(error = %e, "the snapshot in flight failed; its keys go into the final one");
         }
-        self.apply_group_events();
+        self.apply_group_events(&mut routed);
         // A partition whose checkpoint turned out damaged is left out of
         // the final flush and of the checkpoints written now: its file is
         // set aside, and whoever owns it next restores it from the
@@ -416,25 +414,51 @@ impl Processor {
         Ok(())
     }
 
-    /// Applies the group events queued since the last call; true if there
-    /// were any.
-    fn apply_group_events(&mut self) -> bool {
-        let inputs = [
-            self.settings.topics.read_reports.as_str(),
-            self.settings.topics.conversation_events.as_str(),
-        ];
+    /// Applies the group events queued since the last call, and drops
+    /// what `routed` took off its queue that they made stale.
+    fn apply_group_events(&mut self, routed: &mut RoutedReader) {
         let events = self.events.take();
-        let any = !events.is_empty();
+        if events.is_empty() {
+            return;
+        }
+        let topics = self.settings.topics.clone();
+        let inputs = [topics.read_reports.as_str(), topics.conversation_events.as_str()];
         for event in events {
-            // Paused partitions are resumed by the next assignment anyway.
-            self.schedule.group_changed();
-            self.offsets_stable = matches!(
-                event,
-                GroupEvent::Assigned {
-                    offsets_stable: true,
-                    ..
+            match &event {
+                GroupEvent::Revoked { .. } | GroupEvent::Assigned { .. } => {
+                    // Paused partitions are resumed by the next assignment
+                    // anyway, and every partition is fetched again from
+                    // its committed offset.
+                    self.schedule.group_changed();
+                    routed.discard();
                 }
-            );
+                GroupEvent::Released { partitions, lost } => {
+                    routed.discard_released(partitions);
+                    let of = |input: &str| -> Vec<i32> {
+                        partitions
+                            .iter()
+                            .filter(|(t, _)| t == input)
+                            .map(|(_, p)| *p)
+                            .collect()
+                    };
+                    tracing::info!(read_reports = ?of(inputs[0]), conversation_events = ?of(inputs[1]), lost, "partitions released");
+                }
+                GroupEvent::Added { .. } => {}
+            }
+            match &event {
+                GroupEvent::Assigned { offsets_stable, .. } => self.offsets_stable = *offsets_stable,
+                // Partitions added earlier may wait for their restore yet.
+                GroupEvent::Added { offsets_stable, .. } => {
+                    self.offsets_stable = *offsets_stable && self.partitions.unrestored().is_empty();
+                }
+                GroupEvent::Revoked { .. } => self.offsets_stable = false,
+                GroupEvent::Released { .. } => {}
+            }
+            let added = matches!(event, GroupEvent::Added { .. });
+            // The consumer protocol's assign after a revoke may add nothing.
+            if matches!(&event, GroupEvent::Added { partitions, .. } if partitions.is_empty()) {
+                continue;
+            }
             let Some(assignment) = self.partitions.apply(event, inputs) else {
                 self.report_partitions();
                 continue;
@@ -447,10 +471,17 @@ impl Processor {
             }
             tracing::info!(read_reports = ?assignment.read_reports, conversation_events = ?assignment.conversation_events, "partitions assigned");
             self.health.joined();
-            telemetry::paused(false);
+            if added && self.schedule.is_paused() {
+                // Added partitions fetch at once; the dirty bound holds
+                // them back too.
+                if let Err(e) = self.set_paused(true) {
+                    tracing::warn!(error = %e, "could not pause the added partitions");
+                }
+            } else if !added {
+                telemetry::paused(false);
+            }
             self.report_partitions();
         }
-        any
     }
 
     /// Tells readiness probes how many partitions are owned and how many

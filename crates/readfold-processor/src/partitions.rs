@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use readfold_core::flush::{self, PartitionSlot};
-use readfold_core::fold::StoredFault;
+use readfold_core::fold::{InputKind, StoredFault};
 use readfold_wire::OutRecord;
 
 use crate::group::GroupEvent;
@@ -33,9 +33,12 @@ pub struct Partitions {
     owned_by_input: [Vec<i32>; 2],
     /// Between a revoke and the next assignment nothing is flushed.
     pub suspended: bool,
-    /// Counts group events: a flush that began in another generation must
-    /// not give back input offsets or dead letters of a partition that may
-    /// have moved meanwhile.
+    /// Counts whole assignments and revokes (the classic protocol): a flush
+    /// that began in another generation must not give back input offsets or
+    /// dead letters of a partition that may have moved meanwhile. The
+    /// consumer protocol's incremental changes leave it as it is: a
+    /// partition released loses its slot, and one that comes back has
+    /// another restore (see `flush::failed`).
     pub generation: u64,
 }
 
@@ -44,9 +47,11 @@ impl Partitions {
     /// (read reports, conversation events). Returns the new assignment,
     /// if the event was one.
     pub fn apply(&mut self, event: GroupEvent, inputs: [&str; 2]) -> Option<Assignment> {
-        self.generation += 1;
         match event {
+            GroupEvent::Added { partitions, .. } => Some(self.add(&partitions, inputs)),
+            GroupEvent::Released { partitions, lost } => Some(self.release(&partitions, lost, inputs)),
             GroupEvent::Revoked { lost } => {
+                self.generation += 1;
                 self.owned.clear();
                 self.owned_by_input = Default::default();
                 for slot in self.slots.values_mut() {
@@ -60,6 +65,7 @@ impl Partitions {
                 None
             }
             GroupEvent::Assigned { partitions, .. } => {
+                self.generation += 1;
                 let of = |topic: &str| -> Vec<i32> {
                     let mut p: Vec<i32> = partitions
                         .iter()
@@ -70,12 +76,7 @@ impl Partitions {
                     p
                 };
                 let (reports, events) = (of(inputs[0]), of(inputs[1]));
-                let one_sided = reports
-                    .iter()
-                    .filter(|p| !events.contains(p))
-                    .chain(events.iter().filter(|p| !reports.contains(p)))
-                    .copied()
-                    .collect();
+                let one_sided = one_sided(&reports, &events);
                 self.owned = reports.iter().chain(&events).copied().collect();
                 self.owned_by_input = [reports.clone(), events.clone()];
                 // Another member may have owned a partition we did not get
@@ -91,6 +92,75 @@ impl Partitions {
                     one_sided,
                 })
             }
+        }
+    }
+
+    /// The consumer protocol added `partitions` (topic, partition).
+    fn add(&mut self, partitions: &[(String, i32)], inputs: [&str; 2]) -> Assignment {
+        for (topic, p) in partitions {
+            if let Some(input) = inputs.iter().position(|i| i == topic) {
+                self.owned_by_input[input].push(*p);
+            }
+        }
+        self.incremental_assignment()
+    }
+
+    /// The consumer protocol took `partitions` away; the rest stay, with
+    /// their state and offsets, and go on folding.
+    fn release(&mut self, partitions: &[(String, i32)], lost: bool, inputs: [&str; 2]) -> Assignment {
+        for (topic, p) in partitions {
+            if let Some(input) = inputs.iter().position(|i| i == topic) {
+                self.owned_by_input[input].retain(|q| q != p);
+            }
+        }
+        let assignment = self.incremental_assignment();
+        // One input of a partition still held (never under the broker's
+        // range assignor, which moves both): its offsets are not ours to
+        // commit any more.
+        for (topic, p) in partitions {
+            let kind = match inputs.iter().position(|i| i == topic) {
+                Some(0) => InputKind::ReadReports,
+                Some(_) => InputKind::ConversationEvents,
+                None => continue,
+            };
+            if let Some(slot) = self.slots.get_mut(p) {
+                slot.offsets.remove(&kind);
+            }
+        }
+        // Owned elsewhere from now on, its state goes stale: a partition
+        // that comes back is restored anew, and a flush in flight gives
+        // nothing back to it (`flush::failed` compares restores).
+        let owned = &self.owned;
+        let gone: Vec<i32> = self
+            .slots
+            .keys()
+            .filter(|p| !owned.contains(p))
+            .copied()
+            .collect();
+        for p in &gone {
+            self.slots.remove(p);
+        }
+        if lost && !gone.is_empty() {
+            tracing::warn!(partitions = ?gone, "partitions lost: dropping their state");
+        }
+        assignment
+    }
+
+    /// After an incremental change to `owned_by_input`: the partitions
+    /// owned are those of either input (the broker's range assignor moves
+    /// both together), and nothing is suspended.
+    fn incremental_assignment(&mut self) -> Assignment {
+        for input in &mut self.owned_by_input {
+            input.sort_unstable();
+            input.dedup();
+        }
+        let [reports, events] = &self.owned_by_input;
+        self.owned = reports.iter().chain(events).copied().collect();
+        self.suspended = false;
+        Assignment {
+            read_reports: reports.clone(),
+            conversation_events: events.clone(),
+            one_sided: one_sided(reports, events),
         }
     }
 
@@ -158,6 +228,16 @@ impl Partitions {
     }
 }
 
+/// Partitions held for one input only.
+fn one_sided(reports: &[i32], events: &[i32]) -> Vec<i32> {
+    reports
+        .iter()
+        .filter(|p| !events.contains(p))
+        .chain(events.iter().filter(|p| !reports.contains(p)))
+        .copied()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,6 +293,69 @@ mod tests {
         assert_eq!(a.conversation_events, [1]);
         assert_eq!(a.one_sided, [2]);
         assert_eq!(parts.slots.keys().copied().collect::<Vec<_>>(), [1]);
+    }
+
+    fn added(pairs: &[(&str, i32)]) -> GroupEvent {
+        GroupEvent::Added {
+            partitions: pairs.iter().map(|(t, p)| (t.to_string(), *p)).collect(),
+            offsets_stable: true,
+        }
+    }
+
+    fn released(pairs: &[(&str, i32)]) -> GroupEvent {
+        GroupEvent::Released {
+            partitions: pairs.iter().map(|(t, p)| (t.to_string(), *p)).collect(),
+            lost: false,
+        }
+    }
+
+    #[test]
+    fn incremental_changes_keep_what_stays_and_drop_what_goes() {
+        let mut parts = Partitions::default();
+        parts.apply(
+            added(&[("reports", 0), ("events", 0), ("reports", 1), ("events", 1)]),
+            INPUTS,
+        );
+        with_slot(&mut parts, 0);
+        with_slot(&mut parts, 1);
+        let generation = parts.generation;
+        let a = parts
+            .apply(released(&[("reports", 1), ("events", 1)]), INPUTS)
+            .unwrap();
+        assert_eq!((a.read_reports, a.conversation_events), (vec![0], vec![0]));
+        assert!(!parts.suspended, "what stays goes on");
+        assert!(parts.owns(0) && !parts.owns(1));
+        assert_eq!(
+            parts.slots.keys().copied().collect::<Vec<_>>(),
+            [0],
+            "1's state went stale"
+        );
+        assert_eq!(
+            parts.slots[&0].offsets[&InputKind::ReadReports],
+            5,
+            "0 keeps its progress"
+        );
+        assert_eq!(
+            parts.generation, generation,
+            "a flush in flight still gives 0 its work back"
+        );
+        parts.apply(added(&[("events", 2), ("reports", 2)]), INPUTS);
+        assert_eq!(parts.owned_by_input(), &[vec![0, 2], vec![0, 2]]);
+        assert_eq!(parts.unrestored(), [2]);
+    }
+
+    #[test]
+    fn releasing_one_input_of_a_held_partition_gives_up_its_offsets_only() {
+        let mut parts = Partitions::default();
+        parts.apply(added(&[("reports", 0), ("events", 0)]), INPUTS);
+        with_slot(&mut parts, 0);
+        let slot = parts.slots.get_mut(&0).unwrap();
+        slot.processed(InputKind::ConversationEvents, 8);
+        let a = parts.apply(released(&[("events", 0)]), INPUTS).unwrap();
+        assert_eq!(a.one_sided, [0]);
+        let offsets = &parts.slots[&0].offsets;
+        assert_eq!(offsets.get(&InputKind::ReadReports), Some(&5));
+        assert_eq!(offsets.get(&InputKind::ConversationEvents), None);
     }
 
     #[test]

@@ -85,6 +85,9 @@ impl TestEnv {
         overrides: Vec<(String, String)>,
     ) -> TestEnv {
         let prefix = unique(&format!("it.{test}"));
+        let consumer_protocol = overrides
+            .iter()
+            .any(|(k, v)| k == "READFOLD__KAFKA__GROUP_PROTOCOL" && v == "consumer");
         let vars: Vec<(String, String)> = [
             ("READFOLD__KAFKA__BOOTSTRAP_SERVERS", bootstrap()),
             ("READFOLD__KAFKA__GROUP_ID", prefix.clone()),
@@ -119,6 +122,9 @@ impl TestEnv {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))
         .filter(|(k, _)| !overrides.iter().any(|(o, _)| o == k))
+        // The consumer protocol's session timeout is the broker's (6 s in
+        // services.sh); readfold refuses a client one.
+        .filter(|(k, _)| !(consumer_protocol && k == "READFOLD__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS"))
         .chain(overrides.iter().cloned())
         .collect();
         let config = Config::from_sources(None, vars.clone()).expect("test config");
