@@ -236,6 +236,23 @@ impl FlushSchedule {
         (delay, actions)
     }
 
+    /// The flush in flight failed after the group changed under it (under
+    /// the consumer protocol its group metadata is then stale, and the
+    /// broker refuses its offsets): not a trouble that passes with time, so
+    /// it is tried again as soon as a committed one would be, with the
+    /// current metadata, and the backoff does not grow.
+    pub fn flush_failed_over_rebalance(
+        &mut self,
+        mut status: Status,
+        queued: bool,
+        lag: impl FnOnce() -> i64,
+    ) -> Vec<Action> {
+        let mut actions = Vec::new();
+        self.backpressure(&mut status, &mut actions);
+        self.after_flush(status, queued, lag, &mut actions);
+        actions
+    }
+
     /// A transactional producer broke: whether to start over (drop what
     /// is not committed, rejoin, restore) rather than give up.
     pub fn producer_broke(&mut self) -> bool {
@@ -632,6 +649,23 @@ mod tests {
         l.at(340).fold(1);
         assert_eq!(l.at(345).timer(), [Action::StartFlush]);
         let (delay, _) = l.at(350).failed(1);
+        assert_eq!(delay, 100 * MS);
+    }
+
+    #[test]
+    fn a_flush_failed_over_a_rebalance_is_retried_at_once() {
+        let mut l = Loop::new(config());
+        l.at(0).fold(1);
+        l.at(5).timer();
+        l.status.flushing_since = None;
+        l.status.dirty += 1;
+        l.status.pending = true;
+        let status = l.at(10).status;
+        let actions = l.schedule.flush_failed_over_rebalance(status, false, || 0);
+        assert_eq!(actions, [Action::StartFlush]);
+        // A later failure of the broker's still backs off from the first delay.
+        l.carry_out(&actions);
+        let (delay, _) = l.at(20).failed(1);
         assert_eq!(delay, 100 * MS);
     }
 

@@ -47,6 +47,18 @@ impl From<KafkaError> for Error {
 }
 
 impl Error {
+    /// Whether the broker refused a transaction's offsets because the group
+    /// moved on since the flush took its group metadata (under the consumer
+    /// protocol every assignment change bumps the member epoch): tried
+    /// again at once with the current metadata.
+    pub fn is_stale_group_member(&self) -> bool {
+        use rdkafka::types::RDKafkaErrorCode as Code;
+        matches!(self, Error::Transaction(e) if matches!(
+            e.rdkafka_error_code(),
+            Some(Code::IllegalGeneration | Code::StaleMemberEpoch | Code::UnknownMemberId | Code::RebalanceInProgress)
+        ))
+    }
+
     /// Whether the operation may succeed later without anyone stepping in.
     pub fn is_retriable(&self) -> bool {
         match self {

@@ -50,10 +50,18 @@ pub(crate) struct InFlight {
     plan: Arc<FlushPlan<OutRecord>>,
     /// The assignment generation it began in.
     generation: u64,
+    /// `Partitions::changes` when it began.
+    group_changes: u64,
     started: Instant,
 }
 
 impl InFlight {
+    /// Whether the group changed (any rebalance, whole or incremental)
+    /// since it began.
+    pub(crate) fn began_before(&self, partitions: &crate::partitions::Partitions) -> bool {
+        self.group_changes != partitions.changes
+    }
+
     /// When it began.
     pub(crate) fn started(&self) -> Instant {
         self.started
@@ -149,6 +157,7 @@ impl Processor {
             task: tokio::spawn(writer.write(Arc::clone(&plan), group)),
             plan,
             generation: self.partitions.generation,
+            group_changes: self.partitions.changes,
             started: Instant::now(),
         }
     }

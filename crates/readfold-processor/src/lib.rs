@@ -336,8 +336,9 @@ impl Processor {
                 Step::Rebalanced => {}
                 Step::Flushed(outcome) => {
                     let flight = self.in_flight.take().expect("a flush was in flight");
+                    let rebalanced = flight.began_before(&self.partitions);
                     let outcome = self.settle(flight, outcome);
-                    self.flush_settled(outcome, &routed).await?;
+                    self.flush_settled(outcome, rebalanced, &routed).await?;
                 }
                 Step::Snapshotted(outcome) => {
                     let flight = self.snapshot_in_flight.take().expect("a snapshot was in flight");
@@ -542,9 +543,15 @@ impl Processor {
     }
 
     /// After a flush settled: what arrived meanwhile goes out now (behind
-    /// a backlog, a little later), a failure is retried with backoff, and a
-    /// broken producer is replaced.
-    async fn flush_settled(&mut self, outcome: Result<()>, routed: &RoutedReader) -> Result<()> {
+    /// a backlog, a little later), a failure is retried with backoff (at
+    /// once if the group changed since the flush began), and a broken
+    /// producer is replaced.
+    async fn flush_settled(
+        &mut self,
+        outcome: Result<()>,
+        rebalanced: bool,
+        routed: &RoutedReader,
+    ) -> Result<()> {
         let status = self.status();
         let queued = routed.has_more();
         let (partitions, consumer) = (&self.partitions, &self.consumer);
@@ -553,6 +560,10 @@ impl Processor {
             Ok(()) => self.schedule.flush_committed(status, queued, lag),
             Err(e @ (Error::FatalTransaction(_) | Error::UnsettledTransaction(_))) => {
                 return self.recover_producer(e).await
+            }
+            Err(e) if e.is_retriable() && (rebalanced || e.is_stale_group_member()) => {
+                tracing::info!(error = %e, "flush failed after a rebalance; retrying at once");
+                self.schedule.flush_failed_over_rebalance(status, queued, lag)
             }
             Err(e) if e.is_retriable() => {
                 let (delay, actions) = self.schedule.flush_failed(status, queued, lag);

@@ -40,6 +40,8 @@ pub struct Partitions {
     /// partition released loses its slot, and one that comes back has
     /// another restore (see `flush::failed`).
     pub generation: u64,
+    /// Counts every group event, whole or incremental.
+    pub changes: u64,
 }
 
 impl Partitions {
@@ -47,6 +49,7 @@ impl Partitions {
     /// (read reports, conversation events). Returns the new assignment,
     /// if the event was one.
     pub fn apply(&mut self, event: GroupEvent, inputs: [&str; 2]) -> Option<Assignment> {
+        self.changes += 1;
         match event {
             GroupEvent::Added { partitions, .. } => Some(self.add(&partitions, inputs)),
             GroupEvent::Released { partitions, lost } => Some(self.release(&partitions, lost, inputs)),
