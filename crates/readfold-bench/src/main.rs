@@ -16,6 +16,7 @@ mod latency;
 mod memory;
 mod pipeline;
 mod raw_consumer;
+mod rebalance;
 mod replay;
 mod restart;
 mod restore;
@@ -122,6 +123,11 @@ enum Bench {
     /// maximum rate, with `readfold run` as a child process on fresh
     /// topics, and the cores each process used and waited for.
     Latency(latency::Args),
+    /// Scaling `readfold run` 1 -> 3 -> 1 instances under a steady load,
+    /// under the classic and the consumer (KIP-848) group protocols side by
+    /// side: how long each partition stops, and report-to-changelog latency
+    /// during the moves.
+    Rebalance(rebalance::Args),
     /// Internal (the throughput bench's child): read both inputs to their
     /// end as a plain group consumer, commit, and exit.
     #[command(hide = true)]
@@ -147,6 +153,7 @@ impl Bench {
                 | Bench::Throughput(_)
                 | Bench::Restart(_)
                 | Bench::Latency(_)
+                | Bench::Rebalance(_)
                 | Bench::BadgeStage(_)
         )
     }
@@ -216,6 +223,10 @@ fn run(bench: Bench, config: Config) -> Result<()> {
         }
         Bench::Restart(args) => {
             restart::print_restart(&runtime.block_on(restart::restart(&config, &args))?, &args);
+        }
+        Bench::Rebalance(args) => {
+            let runs = runtime.block_on(rebalance::rebalance(&config, &args))?;
+            rebalance::print_rebalance(&args, &runs);
         }
         Bench::Latency(args) => {
             latency::print_latency_runs(&runtime.block_on(latency::latency_runs(&config, &args))?);

@@ -1,0 +1,343 @@
+//! `readfold-bench rebalance --seconds S`: what scaling out and back in
+//! costs the partitions that move and those that stay, under each consumer
+//! group protocol in turn (`classic`: the eager range assignor; `consumer`:
+//! KIP-848's broker-side range assignor, incremental), side by side in one
+//! run. For each, on fresh topics: `readfold run` instance a alone under
+//! the latency bench's chat workload offered open-loop at `--rate`; S s later
+//! instances b and c join (1 -> 3); S s later they stop cleanly (3 -> 1);
+//! S s more. Every changelog record's arrival is noted with its partition.
+//! A partition's longest gap between arrivals within a phase is how long it
+//! stopped: at the offered rate each partition's changelog moves with every
+//! flush, so a steady phase's longest gap is the flush cadence. Beside it,
+//! the report-to-changelog latency of the records sent in each phase.
+//!
+//! Not loadgen's workload: its Zipf-skewed conversations leave some
+//! partitions without a record for seconds, and a gap could not tell a
+//! stop from idleness. This one spreads every second's records over all
+//! partitions.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use readfold::config::Config;
+use readfold_core::partitioner::partition_for_key;
+use readfold_kafka::admin::ensure_topics;
+use readfold_kafka::now_ms;
+use readfold_kafka::producer::InputProducer;
+use readfold_wire::changelog::ChangelogEntry;
+
+use crate::child::{config_vars, free_addr, http_get, spawn, ChildGuard};
+use crate::error::{Error, Result};
+use crate::fresh::{changelog_watcher, delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::stats::percentile;
+use crate::workload::{ChatWorkload, Generated};
+
+#[derive(Clone, Debug, clap::Args)]
+pub struct Args {
+    /// Seconds per phase (one instance; 1 -> 3; 3 -> 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..))]
+    pub seconds: u64,
+    /// Records per second offered, open-loop.
+    #[arg(long, default_value_t = 3000.0)]
+    pub rate: f64,
+    /// Partitions of the fresh topics.
+    #[arg(long, default_value_t = 12)]
+    pub partitions: i32,
+    /// The group protocols measured, in order.
+    #[arg(long, value_delimiter = ',', default_value = "classic,consumer")]
+    pub protocols: Vec<Protocol>,
+}
+
+/// `kafka.group_protocol`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Protocol {
+    Classic,
+    Consumer,
+}
+
+impl Protocol {
+    fn name(self) -> &'static str {
+        match self {
+            Protocol::Classic => "classic",
+            Protocol::Consumer => "consumer",
+        }
+    }
+}
+
+/// Unrecorded load before the first phase: instance a settles in.
+const WARM_UP: Duration = Duration::from_secs(5);
+/// A partition counts as stopped in a phase when its longest gap passes this.
+const STOPPED_MS: f64 = 1000.0;
+
+/// One phase's figures.
+#[derive(Clone, Debug)]
+pub struct PhaseRow {
+    pub phase: &'static str,
+    /// Report-to-changelog (ms) of the records sent in the phase, sorted.
+    pub latency_ms: Vec<f64>,
+    /// Each partition's longest gap between changelog arrivals (ms), by
+    /// partition.
+    pub longest_gap_ms: Vec<f64>,
+}
+
+/// One protocol's run.
+#[derive(Clone, Debug)]
+pub struct ProtocolRun {
+    pub protocol: Protocol,
+    pub achieved: f64,
+    pub phases: Vec<PhaseRow>,
+}
+
+/// A changelog record: its partition, send time and arrival (ms).
+type Arrival = (i32, i64, i64);
+
+pub async fn rebalance(config: &Config, args: &Args) -> Result<Vec<ProtocolRun>> {
+    let mut runs = Vec::new();
+    for &protocol in &args.protocols {
+        runs.push(run(config, args, protocol).await?);
+    }
+    Ok(runs)
+}
+
+async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<ProtocolRun> {
+    let mut config = on_fresh_topics(config, &format!("rebalance-{}", protocol.name()));
+    config.topics.partitions = args.partitions;
+    let layout = ensure_topics(&config.kafka, &config.topics).await?;
+    let partitions = layout.partitions;
+    let instance = |name: &str| -> Result<(ChildGuard, String)> {
+        let metrics = free_addr()?.to_string();
+        let mut vars = config_vars(&config);
+        vars.retain(|(k, _)| k != "READFOLD__KAFKA__INSTANCE_ID");
+        vars.extend([
+            ("READFOLD__KAFKA__INSTANCE_ID".to_owned(), name.to_owned()),
+            (
+                "READFOLD__KAFKA__GROUP_PROTOCOL".to_owned(),
+                protocol.name().to_owned(),
+            ),
+            ("READFOLD__METRICS__LISTEN".to_owned(), metrics.clone()),
+        ]);
+        Ok((spawn("run", &vars)?, metrics))
+    };
+    let (mut a, a_metrics) = instance("a")?;
+    wait_ready(&mut a, &a_metrics).await?;
+
+    let arrivals: Arc<Mutex<Vec<Arrival>>> = Arc::default();
+    let following = Arc::new(AtomicBool::new(true));
+    let reader = changelog_watcher(&config)?;
+    reader.follow(None)?;
+    let follower = {
+        let (arrivals, following) = (arrivals.clone(), following.clone());
+        tokio::task::spawn_blocking(move || -> Result<()> {
+            while following.load(Ordering::Relaxed) {
+                reader.for_each_available(Duration::from_millis(50), |entry| {
+                    if let ChangelogEntry::Upsert(update) = entry {
+                        let partition =
+                            partition_for_key(update.conversation_id.as_str().as_bytes(), partitions);
+                        arrivals
+                            .lock()
+                            .expect("bench lock")
+                            .push((partition, update.updated_at, now_ms()));
+                    }
+                })?;
+            }
+            Ok(())
+        })
+    };
+
+    let producer = Arc::new(InputProducer::new(&config.kafka, &config.topics, partitions)?);
+    let phase = Duration::from_secs(args.seconds);
+    let membership = async {
+        tokio::time::sleep(WARM_UP).await;
+        let steady = now_ms();
+        tokio::time::sleep(phase).await;
+        let joined = now_ms();
+        let (b, c) = (instance("b")?, instance("c")?);
+        tokio::time::sleep(phase).await;
+        let left = now_ms();
+        // Both stop at once, cleanly, leaving the group as a scale-in does.
+        let stops = [b.0, c.0].map(|child| tokio::task::spawn_blocking(move || stop(child)));
+        for s in stops {
+            s.await.map_err(Error::task("stopping an instance"))??;
+        }
+        tokio::time::sleep(phase.saturating_sub(Duration::from_millis((now_ms() - left).max(0) as u64)))
+            .await;
+        Ok::<_, Error>([steady, joined, left, now_ms()])
+    };
+    let (achieved, marks) = tokio::join!(offer(&producer, args.rate, WARM_UP + phase * 3), membership);
+    let (achieved, marks) = (achieved?, marks?);
+    // The last flushes land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    following.store(false, Ordering::Relaxed);
+    follower.await.map_err(Error::task("changelog follower"))??;
+    drop(a);
+
+    let arrivals = arrivals.lock().expect("bench lock").clone();
+    let phases = ["1 instance", "1 -> 3", "3 -> 1"]
+        .into_iter()
+        .zip(marks.windows(2))
+        .map(|(name, w)| phase_row(name, &arrivals, partitions, w[0], w[1]))
+        .collect();
+    delete_bench_topics(&config.kafka, config.topics.names()).await?;
+    delete_bench_keys(&config.redis).await;
+    Ok(ProtocolRun {
+        protocol,
+        achieved,
+        phases,
+    })
+}
+
+/// Offers the chat workload at `rate` records/s for `duration`, open-loop:
+/// each tick sends what is due by the clock, whatever the broker took.
+/// Returns the rate achieved.
+async fn offer(producer: &Arc<InputProducer>, rate: f64, duration: Duration) -> Result<f64> {
+    let mut workload = ChatWorkload::new("");
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut sends = tokio::task::JoinSet::new();
+    while started.elapsed() < duration {
+        let due = (rate * started.elapsed().as_secs_f64()) as u64;
+        let (mut reports, mut events) = (Vec::new(), Vec::new());
+        let at = now_ms();
+        while sent < due {
+            match workload.next(at) {
+                Generated::Report(r) => reports.push(r),
+                Generated::Event(e) => events.push(e),
+            }
+            sent += 1;
+        }
+        if !reports.is_empty() || !events.is_empty() {
+            let producer = producer.clone();
+            sends.spawn(async move { producer.send_many(&reports, &events).await });
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let achieved = sent as f64 / started.elapsed().as_secs_f64();
+    while let Some(done) = sends.join_next().await {
+        done.map_err(Error::task("send"))??;
+    }
+    Ok(achieved)
+}
+
+/// The figures of the phase `[from, to)` (epoch ms).
+fn phase_row(phase: &'static str, arrivals: &[Arrival], partitions: i32, from: i64, to: i64) -> PhaseRow {
+    let mut latency_ms: Vec<f64> = arrivals
+        .iter()
+        .filter(|(_, sent, _)| (from..to).contains(sent))
+        .map(|&(_, sent, arrived)| (arrived - sent) as f64)
+        .collect();
+    latency_ms.sort_by(f64::total_cmp);
+    let longest_gap_ms = (0..partitions)
+        .map(|p| {
+            let mut at: Vec<i64> = arrivals
+                .iter()
+                .filter(|(q, _, arrived)| *q == p && (from..to).contains(arrived))
+                .map(|&(_, _, arrived)| arrived)
+                .collect();
+            at.sort_unstable();
+            let mut last = from;
+            let mut longest = 0;
+            for t in at.into_iter().chain([to]) {
+                longest = longest.max(t - last);
+                last = t;
+            }
+            longest as f64
+        })
+        .collect();
+    PhaseRow {
+        phase,
+        latency_ms,
+        longest_gap_ms,
+    }
+}
+
+/// Waits until the child's `/readyz` answers 200 (two minutes at most).
+async fn wait_ready(child: &mut ChildGuard, metrics: &str) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.exited() {
+            return Err(Error::Exited {
+                child: "readfold run",
+                status,
+                when: "before it was ready",
+            });
+        }
+        let ready = http_get(metrics, "/readyz").is_ok_and(|r| r.contains(" 200 "));
+        if ready || started.elapsed() > Duration::from_secs(120) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// SIGTERM, then waits for the clean stop.
+fn stop(mut child: ChildGuard) -> Result<()> {
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.pid().to_string()])
+        .status()
+        .map_err(Error::io("kill"))?;
+    if !status.success() {
+        return Err(Error::Signal {
+            child: "readfold run",
+            pid: child.pid(),
+            status,
+        });
+    }
+    child.0.wait().map_err(Error::io("waiting for readfold run"))?;
+    Ok(())
+}
+
+pub fn print_rebalance(args: &Args, runs: &[ProtocolRun]) {
+    println!(
+        "rebalance: the chat workload offered at {:.0} records/s, {} partitions, {} s per phase",
+        args.rate, args.partitions, args.seconds
+    );
+    println!();
+    println!(
+        "{:<9} {:>9} {:<11} {:>26} {:>17} {:>14}",
+        "protocol", "achieved", "phase", "report-to-changelog ms", "longest stop ms", "stopped > 1 s"
+    );
+    println!(
+        "{:<9} {:>9} {:<11} {:>26} {:>17} {:>14}",
+        "", "/s", "", "p50 / p99 / max", "median / max", "partitions"
+    );
+    for run in runs {
+        for row in &run.phases {
+            let l = &row.latency_ms;
+            let mut gaps = row.longest_gap_ms.clone();
+            gaps.sort_by(f64::total_cmp);
+            let stopped = gaps.iter().filter(|g| **g > STOPPED_MS).count();
+            println!(
+                "{:<9} {:>9.0} {:<11} {:>26} {:>17} {:>14}",
+                run.protocol.name(),
+                run.achieved,
+                row.phase,
+                format!(
+                    "{:.0} / {:.0} / {:.0}",
+                    percentile(l, 0.5),
+                    percentile(l, 0.99),
+                    l.last().copied().unwrap_or(0.0)
+                ),
+                format!(
+                    "{:.0} / {:.0}",
+                    percentile(&gaps, 0.5),
+                    gaps.last().copied().unwrap_or(0.0)
+                ),
+                format!("{stopped} of {}", gaps.len()),
+            );
+        }
+    }
+    println!();
+    println!("longest gap between changelog arrivals per partition (ms, partition 0 first):");
+    for run in runs {
+        for row in &run.phases {
+            let gaps: Vec<String> = row.longest_gap_ms.iter().map(|g| format!("{g:.0}")).collect();
+            println!(
+                "  {:<9} {:<11} {}",
+                run.protocol.name(),
+                row.phase,
+                gaps.join(" ")
+            );
+        }
+    }
+}
