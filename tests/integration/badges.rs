@@ -211,10 +211,29 @@ async fn badges_equal_a_recount_after_a_mixed_workload_with_both_stages_killed()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn badge_instances_join_and_leave_under_load() {
-    // b1 starts before anything is on the changelogs; b2 and b3 join under
-    // load and b2 is SIGKILLed. The closing messages come from a member
-    // who may have left: every badge still equals a recount.
     let env = TestEnv::new("badges-scale", 3).await;
+    badge_instances_join_and_leave(&env).await;
+}
+
+/// The same under the consumer protocol (KIP-848): each instance keeps the
+/// users of the partitions it holds through every change, forgets those of
+/// the ones it gives up and restores those it takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn badge_instances_join_and_leave_incrementally_under_the_consumer_protocol() {
+    let env = TestEnv::with_vars(
+        "badges-scale-kip848",
+        3,
+        &[("READFOLD__KAFKA__GROUP_PROTOCOL", "consumer")],
+    )
+    .await;
+    let b1 = badge_instances_join_and_leave(&env).await;
+    assert!(b1.contains("partitions forgotten"), "b1 gave nothing up:\n{b1}");
+}
+
+/// b1 starts before anything is on the changelogs; b2 and b3 join under
+/// load and b2 is SIGKILLed. The closing messages come from a member who
+/// may have left: every badge still equals a recount. Returns b1's log.
+async fn badge_instances_join_and_leave(env: &TestEnv) -> String {
     let mut processor = env.spawn("a");
     let mut b1 = env.spawn_command("badges", "b1", &[]);
     let scaler = async {
@@ -227,9 +246,9 @@ async fn badge_instances_join_and_leave_under_load() {
         b2.kill();
         b3
     };
-    let (mut load, mut b3) = tokio::join!(produce_mixed_load(&env, Duration::from_secs(10), 91), scaler);
-    let want = close_and_recount(&env, &mut load).await;
-    wait_for_badges(&env, &want, Duration::from_secs(60)).await;
+    let (mut load, mut b3) = tokio::join!(produce_mixed_load(env, Duration::from_secs(10), 91), scaler);
+    let want = close_and_recount(env, &mut load).await;
+    wait_for_badges(env, &want, Duration::from_secs(60)).await;
     for stage in [&mut b1, &mut b3] {
         assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());
     }
@@ -238,6 +257,7 @@ async fn badge_instances_join_and_leave_under_load() {
         "{}",
         processor.log_text()
     );
+    b1.log_text()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

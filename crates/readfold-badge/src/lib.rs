@@ -111,11 +111,33 @@ const MAX_WAIT: Duration = Duration::from_millis(100);
 const OWN: usize = 0;
 const ACTIONS: usize = 1;
 
+/// A change of the group's assignment: (topic, partition)s added or taken
+/// away. The eager protocol takes everything away, then adds the new
+/// assignment; the consumer protocol (KIP-848) adds and takes away only
+/// what moves.
+enum Change {
+    Assigned(Vec<(String, i32)>),
+    Revoked(Vec<(String, i32)>),
+}
+
 /// Receives the group's callbacks: routes an assignment to the batched
-/// queue and records the rebalance, which the loop acts on after the poll.
+/// queue and records the change, which the loop acts on after the poll.
 struct StageContext {
-    rebalanced: Arc<AtomicBool>,
+    changes: std::sync::Mutex<Vec<Change>>,
     routed: RouteSlot,
+}
+
+impl StageContext {
+    fn take_changes(&self) -> Vec<Change> {
+        std::mem::take(&mut *self.changes.lock().expect("changes lock"))
+    }
+}
+
+fn partitions_of(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
 }
 
 impl ClientContext for StageContext {
@@ -149,9 +171,12 @@ impl ConsumerContext for StageContext {
     }
 
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
-        if !matches!(rebalance, Rebalance::Error(_)) {
-            self.rebalanced.store(true, Ordering::Release);
-        }
+        let change = match rebalance {
+            Rebalance::Assign(tpl) => Change::Assigned(partitions_of(tpl)),
+            Rebalance::Revoke(tpl) => Change::Revoked(partitions_of(tpl)),
+            Rebalance::Error(_) => return,
+        };
+        self.changes.lock().expect("changes lock").push(change);
     }
 }
 
@@ -159,13 +184,17 @@ impl ConsumerContext for StageContext {
 pub struct BadgeStage {
     settings: BadgeSettings,
     consumer: Arc<BaseConsumer<StageContext>>,
-    rebalanced: Arc<AtomicBool>,
     producer: BatchProducer<readfold_kafka::context::LogContext>,
     layout: Layout,
     /// The state of the users of the assigned partitions.
     badges: Badges,
-    /// Assigned partitions of the by-user changelog, restored.
-    assigned: std::collections::BTreeSet<i32>,
+    /// Partitions assigned, by input ([`OWN`], [`ACTIONS`]).
+    held: [BTreeSet<i32>; 2],
+    /// Partitions held on both inputs and restored: the ones folded.
+    active: BTreeSet<i32>,
+    /// Next offset to take of each active partition, by input: where it
+    /// resumes after a change of the assignment.
+    next: [BTreeMap<i32, i64>; 2],
     /// Follows every partition of the conversations' changelog.
     latest: TopicReader,
     /// Next offset to commit, by input ([`OWN`], [`ACTIONS`]) and partition.
@@ -173,7 +202,7 @@ pub struct BadgeStage {
     /// Offsets this incarnation committed last, likewise.
     committed: [BTreeMap<i32, i64>; 2],
     /// Records for the next transaction besides the badges.
-    outbox: Vec<OutRecord>,
+    outbox: Vec<(i32, OutRecord)>,
     /// Badges drained from the state and not yet committed.
     pending: BTreeMap<UserId, Badge>,
     /// Badges committed to Kafka but not yet written to Redis.
@@ -241,19 +270,20 @@ impl BadgeStage {
             ms = started.elapsed().as_millis() as u64,
             "badge stage: latest seqs read"
         );
-        let rebalanced = Arc::new(AtomicBool::new(false));
-        let consumer: BaseConsumer<StageContext> = settings
-            .kafka
-            .client_config()
+        let mut config = settings.kafka.client_config();
+        config
             .set("group.id", &settings.badge.group_id)
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
             .set("auto.offset.reset", "earliest")
-            .set("statistics.interval.ms", "1000")
-            .create_with_context(StageContext {
-                rebalanced: rebalanced.clone(),
-                routed: RouteSlot::default(),
-            })?;
+            .set("statistics.interval.ms", "1000");
+        // Partition p of both inputs (co-partitioned by user) on one
+        // member; see `reassign`.
+        settings.kafka.set_range_assignor(&mut config);
+        let consumer: BaseConsumer<StageContext> = config.create_with_context(StageContext {
+            changes: Default::default(),
+            routed: RouteSlot::default(),
+        })?;
         consumer.subscribe(&[&settings.topics.user_read_cursors, &settings.badge.user_actions])?;
         telemetry::describe();
         let records_in = [
@@ -263,11 +293,12 @@ impl BadgeStage {
         Ok(BadgeStage {
             settings,
             consumer: Arc::new(consumer),
-            rebalanced,
             producer: BatchProducer::new(Arc::new(producer)),
             layout,
             badges,
-            assigned: Default::default(),
+            held: Default::default(),
+            active: Default::default(),
+            next: Default::default(),
             latest,
             offsets: Default::default(),
             committed: Default::default(),
@@ -293,11 +324,9 @@ impl BadgeStage {
             // The consumer's own queue holds the group's callbacks, errors,
             // and the records of a partition that could not be routed.
             let polled = consumer.poll(Duration::ZERO);
-            if self.rebalanced.swap(false, Ordering::AcqRel) {
-                // Taken off the queue before the rebalance: consumption
-                // restarts at the committed offsets.
-                routed.discard();
-                self.restore_assigned()?;
+            let changes = consumer.context().take_changes();
+            if !changes.is_empty() {
+                self.reassign(changes, &mut routed)?;
             }
             // One clock read per batch.
             let now = now_ms();
@@ -343,10 +372,10 @@ impl BadgeStage {
             ..
         } = *message;
         tracing::trace!(topic, partition, offset, "badge stage: record");
-        if !self.assigned.contains(&partition) {
-            // A partition not restored (the topics are co-partitioned): a
-            // rebalance is pending, and the record is read again after it,
-            // so its offset is not committed.
+        if !self.active.contains(&partition) {
+            // Not held on both inputs, or not restored yet: read again from
+            // where it resumes once it is (see `reassign`), so its offset is
+            // not committed.
             return;
         }
         let input = if topic == self.settings.badge.user_actions {
@@ -355,6 +384,7 @@ impl BadgeStage {
             OWN
         };
         self.offsets[input].insert(partition, offset + 1);
+        self.next[input].insert(partition, offset + 1);
         self.records_in[input].increment(1);
         let input = Input::read(&self.settings, message, self.layout.user_actions);
         match input.apply(&mut self.badges, now) {
@@ -363,8 +393,10 @@ impl BadgeStage {
                 telemetry::marked_all_read(reports.len());
                 let partitions = self.layout.read_reports;
                 for report in reports {
-                    self.outbox
-                        .push(report.into_record(&self.settings.topics.read_reports, partitions));
+                    self.outbox.push((
+                        partition,
+                        report.into_record(&self.settings.topics.read_reports, partitions),
+                    ));
                 }
             }
             Applied::Rejected(rejection) => {
@@ -375,12 +407,15 @@ impl BadgeStage {
                     offset,
                 };
                 let out = self.output_topics();
-                self.outbox.push(readfold_wire::dead_letter::dead_letter(
-                    message.key,
-                    message.payload,
-                    &rejection,
-                    &source,
-                    &out,
+                self.outbox.push((
+                    partition,
+                    readfold_wire::dead_letter::dead_letter(
+                        message.key,
+                        message.payload,
+                        &rejection,
+                        &source,
+                        &out,
+                    ),
                 ));
             }
         }
@@ -474,7 +509,7 @@ impl BadgeStage {
                 continue;
             };
             let partition = e.partition();
-            if !self.assigned.contains(&partition) {
+            if !self.active.contains(&partition) {
                 continue;
             }
             if self.committed[input]
@@ -510,7 +545,7 @@ impl BadgeStage {
                 .collect();
             self.producer
                 .send_batch(&self.settings.badge.user_badges, &records)?;
-            for record in &self.outbox {
+            for (_, record) in &self.outbox {
                 let mut headers = OwnedHeaders::new();
                 for (name, value) in &record.headers {
                     headers = headers.insert(Header {
@@ -615,44 +650,111 @@ impl BadgeStage {
         }
     }
 
-    /// Drops all state and rebuilds the assigned partitions' from the input
-    /// up to the group's committed offsets.
-    fn restore_assigned(&mut self) -> Result<()> {
-        let started = Instant::now();
-        // What was not committed is read again from the committed offsets.
-        self.badges.forget_users();
-        self.assigned.clear();
-        self.offsets = Default::default();
-        self.committed = Default::default();
-        self.outbox.clear();
-        self.pending.clear();
-        let topic = self.settings.topics.user_read_cursors.clone();
-        let assignment = self.consumer.assignment()?;
-        let assigned: Vec<i32> = assignment
-            .elements_for_topic(&topic)
-            .iter()
-            .map(|e| e.partition())
-            .collect();
-        if assigned.is_empty() {
-            return Ok(());
+    /// Applies changes of the assignment. A partition is folded while it
+    /// is held on both inputs (co-partitioned by user): one that stops
+    /// being so is forgotten (its next owner reads it from the committed
+    /// offsets), one that starts is restored. The batch taken off the
+    /// queue is dropped and every partition still folded resumes at its
+    /// next offset not yet taken, so nothing read before the change is
+    /// skipped or taken twice.
+    fn reassign(&mut self, changes: Vec<Change>, routed: &mut RoutedReader) -> Result<()> {
+        for change in changes {
+            let (partitions, assigned) = match change {
+                Change::Assigned(p) => (p, true),
+                Change::Revoked(p) => (p, false),
+            };
+            for (topic, partition) in partitions {
+                let Some(input) = self.input_of(&topic) else {
+                    continue;
+                };
+                if assigned {
+                    self.held[input].insert(partition);
+                } else {
+                    self.held[input].remove(&partition);
+                }
+            }
         }
-        let committed = self.consumer.committed(Duration::from_secs(30))?;
-        let ends: Vec<(i32, i64)> = assigned
-            .iter()
-            .map(|&p| {
-                let end = committed
-                    .find_partition(&topic, p)
-                    .and_then(|e| match e.offset() {
-                        Offset::Offset(o) => Some(o),
-                        _ => None,
-                    })
-                    .unwrap_or(0);
-                (p, end)
-            })
+        let now_active: BTreeSet<i32> = self.held[OWN]
+            .intersection(&self.held[ACTIONS])
+            .copied()
             .collect();
+        let gone: Vec<i32> = self.active.difference(&now_active).copied().collect();
+        let came: Vec<i32> = now_active.difference(&self.active).copied().collect();
+        routed.discard();
+        if !gone.is_empty() {
+            self.forget(&gone);
+        }
+        if !came.is_empty() {
+            self.restore(&came)?;
+        }
+        let mut resume = TopicPartitionList::new();
+        for (input, topic) in self.inputs().into_iter().enumerate() {
+            for (&partition, &next) in &self.next[input] {
+                resume.add_partition_offset(topic, partition, Offset::Offset(next))?;
+            }
+        }
+        if resume.count() > 0 {
+            self.consumer.seek_partitions(resume, Duration::from_secs(30))?;
+        }
+        Ok(())
+    }
+
+    /// Drops what the stage holds of `partitions`: their users, offsets,
+    /// and what their records asked to send. Nothing of it is committed.
+    fn forget(&mut self, partitions: &[i32]) {
+        let by_user = self.layout.user_actions;
+        let gone = |user: &UserId| partitions.contains(&partition_for_key(user.as_str().as_bytes(), by_user));
+        if partitions.len() == self.active.len() {
+            self.badges.forget_users();
+        } else {
+            self.badges.forget_users_where(gone);
+        }
+        self.pending.retain(|user, _| !gone(user));
+        self.outbox.retain(|(p, _)| !partitions.contains(p));
+        for input in [OWN, ACTIONS] {
+            for p in partitions {
+                self.offsets[input].remove(p);
+                self.committed[input].remove(p);
+                self.next[input].remove(p);
+            }
+        }
+        for p in partitions {
+            self.active.remove(p);
+        }
+        tracing::info!(?partitions, "badge stage: partitions forgotten");
+    }
+
+    /// Restores `partitions` from the input up to the group's committed
+    /// offsets, beside the partitions folded already, and resumes them
+    /// there.
+    fn restore(&mut self, partitions: &[i32]) -> Result<()> {
+        let started = Instant::now();
+        let assigned = partitions.to_vec();
+        let topic = self.settings.topics.user_read_cursors.clone();
+        let committed = self.consumer.committed(Duration::from_secs(30))?;
+        let committed_at = |topic: &str, p: i32| {
+            committed
+                .find_partition(topic, p)
+                .and_then(|e| match e.offset() {
+                    Offset::Offset(o) => Some(o),
+                    _ => None,
+                })
+                .unwrap_or(0)
+        };
+        let ends: Vec<(i32, i64)> = assigned.iter().map(|&p| (p, committed_at(&topic, p))).collect();
+        let inputs = self.inputs().map(str::to_owned);
+        for (input, name) in inputs.iter().enumerate() {
+            let starts: Vec<(i32, i64)> = assigned.iter().map(|&p| (p, committed_at(name, p))).collect();
+            self.next[input].extend(starts);
+        }
+        // The folded partitions' changes so far are kept apart from what
+        // the restore changes.
+        self.badges.expire(now_ms());
+        let live = self.badges.drain_all();
+        self.pending.extend(live);
         // The latest seqs first, so that restored views count against them.
         self.follow_latest()?;
-        self.assigned.extend(assigned.iter().copied());
+        self.active.extend(assigned.iter().copied());
         let to_read: Vec<(i32, i64)> = ends.iter().copied().filter(|&(_, end)| end > 0).collect();
         let mut records = 0u64;
         if !to_read.is_empty() {

@@ -427,6 +427,28 @@ impl Badges {
         self.lanes = Lanes::default();
     }
 
+    /// Forgets the users `gone` picks (their partition moved to another
+    /// instance), as if never held: nothing of theirs is published.
+    pub fn forget_users_where(&mut self, gone: impl Fn(&UserId) -> bool) {
+        for conv in self.conversations.values_mut() {
+            conv.members.retain(|user, _| !gone(user));
+        }
+        self.expiries.retain(|(_, user, _)| !gone(user));
+        for (slot, state) in self.users.iter_mut().enumerate() {
+            let slot = slot as u32;
+            if self.slots.get(&state.id) != Some(&slot) || !gone(&state.id) {
+                continue;
+            }
+            self.slots.remove(&state.id);
+            self.held_users -= usize::from(!state.conversations.is_empty());
+            self.lanes.dirty -= usize::from(state.lane != Lane::Clean);
+            state.conversations = Vec::new();
+            state.totals = Totals::default();
+            state.lane = Lane::Clean;
+            self.free.push(slot);
+        }
+    }
+
     /// Raises a conversation's latest seq (from the conversations'
     /// changelog) to `seq` if it is higher, and recounts its members held.
     /// Returns how many users' badges changed.
@@ -793,6 +815,23 @@ mod tests {
         assert_eq!(b.advance_latest(&c, Seq(12), 0), 3);
         assert!(b.drain().is_empty(), "3 held: the slower lane");
         assert_eq!(b.drain_all().len(), 3);
+    }
+
+    #[test]
+    fn forgotten_users_leave_nothing_behind() {
+        let mut b = Badges::new(BadgeRules::default());
+        let (u, w, c) = (user("u"), user("w"), conv("c"));
+        b.apply(&u, &c, Some(view(1, 0, Some(50))), 0);
+        b.apply(&w, &c, Some(view(2, 0, None)), 0);
+        b.forget_users_where(|x| *x == u);
+        assert_eq!((b.user_count(), b.dirty_len()), (1, 1));
+        assert_eq!(b.next_expiry(), None, "u's mute is gone with u");
+        assert_eq!(b.drain(), vec![(w.clone(), b.badge(&w))]);
+        assert_eq!(b.advance_latest(&c, Seq(11), 0), 1, "only w is recounted");
+        // u comes back, held afresh.
+        b.apply(&u, &c, Some(view(1, 0, None)), 0);
+        assert_eq!(b.badge(&u).totals.messages, 2);
+        assert_eq!(b.user_count(), 2);
     }
 
     #[test]

@@ -22,8 +22,8 @@ pub struct KafkaConfig {
     pub properties: BTreeMap<String, String>,
 }
 
-/// The consumer group protocol of the processor's group (the badge stage's
-/// group is always `classic`).
+/// The consumer group protocol of the processor's and the badge stage's
+/// groups.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum GroupProtocol {
@@ -154,6 +154,18 @@ impl KafkaConfig {
             rdkafka::config::RDKafkaLogLevel::Warning
         });
         client
+    }
+
+    /// Sets a group consumer's protocol and its range assignor, which puts
+    /// partition p of every co-partitioned input on one member: the
+    /// client's under the classic protocol, the broker's under KIP-848.
+    pub fn set_range_assignor(&self, client: &mut ClientConfig) {
+        match self.group_protocol {
+            GroupProtocol::Classic => client.set("partition.assignment.strategy", "range"),
+            GroupProtocol::Consumer => client
+                .set("group.protocol", "consumer")
+                .set("group.remote.assignor", "range"),
+        };
     }
 
     /// `instance_id`, or the host name when empty.
@@ -300,6 +312,21 @@ pub(crate) mod tests {
             .properties
             .insert("group.protocol".into(), "consumer".into());
         assert!(kafka.check().unwrap_err().contains("kafka.group_protocol"));
+    }
+
+    #[test]
+    fn each_protocol_gets_its_range_assignor() {
+        let mut kafka: KafkaConfig = default_section("kafka");
+        let mut client = kafka.client_config();
+        kafka.set_range_assignor(&mut client);
+        assert_eq!(client.get("partition.assignment.strategy"), Some("range"));
+        assert_eq!(client.get("group.protocol"), None);
+        kafka.group_protocol = GroupProtocol::Consumer;
+        let mut client = kafka.client_config();
+        kafka.set_range_assignor(&mut client);
+        assert_eq!(client.get("group.protocol"), Some("consumer"));
+        assert_eq!(client.get("group.remote.assignor"), Some("range"));
+        assert_eq!(client.get("partition.assignment.strategy"), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 use readfold_kafka::routed_queue::{RouteSlot, RoutedReader};
-use readfold_kafka::{GroupProtocol, KafkaConfig, TopicsConfig};
+use readfold_kafka::{KafkaConfig, TopicsConfig};
 
 use crate::error::Result;
 use crate::telemetry;
@@ -303,14 +303,8 @@ pub fn consumer(kafka: &KafkaConfig, topics: &TopicsConfig) -> Result<(GroupCons
         // Often enough for a catch-up's pacing to know the inputs' ends
         // (see `Processor::queue_drained`).
         .set("statistics.interval.ms", "100");
-    // Either range assignor puts partition p of both inputs on one member;
-    // see topology.md.
-    match kafka.group_protocol {
-        GroupProtocol::Classic => config.set("partition.assignment.strategy", "range"),
-        GroupProtocol::Consumer => config
-            .set("group.protocol", "consumer")
-            .set("group.remote.assignor", "range"),
-    };
+    // Partition p of both inputs on one member; see topology.md.
+    kafka.set_range_assignor(&mut config);
     let consumer: GroupConsumer = config.create_with_context(context)?;
     Ok((consumer, GroupEvents(events)))
 }
