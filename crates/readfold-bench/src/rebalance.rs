@@ -5,7 +5,9 @@
 //! run. For each, on fresh topics: `readfold run` instance a alone under
 //! the latency bench's chat workload offered open-loop at `--rate`; S s later
 //! instances b and c join (1 -> 3); S s later they stop cleanly (3 -> 1);
-//! S s more. Every changelog record's arrival is noted with its partition.
+//! S s more. With `--kill`, c is SIGKILLed instead (a phase of at least
+//! 20 s: its partitions wait for its session timeout), then b stops.
+//! Every changelog record's arrival is noted with its partition.
 //! A partition's longest gap between arrivals within a phase is how long it
 //! stopped: at the offered rate each partition's changelog moves with every
 //! flush, so a steady phase's longest gap is the flush cadence. Beside it,
@@ -44,6 +46,11 @@ pub struct Args {
     /// Partitions of the fresh topics.
     #[arg(long, default_value_t = 12)]
     pub partitions: i32,
+    /// Scale in by SIGKILLing instance c (its partitions move once its
+    /// session times out: 6 s under either protocol here), then stopping b
+    /// cleanly, rather than stopping both cleanly.
+    #[arg(long, default_value_t = false)]
+    pub kill: bool,
     /// The group protocols measured, in order.
     #[arg(long, value_delimiter = ',', default_value = "classic,consumer")]
     pub protocols: Vec<Protocol>,
@@ -67,6 +74,9 @@ impl Protocol {
 
 /// Unrecorded load before the first phase: instance a settles in.
 const WARM_UP: Duration = Duration::from_secs(5);
+/// Classic members' session timeout, as the broker's for the consumer
+/// protocol (`group.consumer.session.timeout.ms` in services.sh).
+const SESSION_TIMEOUT_MS: &str = "6000";
 /// A partition counts as stopped in a phase when its longest gap passes this.
 const STOPPED_MS: f64 = 1000.0;
 
@@ -117,6 +127,13 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
             ),
             ("READFOLD__METRICS__LISTEN".to_owned(), metrics.clone()),
         ]);
+        if protocol == Protocol::Classic {
+            // The consumer protocol's is the broker's: 6 s in services.sh.
+            vars.push((
+                "READFOLD__KAFKA__PROPERTIES__SESSION_TIMEOUT_MS".to_owned(),
+                SESSION_TIMEOUT_MS.to_owned(),
+            ));
+        }
         Ok((spawn("run", &vars)?, metrics))
     };
     let (mut a, a_metrics) = instance("a")?;
@@ -147,24 +164,42 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
 
     let producer = Arc::new(InputProducer::new(&config.kafka, &config.topics, partitions)?);
     let phase = Duration::from_secs(args.seconds);
+    // A SIGKILLed member's partitions wait for its session timeout.
+    let kill_phase = phase.max(Duration::from_secs(20));
+    let load_for = WARM_UP + phase * 3 + if args.kill { kill_phase } else { Duration::ZERO };
     let membership = async {
+        let mut marks = Vec::new();
         tokio::time::sleep(WARM_UP).await;
-        let steady = now_ms();
+        marks.push(now_ms());
         tokio::time::sleep(phase).await;
-        let joined = now_ms();
+        marks.push(now_ms());
         let (b, c) = (instance("b")?, instance("c")?);
         tokio::time::sleep(phase).await;
         let left = now_ms();
-        // Both stop at once, cleanly, leaving the group as a scale-in does.
-        let stops = [b.0, c.0].map(|child| tokio::task::spawn_blocking(move || stop(child)));
+        marks.push(left);
+        let leaving = if args.kill {
+            drop(c);
+            tokio::time::sleep(kill_phase).await;
+            marks.push(now_ms());
+            vec![b.0]
+        } else {
+            vec![b.0, c.0]
+        };
+        // Cleanly, leaving the group as a scale-in does.
+        let stops: Vec<_> = leaving
+            .into_iter()
+            .map(|child| tokio::task::spawn_blocking(move || stop(child)))
+            .collect();
+        let stopping = now_ms();
         for s in stops {
             s.await.map_err(Error::task("stopping an instance"))??;
         }
-        tokio::time::sleep(phase.saturating_sub(Duration::from_millis((now_ms() - left).max(0) as u64)))
+        tokio::time::sleep(phase.saturating_sub(Duration::from_millis((now_ms() - stopping).max(0) as u64)))
             .await;
-        Ok::<_, Error>([steady, joined, left, now_ms()])
+        marks.push(now_ms());
+        Ok::<_, Error>(marks)
     };
-    let (achieved, marks) = tokio::join!(offer(&producer, args.rate, WARM_UP + phase * 3), membership);
+    let (achieved, marks) = tokio::join!(offer(&producer, args.rate, load_for), membership);
     let (achieved, marks) = (achieved?, marks?);
     // The last flushes land.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -173,8 +208,14 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
     drop(a);
 
     let arrivals = arrivals.lock().expect("bench lock").clone();
-    let phases = ["1 instance", "1 -> 3", "3 -> 1"]
-        .into_iter()
+    let names: &[&'static str] = if args.kill {
+        &["1 instance", "1 -> 3", "kill c", "2 -> 1"]
+    } else {
+        &["1 instance", "1 -> 3", "3 -> 1"]
+    };
+    let phases = names
+        .iter()
+        .copied()
         .zip(marks.windows(2))
         .map(|(name, w)| phase_row(name, &arrivals, partitions, w[0], w[1]))
         .collect();
