@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use readfold::config::Config;
 
@@ -29,6 +30,25 @@ impl Drop for ChildGuard {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// SIGTERM, then waits for the clean stop (a processor writes its
+/// checkpoints and leaves the group); returns how long it took.
+pub fn stop(mut child: ChildGuard) -> Result<Duration> {
+    let started = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.pid().to_string()])
+        .status()
+        .map_err(Error::io("kill"))?;
+    if !status.success() {
+        return Err(Error::Signal {
+            child: "readfold run",
+            pid: child.pid(),
+            status,
+        });
+    }
+    child.0.wait().map_err(Error::io("waiting for readfold run"))?;
+    Ok(started.elapsed())
 }
 
 /// The `readfold` binary: the one built next to this one, so that a bench

@@ -29,7 +29,7 @@ use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_wire::changelog::ChangelogEntry;
 
-use crate::child::{config_vars, free_addr, http_get, spawn, ChildGuard};
+use crate::child::{config_vars, free_addr, http_get, spawn, stop, ChildGuard};
 use crate::error::{Error, Result};
 use crate::fresh::{changelog_watcher, delete_bench_keys, delete_bench_topics, on_fresh_topics};
 use crate::stats::percentile;
@@ -188,7 +188,7 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
         // Cleanly, leaving the group as a scale-in does.
         let stops: Vec<_> = leaving
             .into_iter()
-            .map(|child| tokio::task::spawn_blocking(move || stop(child)))
+            .map(|child| tokio::task::spawn_blocking(move || stop(child).map(drop)))
             .collect();
         let stopping = now_ms();
         for s in stops {
@@ -309,23 +309,6 @@ async fn wait_ready(child: &mut ChildGuard, metrics: &str) -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// SIGTERM, then waits for the clean stop.
-fn stop(mut child: ChildGuard) -> Result<()> {
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.pid().to_string()])
-        .status()
-        .map_err(Error::io("kill"))?;
-    if !status.success() {
-        return Err(Error::Signal {
-            child: "readfold run",
-            pid: child.pid(),
-            status,
-        });
-    }
-    child.0.wait().map_err(Error::io("waiting for readfold run"))?;
-    Ok(())
 }
 
 pub fn print_rebalance(args: &Args, runs: &[ProtocolRun]) {

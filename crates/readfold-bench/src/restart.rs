@@ -23,7 +23,7 @@ use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use crate::child::{config_vars, free_addr, http_get, peak_rss_of, scrape, spawn, ChildGuard};
+use crate::child::{config_vars, free_addr, http_get, peak_rss_of, scrape, spawn, stop, ChildGuard};
 use crate::error::{Error, Result};
 use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics};
 use crate::throughput::{end_offsets, metric, watch_commits};
@@ -241,25 +241,6 @@ async fn cql_caught_up(ops: &str, started: Instant, pid: u32) -> Result<CqlCatch
 /// Whether the child's `/readyz` answers 200.
 fn ready(addr: &str) -> bool {
     http_get(addr, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200"))
-}
-
-/// SIGTERM, then waits for the clean stop (which writes the checkpoints);
-/// returns how long it took.
-fn stop(mut child: ChildGuard) -> Result<Duration> {
-    let started = Instant::now();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &child.pid().to_string()])
-        .status()
-        .map_err(Error::io("kill"))?;
-    if !status.success() {
-        return Err(Error::Signal {
-            child: "readfold run",
-            pid: child.pid(),
-            status,
-        });
-    }
-    child.0.wait().map_err(Error::io("waiting for readfold run"))?;
-    Ok(started.elapsed())
 }
 
 fn dir_bytes(dir: &Path) -> u64 {
