@@ -164,6 +164,12 @@ impl Processor {
             match self.fold_record(&owned.as_record()) {
                 Folded::Done | Folded::NotOwned => return Ok(()),
                 Folded::Unrestored => {
+                    if let Some(restoring) = &mut self.restoring {
+                        // Folded once that restore is in (and, if it is
+                        // not one of its partitions, restored then).
+                        restoring.stash.push(owned);
+                        return Ok(());
+                    }
                     for (partition, slot) in self.restore(&[owned.partition()]).await? {
                         self.partitions.slots.insert(partition, slot);
                     }

@@ -169,7 +169,13 @@ impl ConsumerContext for GroupContext {
                 .collect()
         };
         if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS {
-            let offsets_stable = start_at_committed(consumer, tpl, self.committed_wait);
+            // Partitions added beside others are left to librdkafka, which
+            // fetches their stable offsets without holding up the run loop
+            // (this callback runs inside its poll): a previous owner that
+            // died with a transaction open holds them until the broker
+            // aborts it. Their restore waits for them beside the loop.
+            let beside = incremental && consumer.assignment().is_ok_and(|held| held.count() > 0);
+            let offsets_stable = !beside && start_at_committed(consumer, tpl, self.committed_wait);
             self.routed.route(tpl);
             let applied = if incremental {
                 consumer.incremental_assign(tpl)

@@ -93,6 +93,8 @@ pub struct Processor {
     /// list.
     cql_marks: BTreeMap<i32, String>,
     partitions: Partitions,
+    /// A restore of added partitions running beside the loop.
+    restoring: Option<restore::Restoring>,
     /// The current assignment started at stable committed offsets, so a
     /// restore need not wait for them again.
     offsets_stable: bool,
@@ -224,6 +226,7 @@ impl Processor {
             snapshot_in_flight: None,
             cql_marks: BTreeMap::new(),
             partitions: Partitions::default(),
+            restoring: None,
             offsets_stable: false,
             health: Arc::new(Health::default()),
             settings,
@@ -265,6 +268,7 @@ impl Processor {
             Linger,
             Flushed(Result<()>),
             Snapshotted(Result<()>),
+            Restored(Result<restore::RestoreRead>),
             Fetched(std::result::Result<BorrowedMessage<'a>, KafkaError>),
             Routed,
         }
@@ -277,6 +281,7 @@ impl Processor {
             Linger,
             Flushed(Result<()>),
             Snapshotted(Result<()>),
+            Restored(Result<restore::RestoreRead>),
             /// Folded (or dropped, its partition no longer ours), or deferred
             /// (copied) until a rebalance is applied or its partition is
             /// restored.
@@ -305,11 +310,18 @@ impl Processor {
                 telemetry::fold_held();
             }
             held = !taking;
-            let (in_flight, snapshot_in_flight) = (&mut self.in_flight, &mut self.snapshot_in_flight);
+            let (in_flight, snapshot_in_flight, restoring) = (
+                &mut self.in_flight,
+                &mut self.snapshot_in_flight,
+                &mut self.restoring,
+            );
             let woke = tokio::select! {
                 _ = shutdown.changed() => Woke::Shutdown,
                 outcome = async { in_flight.as_mut().expect("guarded").done().await }, if in_flight.is_some() => Woke::Flushed(outcome),
                 outcome = async { snapshot_in_flight.as_mut().expect("guarded").done().await }, if snapshot_in_flight.is_some() => Woke::Snapshotted(outcome),
+                outcome = async { (&mut restoring.as_mut().expect("guarded").task).await }, if restoring.is_some() => {
+                    Woke::Restored(outcome.map_err(Error::from).and_then(|read| read))
+                }
                 _ = group_events.arrived() => Woke::Rebalanced,
                 _ = tick.tick() => Woke::Tick,
                 _ = &mut linger_sleep, if lingering && in_flight.is_none() => Woke::Linger,
@@ -323,6 +335,7 @@ impl Processor {
                 Woke::Linger => Step::Linger,
                 Woke::Flushed(outcome) => Step::Flushed(outcome),
                 Woke::Snapshotted(outcome) => Step::Snapshotted(outcome),
+                Woke::Restored(outcome) => Step::Restored(outcome),
                 Woke::Fetched(Ok(message)) => Step::Fetched(self.fold_or_defer(message)),
                 Woke::Fetched(Err(e)) => Step::FetchFailed(e),
                 Woke::Routed => Step::Routed,
@@ -340,6 +353,7 @@ impl Processor {
                     let outcome = self.settle(flight, outcome);
                     self.flush_settled(outcome, rebalanced, &routed).await?;
                 }
+                Step::Restored(outcome) => self.restored_beside(outcome).await?,
                 Step::Snapshotted(outcome) => {
                     let flight = self.snapshot_in_flight.take().expect("a snapshot was in flight");
                     let outcome = self.settle(flight, outcome);
@@ -432,9 +446,12 @@ impl Processor {
                     // its committed offset.
                     self.schedule.group_changed();
                     routed.discard();
+                    self.released_while_restoring(None);
                 }
                 GroupEvent::Released { partitions, lost } => {
                     routed.discard_released(partitions);
+                    let numbers: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
+                    self.released_while_restoring(Some(&numbers));
                     let of = |input: &str| -> Vec<i32> {
                         partitions
                             .iter()

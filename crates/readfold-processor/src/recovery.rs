@@ -131,6 +131,8 @@ impl Processor {
     fn leave_inputs(&mut self) {
         self.consumer.unsubscribe();
         self.partitions.start_over();
+        // What a restore beside the loop reads now belongs to no assignment.
+        self.restoring = None;
         self.schedule.started_over();
     }
 

@@ -3,7 +3,7 @@
 //! checkpoints written at a clean stop, and the CQL snapshot marks that
 //! tell a checkpoint whether CQL still holds what it names.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use readfold_kafka::changelog::{RestoreStats, Restored, Restorer};
 
 use crate::checkpoint::{self, Checkpoints};
 use crate::partitions::Slot;
+use crate::record::OwnedRecord;
 use crate::recovery::retrying;
 use crate::{group, telemetry, Error, Processor, Result};
 
@@ -156,24 +157,6 @@ impl Processor {
         marked
     }
 
-    /// Before a restore of `partitions`: the CQL store's snapshot marks,
-    /// which a checkpoint that names the store must match. Empty with CQL
-    /// off or without checkpoints; `None` when CQL does not answer (the
-    /// restored partitions then snapshot every key, and their checkpoints
-    /// at the next stop name no store).
-    async fn read_snapshot_marks(&self) -> Option<BTreeMap<i32, String>> {
-        let (Some(cql), Some(_)) = (&self.cql, &self.checkpoints) else {
-            return Some(BTreeMap::new());
-        };
-        match cql.snapshot_marks(&self.settings.kafka.group_id).await {
-            Ok(marks) => Some(marks),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot read the CQL store's snapshot marks: restored partitions snapshot every key");
-                None
-            }
-        }
-    }
-
     /// After a restore: the list of snapshot marks each partition's stop
     /// checks later, as the restore found it. A partition with none gets a
     /// list of one fresh mark now (unless one appeared meanwhile), so that
@@ -227,10 +210,31 @@ impl Processor {
     }
 
     /// Restores the owned partitions that have no state yet, all in one
-    /// read of the changelogs, before any of their records is folded.
+    /// read of the changelogs, before any of their records is folded. With
+    /// no partition holding state (a start, or a whole assignment after a
+    /// revoke) it waits here: nothing else could be folded meanwhile.
+    /// Beside partitions that hold state (the consumer protocol adding
+    /// some) the read runs as a task of its own and the others go on
+    /// folding; the partitions restored are paused until their state is in
+    /// ([`Processor::restored_beside`]). A previous owner that died with a
+    /// transaction open holds the read until the broker aborts it.
     pub(crate) async fn restore_assigned(&mut self) -> Result<()> {
+        if self.restoring.is_some() {
+            return Ok(());
+        }
         let partitions = self.partitions.unrestored();
         if partitions.is_empty() {
+            return Ok(());
+        }
+        if !self.partitions.slots.is_empty() {
+            self.pause_partitions(&partitions, true);
+            let read = self.restore_read(partitions.clone(), !self.offsets_stable);
+            self.restoring = Some(Restoring {
+                task: tokio::spawn(read),
+                partitions,
+                released: BTreeSet::new(),
+                stash: Vec::new(),
+            });
             return Ok(());
         }
         if !self.offsets_stable {
@@ -245,6 +249,68 @@ impl Processor {
         Ok(())
     }
 
+    /// The restore beside the loop ended: the partitions still owned (and
+    /// not released meanwhile) take their state and resume, and the records
+    /// of them fetched before the pause are folded.
+    pub(crate) async fn restored_beside(&mut self, outcome: Result<RestoreRead>) -> Result<()> {
+        let restoring = self.restoring.take().expect("a restore was beside the loop");
+        let slots = self.restore_settle(outcome?).await;
+        let mut resumed = Vec::new();
+        for (partition, slot) in slots {
+            let held = self.partitions.owns(partition) && !restoring.released.contains(&partition);
+            if held && !self.partitions.slots.contains_key(&partition) {
+                self.partitions.slots.insert(partition, slot);
+                resumed.push(partition);
+            }
+        }
+        if !self.schedule.is_paused() {
+            self.pause_partitions(&resumed, false);
+        }
+        self.report_snapshot_backlog();
+        self.report_partitions();
+        for record in restoring.stash {
+            self.process(record).await?;
+        }
+        Ok(())
+    }
+
+    /// The group released `partitions` (or everything) while a restore ran
+    /// beside the loop: what it read of them is stale, and their stashed
+    /// records go (their next owner reads them again).
+    pub(crate) fn released_while_restoring(&mut self, partitions: Option<&[i32]>) {
+        let Some(restoring) = &mut self.restoring else {
+            return;
+        };
+        let gone: Vec<i32> = partitions.map_or_else(|| restoring.partitions.clone(), <[i32]>::to_vec);
+        restoring.stash.retain(|r| !gone.contains(&r.partition()));
+        restoring.released.extend(gone);
+    }
+
+    /// Pauses (or resumes) `partitions` on the inputs that hold them.
+    fn pause_partitions(&self, partitions: &[i32], pause: bool) {
+        if partitions.is_empty() {
+            return;
+        }
+        let mut tpl = TopicPartitionList::new();
+        let topics = [
+            &self.settings.topics.read_reports,
+            &self.settings.topics.conversation_events,
+        ];
+        for (topic, held) in topics.into_iter().zip(self.partitions.owned_by_input()) {
+            for p in partitions.iter().filter(|p| held.contains(p)) {
+                tpl.add_partition(topic, *p);
+            }
+        }
+        let done = if pause {
+            self.consumer.pause(&tpl)
+        } else {
+            self.consumer.resume(&tpl)
+        };
+        if let Err(e) = done {
+            tracing::warn!(?partitions, pause, error = %e, "could not pause or resume partitions being restored");
+        }
+    }
+
     /// Waits until no transaction holds offsets of `partitions` pending
     /// (when the assignment could not, [`group`]'s `start_at_committed`): the
     /// previous owner may still be committing its last flush, and a restore
@@ -255,6 +321,12 @@ impl Processor {
     /// may settle later than the offsets: the restore waits for them too
     /// (`Restorer::wait_for_settled`).
     fn wait_for_stable_offsets(&self, partitions: &[i32]) {
+        self.stable_offsets_request(partitions)();
+    }
+
+    /// [`Processor::wait_for_stable_offsets`], as a call for a blocking
+    /// thread.
+    fn stable_offsets_request(&self, partitions: &[i32]) -> impl FnOnce() + Send + 'static {
         let mut tpl = TopicPartitionList::new();
         for topic in [
             &self.settings.topics.read_reports,
@@ -264,37 +336,89 @@ impl Processor {
                 tpl.add_partition(topic, p);
             }
         }
-        let started = Instant::now();
+        let consumer = Arc::clone(&self.consumer);
         let wait = group::stable_offsets_wait(&self.settings.kafka);
-        if let Err(e) = self.consumer.committed_offsets(tpl, wait) {
-            tracing::warn!(error = %e, "could not fetch the committed offsets before restoring; restoring anyway");
+        move || {
+            let started = Instant::now();
+            if let Err(e) = consumer.committed_offsets(tpl, wait) {
+                tracing::warn!(error = %e, "could not fetch the committed offsets before restoring; restoring anyway");
+            }
+            tracing::debug!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "committed offsets stable"
+            );
         }
-        tracing::debug!(
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "committed offsets stable"
-        );
     }
 
     /// Rebuilds `partitions`' state from the changelogs, on a blocking
     /// thread; a restore that fails for a reason that may pass (a broker
     /// away) is tried again with backoff.
     pub(crate) async fn restore(&mut self, partitions: &[i32]) -> Result<Vec<(i32, Slot)>> {
+        let read = self.restore_read(partitions.to_vec(), false).await?;
+        Ok(self.restore_settle(read).await)
+    }
+
+    /// The part of a restore of `partitions` that needs nothing of the run
+    /// loop, as a future of its own: with `stable_offsets`, first the wait
+    /// for stable committed offsets ([`Processor::wait_for_stable_offsets`]),
+    /// then the snapshot marks and the changelogs read.
+    pub(crate) fn restore_read(
+        &self,
+        partitions: Vec<i32>,
+        stable_offsets: bool,
+    ) -> impl std::future::Future<Output = Result<RestoreRead>> + Send + 'static {
         let snapshots = self.cql.is_some();
-        let found = self.read_snapshot_marks().await.map(Arc::new);
-        let marks = found.clone().unwrap_or_default();
-        let attempt = || {
-            let restorer = Arc::clone(&self.restorer);
-            let checkpoints = self.checkpoints.clone();
-            let wanted = partitions.to_vec();
-            let marks = Arc::clone(&marks);
-            let restore =
-                move || restore_blocking(&restorer, checkpoints.as_deref(), &wanted, snapshots, &marks);
-            async move { Ok::<_, Error>(tokio::task::spawn_blocking(restore).await??) }
-        };
-        let (states, stats, load) = retrying(attempt, |e, delay| {
-            tracing::warn!(?partitions, error = %e, retry_in_ms = delay.as_millis() as u64, "restore failed; retrying");
-        })
-        .await?;
+        let (restorer, checkpoints) = (Arc::clone(&self.restorer), self.checkpoints.clone());
+        let marks_from = self.cql.clone().filter(|_| checkpoints.is_some());
+        let group = self.settings.kafka.group_id.clone();
+        let stable = stable_offsets.then(|| self.stable_offsets_request(&partitions));
+        async move {
+            if let Some(wait) = stable {
+                tokio::task::spawn_blocking(wait).await?;
+            }
+            let found = match marks_from {
+                None => Some(BTreeMap::new()),
+                Some(cql) => match cql.snapshot_marks(&group).await {
+                    Ok(marks) => Some(marks),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the CQL store's snapshot marks: restored partitions snapshot every key");
+                        None
+                    }
+                },
+            };
+            let marks = Arc::new(found.clone().unwrap_or_default());
+            let attempt = || {
+                let (restorer, checkpoints) = (Arc::clone(&restorer), checkpoints.clone());
+                let (wanted, marks) = (partitions.clone(), Arc::clone(&marks));
+                let restore =
+                    move || restore_blocking(&restorer, checkpoints.as_deref(), &wanted, snapshots, &marks);
+                async move { Ok::<_, Error>(tokio::task::spawn_blocking(restore).await??) }
+            };
+            let (states, stats, load) = retrying(attempt, |e, delay| {
+                tracing::warn!(?partitions, error = %e, retry_in_ms = delay.as_millis() as u64, "restore failed; retrying");
+            })
+            .await?;
+            Ok(RestoreRead {
+                partitions,
+                states,
+                stats,
+                load,
+                found,
+            })
+        }
+    }
+
+    /// The rest of a restore, on the run loop: its figures, the snapshot
+    /// marks renewed, and the partitions' slots.
+    pub(crate) async fn restore_settle(&mut self, read: RestoreRead) -> Vec<(i32, Slot)> {
+        let snapshots = self.cql.is_some();
+        let RestoreRead {
+            partitions,
+            states,
+            stats,
+            load,
+            found,
+        } = read;
         // Opening the checkpoints (their headers and pages' checksums) is part
         // of the restore: what a restart waits for.
         let elapsed = load + stats.elapsed;
@@ -313,8 +437,8 @@ impl Processor {
             "restored partition state from the changelog"
         );
         let restored: Vec<i32> = states.keys().copied().collect();
-        self.renew_snapshot_marks(&restored, found.as_deref()).await;
-        Ok(states
+        self.renew_snapshot_marks(&restored, found.as_ref()).await;
+        states
             .into_iter()
             .map(|(p, restored)| {
                 let due = match (snapshots, restored.cql_may_lack) {
@@ -324,6 +448,31 @@ impl Processor {
                 };
                 (p, Slot::restored(restored.state, due))
             })
-            .collect())
+            .collect()
     }
+}
+
+/// A restore running beside the loop ([`Processor::restore_assigned`]).
+pub(crate) struct Restoring {
+    pub(crate) task: tokio::task::JoinHandle<Result<RestoreRead>>,
+    partitions: Vec<i32>,
+    /// Partitions the group released since it began.
+    released: BTreeSet<i32>,
+    /// Records of any partition without state, fetched meanwhile, in the
+    /// order they came: folded once the restore is in.
+    pub(crate) stash: Vec<OwnedRecord>,
+}
+
+/// What [`Processor::restore_read`] read, for [`Processor::restore_settle`].
+pub(crate) struct RestoreRead {
+    pub(crate) partitions: Vec<i32>,
+    states: BTreeMap<i32, Restored>,
+    stats: RestoreStats,
+    load: Duration,
+    /// The CQL store's snapshot marks as the restore found them, which a
+    /// checkpoint that names the store must match: empty with CQL off or
+    /// without checkpoints; `None` when CQL did not answer (the restored
+    /// partitions then snapshot every key, and their checkpoints at the
+    /// next stop name no store).
+    found: Option<BTreeMap<i32, String>>,
 }
