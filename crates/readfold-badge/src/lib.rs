@@ -49,7 +49,7 @@ use readfold_kafka::batch_producer::{BatchProducer, BatchRecord};
 use readfold_kafka::queue_batch::QueuedMessage;
 use readfold_kafka::reader::{TopicReader, Until};
 use readfold_kafka::routed_queue::{RouteSlot, RoutedReader};
-use readfold_kafka::{now_ms, KafkaConfig, TopicsConfig};
+use readfold_kafka::{now_ms, partitions_of, KafkaConfig, TopicsConfig};
 use readfold_store::redis::RedisStore;
 use readfold_wire::badge::{decode_user_badge, encode_badge};
 use readfold_wire::changelog::latest_seq_of;
@@ -131,13 +131,6 @@ impl StageContext {
     fn take_changes(&self) -> Vec<Change> {
         std::mem::take(&mut *self.changes.lock().expect("changes lock"))
     }
-}
-
-fn partitions_of(tpl: &TopicPartitionList) -> Vec<(String, i32)> {
-    tpl.elements()
-        .iter()
-        .map(|e| (e.topic().to_owned(), e.partition()))
-        .collect()
 }
 
 impl ClientContext for StageContext {

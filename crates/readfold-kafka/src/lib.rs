@@ -30,6 +30,15 @@ pub mod routed_queue;
 pub use config::{GroupProtocol, KafkaConfig, TopicsConfig};
 pub use error::{is_fatal, Error, Result};
 
+/// The (topic, partition)s a rebalance callback names, owned, for a run
+/// loop to apply after the poll.
+pub fn partitions_of(tpl: &rdkafka::TopicPartitionList) -> Vec<(String, i32)> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_owned(), e.partition()))
+        .collect()
+}
+
 /// Milliseconds since the Unix epoch, as readfold stamps the records it
 /// writes (record times, `updated_at`, report and event times).
 pub fn now_ms() -> i64 {

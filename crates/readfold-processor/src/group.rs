@@ -14,7 +14,7 @@ use rdkafka::statistics::Statistics;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{Offset, TopicPartitionList};
 use readfold_kafka::routed_queue::{RouteSlot, RoutedReader};
-use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_kafka::{partitions_of, KafkaConfig, TopicsConfig};
 
 use crate::error::Result;
 use crate::telemetry;
@@ -162,12 +162,6 @@ impl ConsumerContext for GroupContext {
     /// its first record.
     fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
         let incremental = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
-        let named = |tpl: &TopicPartitionList| {
-            tpl.elements()
-                .iter()
-                .map(|e| (e.topic().to_owned(), e.partition()))
-                .collect()
-        };
         if err == RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS {
             // Partitions added beside others are left to librdkafka, which
             // fetches their stable offsets without holding up the run loop
@@ -186,7 +180,7 @@ impl ConsumerContext for GroupContext {
                 tracing::error!(error = %e, "could not apply the group's assignment");
             }
             telemetry::rebalance("assign");
-            let partitions = named(tpl);
+            let partitions = partitions_of(tpl);
             self.push(if incremental {
                 GroupEvent::Added {
                     partitions,
@@ -206,7 +200,7 @@ impl ConsumerContext for GroupContext {
             let lost =
                 err != RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS || consumer.assignment_lost();
             self.push(GroupEvent::Released {
-                partitions: named(tpl),
+                partitions: partitions_of(tpl),
                 lost,
             });
             if let Err(e) = consumer.incremental_unassign(tpl) {

@@ -61,7 +61,7 @@ use flush::InFlight;
 use fold::{input_lag, CAUGHT_UP_LAG};
 use group::{GroupConsumer, GroupEvent, GroupEvents};
 use health::Health;
-use partitions::Partitions;
+use partitions::{of_input, Partitions};
 use readfold_wire::confluent::Framing;
 use record::OwnedRecord;
 use recovery::init_producer;
@@ -452,14 +452,8 @@ impl Processor {
                     routed.discard_released(partitions);
                     let numbers: Vec<i32> = partitions.iter().map(|(_, p)| *p).collect();
                     self.released_while_restoring(Some(&numbers));
-                    let of = |input: &str| -> Vec<i32> {
-                        partitions
-                            .iter()
-                            .filter(|(t, _)| t == input)
-                            .map(|(_, p)| *p)
-                            .collect()
-                    };
-                    tracing::info!(read_reports = ?of(inputs[0]), conversation_events = ?of(inputs[1]), lost, "partitions released");
+                    let [reports, events] = inputs.map(|topic| of_input(partitions, topic));
+                    tracing::info!(read_reports = ?reports, conversation_events = ?events, lost, "partitions released");
                 }
                 GroupEvent::Added { .. } => {}
             }

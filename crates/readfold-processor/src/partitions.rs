@@ -69,16 +69,7 @@ impl Partitions {
             }
             GroupEvent::Assigned { partitions, .. } => {
                 self.generation += 1;
-                let of = |topic: &str| -> Vec<i32> {
-                    let mut p: Vec<i32> = partitions
-                        .iter()
-                        .filter(|(t, _)| t == topic)
-                        .map(|(_, p)| *p)
-                        .collect();
-                    p.sort_unstable();
-                    p
-                };
-                let (reports, events) = (of(inputs[0]), of(inputs[1]));
+                let [reports, events] = inputs.map(|topic| of_input(&partitions, topic));
                 let one_sided = one_sided(&reports, &events);
                 self.owned = reports.iter().chain(&events).copied().collect();
                 self.owned_by_input = [reports.clone(), events.clone()];
@@ -229,6 +220,17 @@ impl Partitions {
     pub fn cursor_count(&self) -> usize {
         self.slots.values().map(|s| s.state.cursor_count()).sum()
     }
+}
+
+/// The partitions of `topic` among `partitions` (topic, partition), in order.
+pub fn of_input(partitions: &[(String, i32)], topic: &str) -> Vec<i32> {
+    let mut of: Vec<i32> = partitions
+        .iter()
+        .filter(|(t, _)| t == topic)
+        .map(|(_, p)| *p)
+        .collect();
+    of.sort_unstable();
+    of
 }
 
 /// Partitions held for one input only.

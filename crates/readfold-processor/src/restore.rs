@@ -237,10 +237,8 @@ impl Processor {
             });
             return Ok(());
         }
-        if !self.offsets_stable {
-            self.wait_for_stable_offsets(&partitions);
-        }
-        for (partition, slot) in self.restore(&partitions).await? {
+        let read = self.restore_read(partitions, !self.offsets_stable).await?;
+        for (partition, slot) in self.restore_settle(read).await {
             self.partitions.slots.insert(partition, slot);
         }
         // Before readiness: whoever sees ready sees the restored backlog.
@@ -311,21 +309,15 @@ impl Processor {
         }
     }
 
-    /// Waits until no transaction holds offsets of `partitions` pending
-    /// (when the assignment could not, [`group`]'s `start_at_committed`): the
-    /// previous owner may still be committing its last flush, and a restore
-    /// must see it (read_committed reads stop at an open transaction).
-    /// librdkafka asks for stable offsets under read_committed (KIP-447), so
-    /// fetching the committed offsets waits for exactly that. It blocks the
-    /// calling worker, but only at a rebalance, and briefly. The changelogs
-    /// may settle later than the offsets: the restore waits for them too
+    /// A wait until no transaction holds offsets of `partitions` pending
+    /// (when the assignment could not, [`group`]'s `start_at_committed`), as
+    /// a call for a blocking thread: the previous owner may still be
+    /// committing its last flush, and a restore must see it (read_committed
+    /// reads stop at an open transaction). librdkafka asks for stable
+    /// offsets under read_committed (KIP-447), so fetching the committed
+    /// offsets waits for exactly that. The changelogs may settle later than
+    /// the offsets: the restore waits for them too
     /// (`Restorer::wait_for_settled`).
-    fn wait_for_stable_offsets(&self, partitions: &[i32]) {
-        self.stable_offsets_request(partitions)();
-    }
-
-    /// [`Processor::wait_for_stable_offsets`], as a call for a blocking
-    /// thread.
     fn stable_offsets_request(&self, partitions: &[i32]) -> impl FnOnce() + Send + 'static {
         let mut tpl = TopicPartitionList::new();
         for topic in [
@@ -360,7 +352,7 @@ impl Processor {
 
     /// The part of a restore of `partitions` that needs nothing of the run
     /// loop, as a future of its own: with `stable_offsets`, first the wait
-    /// for stable committed offsets ([`Processor::wait_for_stable_offsets`]),
+    /// for stable committed offsets ([`Processor::stable_offsets_request`]),
     /// then the snapshot marks and the changelogs read.
     pub(crate) fn restore_read(
         &self,
