@@ -1,10 +1,16 @@
 //! Topics, a group, Redis keys and a CQL keyspace of a bench run's own, so
 //! that a run disturbs nothing else, and their clean-up after it.
 
-use readfold::config::Config;
-use readfold_kafka::now_ms;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::error::Result;
+use readfold::config::Config;
+use readfold_core::fold::CursorUpdate;
+use readfold_kafka::now_ms;
+use readfold_wire::changelog::ChangelogEntry;
+
+use crate::error::{Error, Result};
 
 /// `config` on topics (the badge stage's too), groups, a Redis key prefix and
 /// a CQL keyspace of their own, named `readfold-bench-<tag>-<ms>`.
@@ -72,4 +78,55 @@ pub fn changelog_watcher(config: &Config) -> Result<readfold_kafka::changelog::C
         readfold_wire::changelog::ChangelogKind::ByConversation,
         config.input.max_id_bytes,
     )?)
+}
+
+/// Follows `config`'s `read-cursors` changelog on a blocking thread,
+/// handing each upsert to `each` with its arrival time (epoch ms), until
+/// stopped, or dropped: a follower left running on an early return would
+/// keep the runtime from shutting down.
+pub struct ChangelogFollower {
+    following: Arc<AtomicBool>,
+    task: Option<tokio::task::JoinHandle<Result<()>>>,
+}
+
+impl ChangelogFollower {
+    pub fn start(config: &Config, mut each: impl FnMut(&CursorUpdate, i64) + Send + 'static) -> Result<Self> {
+        let reader = changelog_watcher(config)?;
+        reader.follow(None)?;
+        let following = Arc::new(AtomicBool::new(true));
+        let running = following.clone();
+        let task = tokio::task::spawn_blocking(move || -> Result<()> {
+            while running.load(Ordering::Relaxed) {
+                reader.for_each_available(Duration::from_millis(50), |entry| {
+                    if let ChangelogEntry::Upsert(update) = entry {
+                        each(&update, now_ms());
+                    }
+                })?;
+            }
+            Ok(())
+        });
+        Ok(ChangelogFollower {
+            following,
+            task: Some(task),
+        })
+    }
+
+    /// True until the follower stops: for other loops of the run to stop
+    /// with it.
+    pub fn running(&self) -> Arc<AtomicBool> {
+        self.following.clone()
+    }
+
+    /// Stops following and waits for the thread.
+    pub async fn stop(mut self) -> Result<()> {
+        self.following.store(false, Ordering::Relaxed);
+        let task = self.task.take().expect("a running follower");
+        task.await.map_err(Error::task("changelog follower"))?
+    }
+}
+
+impl Drop for ChangelogFollower {
+    fn drop(&mut self) {
+        self.following.store(false, Ordering::Relaxed);
+    }
 }

@@ -31,12 +31,11 @@ use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 use readfold_store::redis::RedisStore;
-use readfold_wire::changelog::ChangelogEntry;
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
 use crate::child::{config_vars, cpu_secs_of, free_addr, spawn};
 use crate::error::{Error, Result};
-use crate::fresh::{changelog_watcher, delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics, ChangelogFollower};
 use crate::run_queue::ThreadWaits;
 use crate::server_cpu::{Priorities, ServerClocks, ServerCpu, ServerWaits};
 use crate::stats::{median_run, percentile};
@@ -173,29 +172,16 @@ pub async fn latency(
     let clocks = ServerClocks::new(&config).await;
 
     let arrivals: Arrivals = Arc::default();
-    let following = Arc::new(AtomicBool::new(true));
-    // On any early return too: a follower left running would keep the
-    // runtime from shutting down.
-    let _stop_following = StopOnDrop(following.clone());
-    let reader = changelog_watcher(&config)?;
-    reader.follow(None)?;
-    let follower = {
-        let (arrivals, following) = (arrivals.clone(), following.clone());
-        tokio::task::spawn_blocking(move || -> Result<()> {
-            while following.load(Ordering::Relaxed) {
-                reader.for_each_available(Duration::from_millis(50), |entry| {
-                    if let ChangelogEntry::Upsert(update) = entry {
-                        let arrived = now_ms();
-                        arrivals
-                            .lock()
-                            .expect("bench lock")
-                            .push((update.updated_at, arrived));
-                    }
-                })?;
-            }
-            Ok(())
-        })
-    };
+    let follower = ChangelogFollower::start(&config, {
+        let arrivals = arrivals.clone();
+        move |update, arrived| {
+            arrivals
+                .lock()
+                .expect("bench lock")
+                .push((update.updated_at, arrived))
+        }
+    })?;
+    let following = follower.running();
 
     let producer = Arc::new(InputProducer::new(
         &config.kafka,
@@ -260,8 +246,7 @@ pub async fn latency(
             cores: step.cores,
         });
     }
-    following.store(false, Ordering::Relaxed);
-    follower.await.map_err(Error::task("changelog follower"))??;
+    follower.stop().await?;
     drop(child);
     delete_bench_topics(&config.kafka, config.topics.names()).await?;
     delete_bench_keys(&config.redis).await;
@@ -503,15 +488,6 @@ impl Load<'_> {
             redis_ms,
             cores,
         })
-    }
-}
-
-/// Sets the flag to false when dropped.
-struct StopOnDrop(Arc<AtomicBool>);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::Relaxed);
     }
 }
 

@@ -18,7 +18,6 @@
 //! stop from idleness. This one spreads every second's records over all
 //! partitions.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,11 +26,10 @@ use readfold_core::partitioner::partition_for_key;
 use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
-use readfold_wire::changelog::ChangelogEntry;
 
 use crate::child::{config_vars, free_addr, http_get, spawn, stop, ChildGuard};
 use crate::error::{Error, Result};
-use crate::fresh::{changelog_watcher, delete_bench_keys, delete_bench_topics, on_fresh_topics};
+use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics, ChangelogFollower};
 use crate::stats::percentile;
 use crate::workload::{ChatWorkload, Generated};
 
@@ -140,27 +138,16 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
     wait_ready(&mut a, &a_metrics).await?;
 
     let arrivals: Arc<Mutex<Vec<Arrival>>> = Arc::default();
-    let following = Arc::new(AtomicBool::new(true));
-    let reader = changelog_watcher(&config)?;
-    reader.follow(None)?;
-    let follower = {
-        let (arrivals, following) = (arrivals.clone(), following.clone());
-        tokio::task::spawn_blocking(move || -> Result<()> {
-            while following.load(Ordering::Relaxed) {
-                reader.for_each_available(Duration::from_millis(50), |entry| {
-                    if let ChangelogEntry::Upsert(update) = entry {
-                        let partition =
-                            partition_for_key(update.conversation_id.as_str().as_bytes(), partitions);
-                        arrivals
-                            .lock()
-                            .expect("bench lock")
-                            .push((partition, update.updated_at, now_ms()));
-                    }
-                })?;
-            }
-            Ok(())
-        })
-    };
+    let follower = ChangelogFollower::start(&config, {
+        let arrivals = arrivals.clone();
+        move |update, arrived| {
+            let partition = partition_for_key(update.conversation_id.as_str().as_bytes(), partitions);
+            arrivals
+                .lock()
+                .expect("bench lock")
+                .push((partition, update.updated_at, arrived));
+        }
+    })?;
 
     let producer = Arc::new(InputProducer::new(&config.kafka, &config.topics, partitions)?);
     let phase = Duration::from_secs(args.seconds);
@@ -203,8 +190,7 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
     let (achieved, marks) = (achieved?, marks?);
     // The last flushes land.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    following.store(false, Ordering::Relaxed);
-    follower.await.map_err(Error::task("changelog follower"))??;
+    follower.stop().await?;
     drop(a);
 
     let arrivals = arrivals.lock().expect("bench lock").clone();
