@@ -71,6 +71,7 @@ pub struct Config {
     pub state: StateConfig,
     pub metrics: MetricsConfig,
     pub log: LogConfig,
+    pub tracing: readfold_trace::TraceConfig,
     pub shutdown: ShutdownConfig,
 }
 
@@ -168,6 +169,7 @@ impl Config {
         self.cql.check().map_err(ConfigError::Invalid)?;
         self.serve.check().map_err(ConfigError::Invalid)?;
         self.auth.check().map_err(ConfigError::Invalid)?;
+        self.tracing.check().map_err(ConfigError::Invalid)?;
         self.badge.check().map_err(ConfigError::Invalid)?;
         self.schema_registry.check().map_err(ConfigError::Invalid)?;
         if self.cql.enabled && self.input.max_seq > readfold_store::cql::write::MAX_CURSOR {
@@ -193,6 +195,7 @@ impl Config {
             cql: self.cql.clone(),
             schema_registry: self.schema_registry.clone(),
             state: self.state.clone(),
+            tracing: self.tracing.clone(),
         }
     }
 }

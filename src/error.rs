@@ -12,6 +12,8 @@ pub enum Error {
     Store(#[from] readfold_store::Error),
     #[error(transparent)]
     Processor(#[from] readfold_processor::Error),
+    #[error("{0}")]
+    Tracing(String),
     #[error("badge stage: {0}")]
     Badge(#[source] readfold_badge::Error),
     #[error("auth: {0}")]

@@ -18,22 +18,20 @@ pub async fn build(config: &Config) -> Result<(Arc<Gateway>, StoreProbes)> {
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let (api, probes) = crate::serve::state(config).await?;
     let producer = InputProducer::new(&config.kafka, &config.topics, layout.partitions)?;
+    let resource = readfold_trace::Resource {
+        service: "readfold-gateway".into(),
+        instance: config.kafka.instance_id(),
+    };
+    let tracer = readfold_trace::Tracer::start(&config.tracing, resource).map_err(Error::Tracing)?;
     let gateway = Arc::new(Gateway::new(
         config.gateway.clone(),
         api,
         producer,
         config.input.max_seq,
         Badges::new(&config.badge.user_badges, &config.badge.user_actions),
+        tracer,
     ));
-    follow::start(
-        &config.kafka,
-        &config.topics,
-        config.input.max_id_bytes,
-        config.input.format,
-        gateway.hub.clone(),
-        std::time::Duration::from_millis(config.gateway.batch_interval_ms.max(1)),
-        gateway.stop.clone(),
-    )?;
+    follow::start(&config.kafka, &config.topics, config.input.format, &gateway)?;
     follow::start_badges(
         &config.kafka,
         gateway.badges.clone(),
@@ -62,6 +60,7 @@ pub async fn gateway(config: Config) -> Result<()> {
     )
     .await;
     gateway.stop.store(true, Ordering::Relaxed);
+    gateway.tracer.flush(crate::run::TRACE_FLUSH_TIMEOUT).await;
     result.map_err(|source| Error::Listen {
         setting: "gateway.listen",
         addr: config.gateway.listen.clone(),

@@ -10,6 +10,9 @@ use crate::config::Config;
 use crate::error::Result;
 use crate::ops::{ProcessorReadiness, StoreProbes};
 
+/// How long a stopping process waits for its last spans to be sent.
+pub const TRACE_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+
 pub async fn run(config: Config) -> Result<()> {
     let ops = crate::ops::start(&config).await?;
     let (stop, stopped) = watch::channel(false);
@@ -34,7 +37,10 @@ pub async fn run(config: Config) -> Result<()> {
         health: processor.health(),
         stores: StoreProbes { redis, cql },
     });
-    processor.run(stopped).await?;
+    let tracer = processor.tracer();
+    let ran = processor.run(stopped).await;
+    tracer.flush(TRACE_FLUSH_TIMEOUT).await;
+    ran?;
     Ok(())
 }
 

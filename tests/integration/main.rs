@@ -29,4 +29,5 @@ mod scale;
 mod secure;
 mod serve;
 mod three_stores;
+mod tracing;
 mod transactions;

@@ -10,17 +10,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use readfold_kafka::changelog::ChangelogReader;
 use readfold_kafka::reader::TopicReader;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
+use readfold_trace::{OpenSpan, SpanContext, SpanKind, Status, Tracer, Value, TRACEPARENT};
 use readfold_wire::badge::decode_user_badge;
 use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
 use readfold_wire::codec::{decode_conversation_event_view, Decoded, EventRecord, EventView, WireFormat};
 
 use crate::hub::{Hub, Member, MemberChange};
 use crate::protocol::{muted_until, OwnState, ServerFrame};
-use crate::{telemetry, Badges};
+use crate::{telemetry, Badges, Gateway};
 
 /// Routes a changelog entry: a member's change to the conversation's room,
 /// the user's own state to their devices.
@@ -80,6 +81,44 @@ pub fn route(hub: &Hub, entry: ChangelogEntry) {
         }
         ChangelogEntry::State(_) => {}
     }
+}
+
+/// Routes a changelog entry, in a span of its trace when its record
+/// carries a sampled `traceparent`: the trace's last hop, the push.
+fn route_traced(
+    hub: &Hub,
+    tracer: &Tracer,
+    topic: &str,
+    entry: ChangelogEntry,
+    message: &BorrowedMessage<'_>,
+) {
+    let parent = message
+        .headers()
+        .and_then(|headers| headers.iter().filter(|h| h.key == TRACEPARENT).last())
+        .and_then(|header| header.value)
+        .and_then(SpanContext::parse)
+        .filter(|parent| parent.sampled);
+    let Some(parent) = parent else {
+        return route(hub, entry);
+    };
+    let span = OpenSpan::start(Some(&parent), true);
+    route(hub, entry);
+    let attributes = vec![
+        ("messaging.system", Value::from("kafka")),
+        ("messaging.operation", "process".into()),
+        ("messaging.destination.name", topic.to_owned().into()),
+        (
+            "messaging.destination.partition.id",
+            message.partition().to_string().into(),
+        ),
+        ("messaging.kafka.offset", message.offset().into()),
+    ];
+    tracer.record(span.end(
+        format!("push {topic}"),
+        SpanKind::Consumer,
+        attributes,
+        Status::Unset,
+    ));
 }
 
 /// Routes a conversation-events record: a message's sender and seq.
@@ -180,17 +219,17 @@ const READ_COUNTS_TICK: Duration = Duration::from_millis(5);
 
 /// Starts one blocking thread per changelog, one following the
 /// conversation events, and one that sends the big groups' batches every
-/// `batch_interval` and their read counts when due; they stop when `stop`
-/// is set.
+/// `gateway.batch_interval_ms` and their read counts when due; they stop
+/// when the gateway's `stop` is set.
 pub fn start(
     kafka: &KafkaConfig,
     topics: &TopicsConfig,
-    max_id_bytes: usize,
     input_format: WireFormat,
-    hub: Arc<Hub>,
-    batch_interval: Duration,
-    stop: Arc<AtomicBool>,
+    gateway: &Gateway,
 ) -> readfold_kafka::Result<()> {
+    let (hub, stop, tracer) = (gateway.hub.clone(), gateway.stop.clone(), gateway.tracer.clone());
+    let batch_interval = Duration::from_millis(gateway.config.batch_interval_ms.max(1));
+    let max_id_bytes = gateway.max_id_bytes;
     {
         let (hub, stop) = (hub.clone(), stop.clone());
         std::thread::Builder::new()
@@ -226,9 +265,12 @@ pub fn start(
     ] {
         let reader = ChangelogReader::new(kafka, &group, topic, kind, max_id_bytes)?;
         reader.follow_from_end(None)?;
-        let hub = hub.clone();
-        follow_on_thread(topic, stop.clone(), move |wait| {
-            reader.for_each_available(wait, |entry| route(&hub, entry))
+        let (hub, tracer, name) = (hub.clone(), tracer.clone(), topic.clone());
+        follow_on_thread(topic, stop.clone(), move |wait| match tracer.is_on() {
+            false => reader.for_each_available(wait, |entry| route(&hub, entry)),
+            true => reader.for_each_available_with(wait, |entry, message| {
+                route_traced(&hub, &tracer, &name, entry, message)
+            }),
         });
     }
     Ok(())

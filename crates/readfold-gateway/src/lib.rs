@@ -41,6 +41,7 @@ use readfold_core::UserId;
 use readfold_kafka::producer::InputProducer;
 use readfold_serve::error::ApiError;
 use readfold_serve::{AppState, ReadSource};
+use readfold_trace::Tracer;
 
 pub use config::GatewayConfig;
 pub use hub::{Hub, HubConfig};
@@ -88,6 +89,8 @@ pub struct Gateway {
     pub badges: Arc<Badges>,
     /// Set to stop the changelog followers.
     pub stop: Arc<AtomicBool>,
+    /// Off unless `tracing.otlp_endpoint` is set.
+    pub tracer: Tracer,
     demo: demo::DemoState,
 }
 
@@ -99,6 +102,7 @@ impl Gateway {
         producer: InputProducer,
         max_seq: u64,
         badges: Badges,
+        tracer: Tracer,
     ) -> Self {
         Gateway {
             hub: Arc::new(Hub::with_config(HubConfig {
@@ -114,6 +118,7 @@ impl Gateway {
             max_seq,
             badges: Arc::new(badges),
             stop: Arc::new(AtomicBool::new(false)),
+            tracer,
             demo: demo::DemoState::default(),
         }
     }

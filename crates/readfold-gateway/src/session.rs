@@ -9,6 +9,7 @@ use readfold_core::partitioner::partition_for_key;
 use readfold_core::read_model::Reached;
 use readfold_core::{ConversationId, UserId};
 use readfold_kafka::now_ms;
+use readfold_trace::{OpenSpan, SpanKind, Status, Value};
 use readfold_wire::badge::{encode_user_action, UserActionKind, UserActionRecord};
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
@@ -256,15 +257,28 @@ fn spawn_receipt(
     let Some(cid) = conversation_id(gateway, outbox, &record.conversation_id, request.clone()) else {
         return;
     };
-    tokio::spawn(receipt(
-        gateway.clone(),
-        user.clone(),
-        outbox.clone(),
-        cid,
+    let receipt = Receipt {
+        conversation: cid,
         record,
         min_seq,
         request,
+    };
+    tokio::spawn(traced_receipt(
+        gateway.clone(),
+        user.clone(),
+        outbox.clone(),
+        receipt,
     ));
+}
+
+/// A receipt whose conversation id was checked.
+struct Receipt {
+    conversation: ConversationId,
+    record: ReadReportRecord,
+    /// The lowest seq it may carry.
+    min_seq: u64,
+    /// The client's request id, for the answer.
+    request: Option<String>,
 }
 
 fn conversation_id(
@@ -328,27 +342,49 @@ async fn subscribe(
 }
 
 /// Checks a read receipt, delivery report, mark or mute (a present member,
-/// a sane seq), produces it, and acknowledges once the broker has it.
-async fn receipt(
-    gateway: Arc<Gateway>,
-    user: UserId,
-    outbox: Arc<Outbox>,
-    conversation: ConversationId,
-    record: ReadReportRecord,
-    min_seq: u64,
-    request: Option<String>,
-) {
+/// a sane seq), produces it, and acknowledges once the broker has it; the
+/// trace of a sampled one starts here.
+async fn traced_receipt(gateway: Arc<Gateway>, user: UserId, outbox: Arc<Outbox>, receipt: Receipt) {
+    let root = gateway.tracer.sample().then(|| OpenSpan::start(None, true));
+    let (action, conversation) = (receipt.record.action, receipt.conversation.clone());
+    let status = check_and_produce(&gateway, &user, &outbox, receipt, root).await;
+    if let Some(root) = root {
+        let attributes = vec![
+            ("readfold.conversation_id", Value::from(conversation.to_string())),
+            ("readfold.user_id", user.to_string().into()),
+            ("readfold.action", format!("{action:?}").into()),
+        ];
+        let span = root.end("receive read receipt", SpanKind::Server, attributes, status);
+        gateway.tracer.record(span);
+    }
+}
+
+/// [`traced_receipt`]'s work; returns the outcome for its span.
+async fn check_and_produce(
+    gateway: &Gateway,
+    user: &UserId,
+    outbox: &Outbox,
+    receipt: Receipt,
+    root: Option<OpenSpan>,
+) -> Status {
+    let Receipt {
+        conversation,
+        record,
+        min_seq,
+        request,
+    } = receipt;
+    let conversation = &conversation;
     let seq = record.seq as u64;
     // What this gateway knows may lag: a receipt it would refuse is looked
     // at again until `gateway.receipt_wait_ms` has passed, so that a valid
     // one is never refused for the gateway being behind.
     let deadline = Instant::now() + Duration::from_millis(gateway.config.receipt_wait_ms);
     loop {
-        let (member, latest_seq) = match known_membership(&gateway, &conversation, &user).await {
+        let (member, latest_seq) = match known_membership(gateway, conversation, user).await {
             Ok(known) => known,
             Err(e) => {
                 outbox.push_control(ServerFrame::error("unavailable", e, request));
-                return;
+                return Status::Error("unavailable".into());
             }
         };
         let ceiling = latest_seq
@@ -381,7 +417,7 @@ async fn receipt(
                 if Instant::now() >= deadline || (member && (seq < min_seq || seq > gateway.max_seq)) =>
             {
                 outbox.push_control(ServerFrame::error(code, message, request));
-                return;
+                return Status::Error(code.into());
             }
             Some(_) => tokio::time::sleep(Duration::from_millis(RECHECK_MS)).await,
         }
@@ -395,11 +431,35 @@ async fn receipt(
             .shows_delivered(conversation.as_str(), user.as_str(), seq)
     {
         outbox.push_control(ServerFrame::Ack { id: request });
-        return;
+        return Status::Unset;
     }
     let started = Instant::now();
-    let sent = gateway.producer.report(&record).await;
-    answer_produced(&outbox, request, started, sent, || {
+    let send = root.map(|root| OpenSpan::start(Some(&root.context), true));
+    let traceparent = send.map(|span| span.context.traceparent());
+    let sent = gateway
+        .producer
+        .report_traced(&record, traceparent.as_deref())
+        .await;
+    let status = match &sent {
+        Ok(()) => Status::Unset,
+        Err(e) => Status::Error(e.to_string()),
+    };
+    if let Some(send) = send {
+        let topic = &gateway.producer.read_reports;
+        let attributes = vec![
+            ("messaging.system", Value::from("kafka")),
+            ("messaging.operation", "publish".into()),
+            ("messaging.destination.name", topic.clone().into()),
+        ];
+        let span = send.end(
+            format!("send {topic}"),
+            SpanKind::Producer,
+            attributes,
+            status.clone(),
+        );
+        gateway.tracer.record(span);
+    }
+    answer_produced(outbox, request, started, sent, || {
         let reached = match record.action {
             ReadAction::Read if !record.private => Some(Reached::Read),
             ReadAction::Delivered => Some(Reached::Delivered),
@@ -411,6 +471,7 @@ async fn receipt(
                 .receipt_taken(conversation.as_str(), user.as_str(), reached, seq);
         }
     });
+    status
 }
 
 /// How often a receipt the gateway would refuse is looked at again.

@@ -479,9 +479,19 @@ impl ChangelogReader {
     /// Like [`ChangelogReader::poll_entries`], but hands each entry over as
     /// it arrives, for callers that time arrivals.
     pub fn for_each_available(&self, wait: Duration, mut each: impl FnMut(ChangelogEntry)) -> Result<u64> {
+        self.for_each_available_with(wait, |entry, _| each(entry))
+    }
+
+    /// Like [`ChangelogReader::for_each_available`], with each entry's
+    /// record, for callers that read its headers.
+    pub fn for_each_available_with(
+        &self,
+        wait: Duration,
+        mut each: impl FnMut(ChangelogEntry, &BorrowedMessage<'_>),
+    ) -> Result<u64> {
         self.reader.poll_available(wait, |message| {
             if let Some(entry) = self.decode(message) {
-                each(entry);
+                each(entry, message);
             }
         })
     }

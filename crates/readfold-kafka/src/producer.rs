@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::DeliveryFuture;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
@@ -16,6 +17,9 @@ use readfold_wire::codec::{self, ConversationEventRecord, ReadReportRecord};
 use crate::config::{KafkaConfig, TopicsConfig};
 use crate::context::LogContext;
 use crate::error::{Error, Result};
+
+/// The W3C trace-context header (see the readfold-trace crate).
+pub const TRACEPARENT_HEADER: &str = "traceparent";
 
 /// Records handed to the producer whose acknowledgements are not yet in.
 pub struct Deliveries(Vec<DeliveryFuture>);
@@ -36,7 +40,8 @@ impl Deliveries {
 
 pub struct InputProducer {
     producer: FutureProducer<LogContext>,
-    read_reports: String,
+    /// The read-reports topic's name.
+    pub read_reports: String,
     conversation_events: String,
     partitions: i32,
 }
@@ -62,10 +67,25 @@ impl InputProducer {
     }
 
     pub async fn report(&self, record: &ReadReportRecord) -> Result<()> {
+        self.report_traced(record, None).await
+    }
+
+    /// [`InputProducer::report`], with a W3C `traceparent` header when
+    /// given: the trace the processor's span joins.
+    pub async fn report_traced(&self, record: &ReadReportRecord, traceparent: Option<&str>) -> Result<()> {
         let value = codec::encode_read_report(record);
-        let topic = self.read_reports.clone();
-        self.send(&topic, &record.conversation_id, Some(&value), None)
-            .await
+        let partition = partition_for_key(record.conversation_id.as_bytes(), self.partitions);
+        let mut out: FutureRecord<'_, str, [u8]> = FutureRecord::to(&self.read_reports)
+            .key(record.conversation_id.as_str())
+            .partition(partition)
+            .payload(&value);
+        if let Some(traceparent) = traceparent {
+            out = out.headers(OwnedHeaders::new().insert(Header {
+                key: TRACEPARENT_HEADER,
+                value: Some(traceparent),
+            }));
+        }
+        self.deliver(out).await
     }
 
     pub async fn event(&self, record: &ConversationEventRecord) -> Result<()> {
@@ -146,6 +166,11 @@ impl InputProducer {
         if let Some(value) = value {
             record = record.payload(value);
         }
+        self.deliver(record).await
+    }
+
+    /// Sends one record and waits for the broker's acknowledgement.
+    async fn deliver(&self, record: FutureRecord<'_, str, [u8]>) -> Result<()> {
         self.producer
             .send(record, Timeout::After(Duration::from_secs(30)))
             .await

@@ -15,6 +15,7 @@
 //! queue ([`crate::routed_queue`]).
 
 use std::ffi::{CStr, CString};
+use std::marker::PhantomData;
 use std::ptr::NonNull;
 
 use rdkafka::bindings as rdsys;
@@ -34,12 +35,14 @@ pub struct QueuedMessage<'a> {
     pub timestamp: Option<i64>,
     pub key: Option<&'a [u8]>,
     pub payload: Option<&'a [u8]>,
+    pub headers: LazyHeaders<'a>,
 }
 
 impl<'a> QueuedMessage<'a> {
     /// A message polled one at a time (from a consumer's own queue), as a
     /// batch lends them.
-    pub fn of(message: &'a impl rdkafka::message::Message) -> Self {
+    pub fn of(message: &'a rdkafka::message::BorrowedMessage<'_>) -> Self {
+        use rdkafka::message::Message;
         QueuedMessage {
             topic: message.topic(),
             partition: message.partition(),
@@ -47,7 +50,51 @@ impl<'a> QueuedMessage<'a> {
             timestamp: message.timestamp().to_millis(),
             key: message.key(),
             payload: message.payload(),
+            headers: LazyHeaders::of(NonNull::new(message.ptr())),
         }
+    }
+}
+
+/// A message's headers, parsed by librdkafka only when first asked for:
+/// most readers never look.
+#[derive(Clone, Copy, Debug)]
+pub struct LazyHeaders<'a> {
+    message: Option<NonNull<rdsys::rd_kafka_message_t>>,
+    lent: PhantomData<&'a ()>,
+}
+
+impl<'a> LazyHeaders<'a> {
+    /// No headers at all.
+    pub const NONE: LazyHeaders<'static> = LazyHeaders {
+        message: None,
+        lent: PhantomData,
+    };
+
+    fn of(message: Option<NonNull<rdsys::rd_kafka_message_t>>) -> Self {
+        LazyHeaders {
+            message,
+            lent: PhantomData,
+        }
+    }
+
+    /// The value of the last header named `name`, if any (and not null).
+    pub fn last(&self, name: &CStr) -> Option<&'a [u8]> {
+        let message = self.message?;
+        let mut headers = std::ptr::null_mut();
+        // SAFETY: a message valid for 'a (lent with this value); librdkafka
+        // parses and keeps its headers inside it on the first call.
+        let found = unsafe { rdsys::rd_kafka_message_headers(message.as_ptr(), &mut headers) };
+        if found != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return None;
+        }
+        let (mut value, mut size) = (std::ptr::null(), 0);
+        // SAFETY: headers owned by the message; the value points into them.
+        let found = unsafe { rdsys::rd_kafka_header_get_last(headers, name.as_ptr(), &mut value, &mut size) };
+        if found != rdsys::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR {
+            return None;
+        }
+        // SAFETY: `size` bytes of the message's headers, valid as long.
+        unsafe { bytes(value.cast_mut(), size) }
     }
 }
 
@@ -252,6 +299,7 @@ unsafe fn decode<'a>(
         // message, valid as long as it is.
         key: unsafe { bytes(m.key, m.key_len) },
         payload: unsafe { bytes(m.payload, m.len) },
+        headers: LazyHeaders::of(Some(message)),
     })
 }
 

@@ -98,4 +98,5 @@ pub struct Settings {
     pub cql: CqlConfig,
     pub schema_registry: RegistryConfig,
     pub state: StateConfig,
+    pub tracing: readfold_trace::TraceConfig,
 }

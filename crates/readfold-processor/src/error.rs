@@ -38,6 +38,8 @@ pub enum Error {
     Task(#[from] tokio::task::JoinError),
     #[error(transparent)]
     Registry(#[from] readfold_registry::Error),
+    #[error("{0}")]
+    Tracing(String),
 }
 
 impl From<KafkaError> for Error {
@@ -69,7 +71,8 @@ impl Error {
             Error::FatalTransaction(_)
             | Error::UnsettledTransaction(_)
             | Error::Consumer(_)
-            | Error::Task(_) => false,
+            | Error::Task(_)
+            | Error::Tracing(_) => false,
         }
     }
 }

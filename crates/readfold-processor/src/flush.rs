@@ -22,6 +22,7 @@
 //! changelog may run ahead of CQL by at most twice `snapshot.interval_ms`:
 //! past that (a snapshot failing or stuck), flushes wait for one to succeed.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -41,6 +42,7 @@ use readfold_wire::{OutRecord, OutputTopics};
 use tokio::task::JoinHandle;
 
 use crate::error::Result;
+use crate::traces::FlushTraces;
 use crate::transaction::{RecordChunk, Transactions};
 use crate::{telemetry, Processor};
 
@@ -50,6 +52,8 @@ pub(crate) struct InFlight {
     plan: Arc<FlushPlan<OutRecord>>,
     /// The assignment generation it began in.
     generation: u64,
+    /// The traced reports it publishes.
+    traces: FlushTraces,
     /// `Partitions::changes` when it began.
     group_changes: u64,
     started: Instant,
@@ -80,6 +84,9 @@ struct Writer {
     out: Arc<OutputTopics>,
     topics: TopicsConfig,
     framing: Option<Arc<Framing>>,
+    /// The `traceparent` of the plan's changes that traced reports moved,
+    /// by index.
+    traceparents: Arc<HashMap<usize, String>>,
 }
 
 /// Keys one snapshot writes, at most, of the current pass over published
@@ -110,7 +117,9 @@ impl Processor {
         telemetry::cursors_held(self.partitions.cursor_count());
         let plan = flush::begin(&mut self.partitions.slots);
         if !plan.is_empty() {
-            self.in_flight = Some(self.launch(plan));
+            let slots = &self.partitions.slots;
+            let traces = self.traces.take_for(&plan, |p| slots.contains_key(&p));
+            self.in_flight = Some(self.launch(plan, traces));
         }
     }
 
@@ -128,7 +137,7 @@ impl Processor {
         if plan.is_empty() {
             self.snapshot_done();
         } else {
-            self.snapshot_in_flight = Some(self.launch(plan));
+            self.snapshot_in_flight = Some(self.launch(plan, FlushTraces::default()));
         }
     }
 
@@ -140,7 +149,7 @@ impl Processor {
         self.schedule.snapshot_written(Instant::now(), pass_done, owed);
     }
 
-    fn launch(&self, plan: FlushPlan<OutRecord>) -> InFlight {
+    fn launch(&self, plan: FlushPlan<OutRecord>, mut traces: FlushTraces) -> InFlight {
         let writer = Writer {
             stores: Stores {
                 redis: self.redis.clone(),
@@ -150,6 +159,7 @@ impl Processor {
             out: Arc::clone(&self.out),
             topics: self.settings.topics.clone(),
             framing: self.framing.clone(),
+            traceparents: Arc::new(std::mem::take(&mut traces.headers)),
         };
         let group = rdkafka::consumer::Consumer::group_metadata(&*self.consumer);
         let plan = Arc::new(plan);
@@ -157,6 +167,7 @@ impl Processor {
             task: tokio::spawn(writer.write(Arc::clone(&plan), group)),
             plan,
             generation: self.partitions.generation,
+            traces,
             group_changes: self.partitions.changes,
             started: Instant::now(),
         }
@@ -165,7 +176,8 @@ impl Processor {
     /// Settles the flush that was in flight with its outcome: on success
     /// its keys are done (and remembered for the next snapshot); on failure
     /// they are dirty again.
-    pub(crate) fn settle(&mut self, flight: InFlight, outcome: Result<()>) -> Result<()> {
+    pub(crate) fn settle(&mut self, mut flight: InFlight, outcome: Result<()>) -> Result<()> {
+        let traces = std::mem::take(&mut flight.traces);
         let elapsed = flight.started.elapsed();
         let plan = &flight.plan;
         if let (Some(_), Some(cql)) = (&plan.snapshot, &self.cql) {
@@ -182,6 +194,11 @@ impl Processor {
             Ok(()) => {
                 self.health.flush_outcome(true);
                 flush::committed(&mut self.partitions.slots, plan, self.cql.is_some());
+                traces.committed(
+                    &self.tracer,
+                    &self.settings.topics.read_reports,
+                    plan.changes.len(),
+                );
                 telemetry::flush_committed(elapsed, plan.changes.len(), plan.dead_letters.len());
                 telemetry::dirty_keys(self.partitions.dirty_len());
                 tracing::debug!(
@@ -201,6 +218,8 @@ impl Processor {
                 }
                 let same_assignment = flight.generation == self.partitions.generation;
                 flush::failed(&mut self.partitions.slots, plan, same_assignment);
+                let slots = &self.partitions.slots;
+                self.traces.failed(traces, |p| slots.contains_key(&p));
                 Err(e)
             }
         };
@@ -340,10 +359,19 @@ impl Writer {
             .as_ref()
             .map(|f| f.changelog_frames(&self.out))
             .unwrap_or_default();
-        for part in plan.changes.chunks(ENCODE_CHUNK) {
+        for (chunk, part) in plan.changes.chunks(ENCODE_CHUNK).enumerate() {
             let mut records = EncodedRecords::with_capacity(part.len());
-            for (partition, change) in part {
-                records.push_change(change, *partition, &self.out.layout, &frames);
+            for (i, (partition, change)) in part.iter().enumerate() {
+                let traced = match self.traceparents.is_empty() {
+                    true => None,
+                    false => self.traceparents.get(&(chunk * ENCODE_CHUNK + i)),
+                };
+                match traced {
+                    None => records.push_change(change, *partition, &self.out.layout, &frames),
+                    Some(traceparent) => {
+                        records.push_traced_change(change, *partition, &self.out.layout, &frames, traceparent)
+                    }
+                }
             }
             if chunks
                 .send(RecordChunk::Changelog(records, Arc::clone(&self.out)))

@@ -8,7 +8,8 @@ use std::future::Future;
 use rdkafka::consumer::Consumer;
 use rdkafka::error::KafkaError;
 use rdkafka::message::BorrowedMessage;
-use readfold_core::fold::InputKind;
+use readfold_core::fold::{Input, InputKind};
+use readfold_core::CursorKey;
 use readfold_kafka::routed_queue::RoutedReader;
 use readfold_wire::dead_letter::{dead_letter, Source};
 use readfold_wire::validate::{ingest, Placement, RejectReason, Rejection};
@@ -38,6 +39,21 @@ enum Folded {
     /// Framed with a schema id not yet checked: ask the registry, then
     /// fold again.
     UnknownSchema(InputKind, u32),
+}
+
+/// The key a read-reports input moves, which its trace follows.
+fn traced_key(input: &Input) -> Option<CursorKey> {
+    let (conversation_id, user_id) = match input {
+        Input::Report(r) => (&r.conversation_id, &r.user_id),
+        Input::Delivery(d) => (&d.conversation_id, &d.user_id),
+        Input::Mark(m) => (&m.conversation_id, &m.user_id),
+        Input::Mute(m) => (&m.conversation_id, &m.user_id),
+        Input::Event(_) => return None,
+    };
+    Some(CursorKey {
+        conversation_id: conversation_id.clone(),
+        user_id: user_id.clone(),
+    })
 }
 
 /// Polls `future` once, with a waker that does nothing: its output if it
@@ -161,7 +177,10 @@ impl Processor {
     /// no longer assigned.
     pub(crate) async fn process(&mut self, owned: OwnedRecord) -> Result<()> {
         loop {
-            match self.fold_record(&owned.as_record()) {
+            // Bound first: the borrowed record must not live across the
+            // awaits below (its headers are librdkafka's, not `Send`).
+            let folded = self.fold_record(&owned.as_record());
+            match folded {
                 Folded::Done | Folded::NotOwned => return Ok(()),
                 Folded::Unrestored => {
                     if let Some(restoring) = &mut self.restoring {
@@ -239,6 +258,12 @@ impl Processor {
         match ingested {
             Ok(input) => {
                 slot.state.apply(&input);
+                if self.tracer.is_on() {
+                    if let Some(key) = traced_key(&input) {
+                        self.traces
+                            .took(message.traceparent(), partition, message.offset, &key);
+                    }
+                }
             }
             Err(rejection) => {
                 telemetry::dead_lettered(rejection.reason);

@@ -33,6 +33,7 @@ mod recovery;
 mod restore;
 mod schemas;
 pub mod telemetry;
+mod traces;
 pub mod transaction;
 
 use std::collections::BTreeMap;
@@ -105,6 +106,10 @@ pub struct Processor {
     input_schemas: Option<InputSchemas>,
     /// Local state checkpoints (`state.dir`), if on.
     checkpoints: Option<Arc<Checkpoints>>,
+    /// Off unless `tracing.otlp_endpoint` is set.
+    tracer: readfold_trace::Tracer,
+    /// Traced reports waiting for their flush.
+    traces: traces::PendingTraces,
 }
 
 impl Processor {
@@ -205,7 +210,17 @@ impl Processor {
         if let Some(c) = &checkpoints {
             tracing::info!(dir = %c.dir().display(), "local state checkpoints on");
         }
+        let tracer = readfold_trace::Tracer::start(
+            &settings.tracing,
+            readfold_trace::Resource {
+                service: "readfold-processor".into(),
+                instance: settings.kafka.instance_id(),
+            },
+        )
+        .map_err(Error::Tracing)?;
         Ok(Processor {
+            tracer,
+            traces: traces::PendingTraces::default(),
             out,
             framing,
             input_schemas,
@@ -237,6 +252,11 @@ impl Processor {
     /// while the processor runs.
     pub fn health(&self) -> Arc<Health> {
         Arc::clone(&self.health)
+    }
+
+    /// The processor's tracer: flush it before the process exits.
+    pub fn tracer(&self) -> readfold_trace::Tracer {
+        self.tracer.clone()
     }
 
     /// The stores the processor writes, for probes of their reachability.

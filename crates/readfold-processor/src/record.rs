@@ -2,8 +2,8 @@
 //! borrowed from librdkafka's buffer, or copied to wait for a restore or a
 //! schema lookup.
 
-use rdkafka::message::Message;
-use readfold_kafka::queue_batch::QueuedMessage;
+use rdkafka::message::BorrowedMessage;
+use readfold_kafka::queue_batch::{LazyHeaders, QueuedMessage};
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Record<'a> {
@@ -12,12 +12,29 @@ pub(crate) struct Record<'a> {
     pub offset: i64,
     pub key: Option<&'a [u8]>,
     pub payload: Option<&'a [u8]>,
+    headers: Headers<'a>,
+}
+
+/// The one header the fold may read: librdkafka's, parsed only if asked
+/// for, or a copy's.
+#[derive(Clone, Copy, Debug)]
+enum Headers<'a> {
+    Lazy(LazyHeaders<'a>),
+    Traceparent(Option<&'a [u8]>),
 }
 
 impl<'a> Record<'a> {
     /// A message of the consumer's own queue.
-    pub fn of(message: &'a impl Message) -> Self {
+    pub fn of(message: &'a BorrowedMessage<'_>) -> Self {
         QueuedMessage::of(message).into()
+    }
+
+    /// Its W3C `traceparent` header, if it has one.
+    pub fn traceparent(&self) -> Option<&'a [u8]> {
+        match self.headers {
+            Headers::Lazy(headers) => headers.last(c"traceparent"),
+            Headers::Traceparent(value) => value,
+        }
     }
 
     pub fn to_owned(self) -> OwnedRecord {
@@ -27,6 +44,7 @@ impl<'a> Record<'a> {
             offset: self.offset,
             key: self.key.map(<[u8]>::to_vec),
             payload: self.payload.map(<[u8]>::to_vec),
+            traceparent: self.traceparent().map(<[u8]>::to_vec),
         }
     }
 }
@@ -39,6 +57,7 @@ impl<'a> From<QueuedMessage<'a>> for Record<'a> {
             offset: m.offset,
             key: m.key,
             payload: m.payload,
+            headers: Headers::Lazy(m.headers),
         }
     }
 }
@@ -51,6 +70,7 @@ pub(crate) struct OwnedRecord {
     offset: i64,
     key: Option<Vec<u8>>,
     payload: Option<Vec<u8>>,
+    traceparent: Option<Vec<u8>>,
 }
 
 impl OwnedRecord {
@@ -65,6 +85,7 @@ impl OwnedRecord {
             offset: self.offset,
             key: self.key.as_deref(),
             payload: self.payload.as_deref(),
+            headers: Headers::Traceparent(self.traceparent.as_deref()),
         }
     }
 }
@@ -81,6 +102,7 @@ mod tests {
             offset: 41,
             key: Some(b"conv"),
             payload: None,
+            headers: Headers::Traceparent(Some(b"00-ab-cd-01")),
         };
         let owned = record.to_owned();
         let back = owned.as_record();
@@ -89,5 +111,6 @@ mod tests {
             (back.topic, back.partition, back.offset, back.key, back.payload),
             ("read-reports", 3, 41, Some(&b"conv"[..]), None)
         );
+        assert_eq!(back.traceparent(), Some(&b"00-ab-cd-01"[..]));
     }
 }

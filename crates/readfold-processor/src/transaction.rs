@@ -33,6 +33,7 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::TopicPartitionList;
 use readfold_kafka::batch_producer::{BatchProducer, BatchRecord, QUEUE_FULL_WAIT};
 use readfold_kafka::context::LogContext;
+use readfold_kafka::producer::TRACEPARENT_HEADER;
 use readfold_kafka::{is_fatal, KafkaConfig};
 use readfold_wire::changelog::{EncodedRecords, OutputTopics};
 use readfold_wire::{ChangelogKind, OutRecord};
@@ -282,6 +283,24 @@ impl Lane {
         ] {
             let topic = out.topic_of(kind);
             for record in records.iter().filter(|r| r.kind == kind) {
+                if let Some(traceparent) = record.traceparent {
+                    // A header needs librdkafka's one-record call; the
+                    // batch so far goes first, keeping the order.
+                    self.producer.send_batch(topic, &batch)?;
+                    batch.clear();
+                    let mut base: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(topic)
+                        .partition(record.partition)
+                        .key(record.key)
+                        .headers(OwnedHeaders::new().insert(Header {
+                            key: TRACEPARENT_HEADER,
+                            value: Some(traceparent),
+                        }));
+                    if let Some(value) = record.value {
+                        base = base.payload(value);
+                    }
+                    self.send_base(base)?;
+                    continue;
+                }
                 batch.push(BatchRecord {
                     partition: record.partition,
                     key: Some(record.key),
@@ -303,8 +322,7 @@ impl Lane {
         records.iter().try_for_each(|record| self.send(record))
     }
 
-    /// Queues one record; waits (this is a blocking thread) while the
-    /// producer's queue is full.
+    /// Queues one record of its own, with its headers.
     fn send(&self, record: &OutRecord) -> std::result::Result<(), KafkaError> {
         let mut base: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&record.topic).partition(record.partition);
         // A record without headers gets no header list.
@@ -324,6 +342,12 @@ impl Lane {
         if let Some(value) = &record.value {
             base = base.payload(value);
         }
+        self.send_base(base)
+    }
+
+    /// Queues one record; waits (this is a blocking thread) while the
+    /// producer's queue is full.
+    fn send_base(&self, mut base: BaseRecord<'_, [u8], [u8]>) -> std::result::Result<(), KafkaError> {
         loop {
             match self.producer.producer().send(base) {
                 // Delivery is checked by commit_transaction as a whole.

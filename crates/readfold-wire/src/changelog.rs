@@ -148,6 +148,9 @@ impl ChangelogFrames {
 pub struct EncodedRecords {
     bytes: Vec<u8>,
     records: Vec<EncodedRecord>,
+    /// Records (by index range, in order) that carry a W3C `traceparent`
+    /// header: few, so kept apart from `records`.
+    traced: Vec<(std::ops::Range<usize>, Box<str>)>,
 }
 
 /// Where one record's key and value lie in [`EncodedRecords::bytes`]: the
@@ -170,6 +173,8 @@ pub struct EncodedRef<'a> {
     pub key: &'a [u8],
     /// `None` is a tombstone.
     pub value: Option<&'a [u8]>,
+    /// The `traceparent` header it carries, if traced.
+    pub traceparent: Option<&'a str>,
 }
 
 /// Bytes a record takes, about: two short ids and a few varints.
@@ -181,6 +186,7 @@ impl EncodedRecords {
         EncodedRecords {
             bytes: Vec::with_capacity(changes * 2 * RECORD_BYTES),
             records: Vec::with_capacity(changes * 2),
+            traced: Vec::new(),
         }
     }
 
@@ -234,6 +240,30 @@ impl EncodedRecords {
         }
     }
 
+    /// [`EncodedRecords::push_change`], each record carrying `traceparent`.
+    pub fn push_traced_change(
+        &mut self,
+        change: &Change,
+        input_partition: i32,
+        layout: &OutputLayout,
+        frames: &ChangelogFrames,
+        traceparent: &str,
+    ) {
+        let first = self.records.len();
+        self.push_change(change, input_partition, layout, frames);
+        self.traced.push((first..self.records.len(), traceparent.into()));
+    }
+
+    /// The `traceparent` of record `index`, if it has one.
+    fn traceparent_of(&self, index: usize) -> Option<&str> {
+        if self.traced.is_empty() {
+            return None;
+        }
+        let after = self.traced.partition_point(|(range, _)| range.start <= index);
+        let (range, traceparent) = self.traced.get(after.checked_sub(1)?)?;
+        range.contains(&index).then_some(&**traceparent)
+    }
+
     fn push(
         &mut self,
         kind: ChangelogKind,
@@ -271,11 +301,12 @@ impl EncodedRecords {
 
     /// The records, in the order they were pushed.
     pub fn iter(&self) -> impl Iterator<Item = EncodedRef<'_>> {
-        self.records.iter().map(|r| EncodedRef {
+        self.records.iter().enumerate().map(|(i, r)| EncodedRef {
             kind: r.kind,
             partition: r.partition,
             key: &self.bytes[r.key_start..r.value_start],
             value: (!r.tombstone).then(|| &self.bytes[r.value_start..r.end]),
+            traceparent: self.traceparent_of(i),
         })
     }
 
@@ -287,7 +318,11 @@ impl EncodedRecords {
                 partition: r.partition,
                 key: Some(r.key.to_vec()),
                 value: r.value.map(<[u8]>::to_vec),
-                headers: Vec::new(),
+                headers: r
+                    .traceparent
+                    .map(|t| ("traceparent", t.to_owned()))
+                    .into_iter()
+                    .collect(),
             })
             .collect()
     }
@@ -539,6 +574,33 @@ mod tests {
             (key.user_id.as_str(), key.conversation_id.as_str()),
             ("alice", "G")
         );
+    }
+
+    #[test]
+    fn a_traced_changes_records_carry_its_traceparent_and_no_others_do() {
+        let [plain, traced, after] = ["alice", "bob", "carol"].map(|user| {
+            change_of(user, |s| {
+                s.apply_event(&event(
+                    6,
+                    EventKind::MessageSent {
+                        mentions: Default::default(),
+                        sender_id: "dave".parse().unwrap(),
+                    },
+                ));
+                s.apply_report(&report(user, 4, false));
+            })
+        });
+        let (out, frames) = (out(), ChangelogFrames::default());
+        let mut encoded = EncodedRecords::with_capacity(3);
+        encoded.push_change(&plain, 1, &out.layout, &frames);
+        encoded.push_traced_change(&traced, 1, &out.layout, &frames, "00-ab-cd-01");
+        encoded.push_change(&after, 1, &out.layout, &frames);
+        let headers: Vec<_> = encoded.iter().map(|r| r.traceparent).collect();
+        let t = Some("00-ab-cd-01");
+        assert_eq!(headers, [None, None, t, t, None, None]);
+        let records = encoded.to_out_records(&out);
+        assert_eq!(records[2].headers, [("traceparent", "00-ab-cd-01".to_owned())]);
+        assert!(records[4].headers.is_empty());
     }
 
     #[test]
