@@ -83,6 +83,38 @@ async fn instances_join_and_leave_incrementally_under_the_consumer_protocol() {
     );
 }
 
+/// With a warm standby on, the partitions that move (to b and c as they
+/// join, from c when it is killed, from b when it stops) are restored from
+/// the standby's state and the changelogs' tails, and every store still
+/// agrees with the fold: no cursor lost, none moved back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_standby_hands_over_moved_partitions_with_only_their_tails_to_read() {
+    let env = TestEnv::with_vars(
+        "standby",
+        6,
+        &[
+            ("READFOLD__KAFKA__GROUP_PROTOCOL", "consumer"),
+            ("READFOLD__STATE__STANDBY", "true"),
+        ],
+    )
+    .await;
+    let a = join_and_leave_under_load(&env, &[]).await;
+    let restores: Vec<&str> = a
+        .lines()
+        .filter(|l| l.contains("restored partition state"))
+        .collect();
+    // a owns every partition first, then takes c's and b's over.
+    let from_standby: Vec<&&str> = restores
+        .iter()
+        .filter(|l| !l.contains("from_standby=0"))
+        .collect();
+    assert!(
+        !from_standby.is_empty(),
+        "a took nothing over from its standby:\n{}",
+        restores.join("\n")
+    );
+}
+
 /// The partitions listed after `label` in a log line.
 fn listed(line: &str, label: &str) -> Vec<i32> {
     let Some(start) = line.find(label) else {

@@ -13,6 +13,12 @@
 //! flush, so a steady phase's longest gap is the flush cadence. Beside it,
 //! the report-to-changelog latency of the records sent in each phase.
 //!
+//! `--standby off,on` runs each protocol without and with warm standbys
+//! (`state.standby`), and prints instance a's memory and CPU while it owns
+//! a third of the partitions and (with one) follows the rest: what a
+//! standby costs. `--cursors N` first writes N cursors to the changelog, a
+//! state every restore reads.
+//!
 //! Not loadgen's workload: its Zipf-skewed conversations leave some
 //! partitions without a record for seconds, and a gap could not tell a
 //! stop from idleness. This one spreads every second's records over all
@@ -27,9 +33,10 @@ use readfold_kafka::admin::ensure_topics;
 use readfold_kafka::now_ms;
 use readfold_kafka::producer::InputProducer;
 
-use crate::child::{config_vars, free_addr, http_get, spawn, stop, ChildGuard};
+use crate::child::{config_vars, cpu_secs_of, free_addr, http_get, rss_of, spawn, stop, ChildGuard};
 use crate::error::{Error, Result};
 use crate::fresh::{delete_bench_keys, delete_bench_topics, on_fresh_topics, ChangelogFollower};
+use crate::restore::write_changelog;
 use crate::stats::percentile;
 use crate::workload::{ChatWorkload, Generated};
 
@@ -52,6 +59,19 @@ pub struct Args {
     /// The group protocols measured, in order.
     #[arg(long, value_delimiter = ',', default_value = "classic,consumer")]
     pub protocols: Vec<Protocol>,
+    /// Warm standbys (`state.standby`): each protocol is run with each.
+    #[arg(long, value_delimiter = ',', default_value = "off")]
+    pub standby: Vec<Switch>,
+    /// Cursors written to the changelog before instance a starts.
+    #[arg(long, default_value_t = 0)]
+    pub cursors: u64,
+}
+
+/// Off or on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    Off,
+    On,
 }
 
 /// `kafka.group_protocol`.
@@ -93,8 +113,22 @@ pub struct PhaseRow {
 #[derive(Clone, Debug)]
 pub struct ProtocolRun {
     pub protocol: Protocol,
+    pub standby: bool,
     pub achieved: f64,
     pub phases: Vec<PhaseRow>,
+    /// Instance a's resident memory (bytes) at the end of the 1 -> 3 phase.
+    pub a_rss: u64,
+    /// Instance a's CPU over the 1 -> 3 phase (cores).
+    pub a_cpu: f64,
+}
+
+impl ProtocolRun {
+    fn label(&self) -> String {
+        match self.standby {
+            false => self.protocol.name().to_owned(),
+            true => format!("{}+sb", self.protocol.name()),
+        }
+    }
 }
 
 /// A changelog record: its partition, send time and arrival (ms).
@@ -103,16 +137,27 @@ type Arrival = (i32, i64, i64);
 pub async fn rebalance(config: &Config, args: &Args) -> Result<Vec<ProtocolRun>> {
     let mut runs = Vec::new();
     for &protocol in &args.protocols {
-        runs.push(run(config, args, protocol).await?);
+        for &standby in &args.standby {
+            runs.push(run(config, args, protocol, standby == Switch::On).await?);
+        }
     }
     Ok(runs)
 }
 
-async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<ProtocolRun> {
+async fn run(config: &Config, args: &Args, protocol: Protocol, standby: bool) -> Result<ProtocolRun> {
     let mut config = on_fresh_topics(config, &format!("rebalance-{}", protocol.name()));
     config.topics.partitions = args.partitions;
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let partitions = layout.partitions;
+    if args.cursors > 0 {
+        let started = Instant::now();
+        write_changelog(&config, &config.topics.read_cursors, args.cursors, partitions).await?;
+        eprintln!(
+            "rebalance: {} cursors written to the changelog in {:.1} s",
+            args.cursors,
+            started.elapsed().as_secs_f64()
+        );
+    }
     let instance = |name: &str| -> Result<(ChildGuard, String)> {
         let metrics = free_addr()?.to_string();
         let mut vars = config_vars(&config);
@@ -124,6 +169,7 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
                 protocol.name().to_owned(),
             ),
             ("READFOLD__METRICS__LISTEN".to_owned(), metrics.clone()),
+            ("READFOLD__STATE__STANDBY".to_owned(), standby.to_string()),
         ]);
         if protocol == Protocol::Classic {
             // The consumer protocol's is the broker's: 6 s in services.sh.
@@ -135,6 +181,7 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
         Ok((spawn("run", &vars)?, metrics))
     };
     let (mut a, a_metrics) = instance("a")?;
+    let a_pid = a.pid();
     wait_ready(&mut a, &a_metrics).await?;
 
     let arrivals: Arc<Mutex<Vec<Arrival>>> = Arc::default();
@@ -161,7 +208,10 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
         tokio::time::sleep(phase).await;
         marks.push(now_ms());
         let (b, c) = (instance("b")?, instance("c")?);
+        let cpu_from = cpu_secs_of(&a_pid.to_string());
         tokio::time::sleep(phase).await;
+        let a_cpu = (cpu_secs_of(&a_pid.to_string()) - cpu_from) / phase.as_secs_f64();
+        let a_rss = rss_of(a_pid);
         let left = now_ms();
         marks.push(left);
         let leaving = if args.kill {
@@ -184,10 +234,10 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
         tokio::time::sleep(phase.saturating_sub(Duration::from_millis((now_ms() - stopping).max(0) as u64)))
             .await;
         marks.push(now_ms());
-        Ok::<_, Error>(marks)
+        Ok::<_, Error>((marks, a_rss, a_cpu))
     };
     let (achieved, marks) = tokio::join!(offer(&producer, args.rate, load_for), membership);
-    let (achieved, marks) = (achieved?, marks?);
+    let (achieved, (marks, a_rss, a_cpu)) = (achieved?, marks?);
     // The last flushes land.
     tokio::time::sleep(Duration::from_secs(3)).await;
     follower.stop().await?;
@@ -209,8 +259,11 @@ async fn run(config: &Config, args: &Args, protocol: Protocol) -> Result<Protoco
     delete_bench_keys(&config.redis).await;
     Ok(ProtocolRun {
         protocol,
+        standby,
         achieved,
         phases,
+        a_rss,
+        a_cpu,
     })
 }
 
@@ -299,16 +352,16 @@ async fn wait_ready(child: &mut ChildGuard, metrics: &str) -> Result<()> {
 
 pub fn print_rebalance(args: &Args, runs: &[ProtocolRun]) {
     println!(
-        "rebalance: the chat workload offered at {:.0} records/s, {} partitions, {} s per phase",
-        args.rate, args.partitions, args.seconds
+        "rebalance: the chat workload offered at {:.0} records/s, {} partitions, {} s per phase, {} cursors preloaded",
+        args.rate, args.partitions, args.seconds, args.cursors
     );
     println!();
     println!(
-        "{:<9} {:>9} {:<11} {:>26} {:>17} {:>14}",
+        "{:<12} {:>9} {:<11} {:>26} {:>17} {:>14}",
         "protocol", "achieved", "phase", "report-to-changelog ms", "longest stop ms", "stopped > 1 s"
     );
     println!(
-        "{:<9} {:>9} {:<11} {:>26} {:>17} {:>14}",
+        "{:<12} {:>9} {:<11} {:>26} {:>17} {:>14}",
         "", "/s", "", "p50 / p99 / max", "median / max", "partitions"
     );
     for run in runs {
@@ -318,8 +371,8 @@ pub fn print_rebalance(args: &Args, runs: &[ProtocolRun]) {
             gaps.sort_by(f64::total_cmp);
             let stopped = gaps.iter().filter(|g| **g > STOPPED_MS).count();
             println!(
-                "{:<9} {:>9.0} {:<11} {:>26} {:>17} {:>14}",
-                run.protocol.name(),
+                "{:<12} {:>9.0} {:<11} {:>26} {:>17} {:>14}",
+                run.label(),
                 run.achieved,
                 row.phase,
                 format!(
@@ -342,12 +395,17 @@ pub fn print_rebalance(args: &Args, runs: &[ProtocolRun]) {
     for run in runs {
         for row in &run.phases {
             let gaps: Vec<String> = row.longest_gap_ms.iter().map(|g| format!("{g:.0}")).collect();
-            println!(
-                "  {:<9} {:<11} {}",
-                run.protocol.name(),
-                row.phase,
-                gaps.join(" ")
-            );
+            println!("  {:<12} {:<11} {}", run.label(), row.phase, gaps.join(" "));
         }
+    }
+    println!();
+    println!("instance a while it owns a third of the partitions (1 -> 3 phase): resident memory, CPU");
+    for run in runs {
+        println!(
+            "  {:<12} {:>8.0} MiB {:>6.2} cores",
+            run.label(),
+            run.a_rss as f64 / (1 << 20) as f64,
+            run.a_cpu
+        );
     }
 }

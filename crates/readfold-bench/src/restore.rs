@@ -4,6 +4,7 @@
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use readfold::config::Config;
+use readfold_core::partitioner::partition_for_key;
 use readfold_kafka::admin::{create_topic, delete_topics};
 use readfold_kafka::changelog::{ChangelogReader, RestoreStats};
 use readfold_kafka::now_ms;
@@ -30,55 +31,7 @@ pub struct RestoreFigures {
 pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
     let topic = format!("readfold.bench-restore.{}", now_ms());
     create_topic(&config.kafka, &topic, 1, config.topics.replication_factor, true).await?;
-    let producer: FutureProducer = config
-        .kafka
-        .client_config()
-        .set("linger.ms", "20")
-        .set("compression.type", "lz4")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()?;
-    let mut pending = Vec::new();
-    for i in 0..cursors {
-        let (conversation_id, user_id) = (format!("conv-{}", i / 100), format!("user-{}", i % 100));
-        let key = encode_cursor_key(&CursorKeyRecord {
-            conversation_id: conversation_id.clone(),
-            user_id: user_id.clone(),
-        });
-        let value = encode_cursor_update(&CursorUpdateRecord {
-            muted_until: None,
-            unread_mentions: None,
-            conversation_id,
-            user_id,
-            cursor: (i % 1000) as i64 + 1,
-            join_seq: 1,
-            latest_seq: 1000,
-            updated_at: 0,
-            private_cursor: None,
-            unread_mark: None,
-            delivered_cursor: None,
-        });
-        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic)
-            .partition(0)
-            .key(key.as_slice())
-            .payload(value.as_slice());
-        loop {
-            match producer.send_result(record) {
-                Ok(delivery) => break pending.push(delivery),
-                Err((_, back)) => {
-                    record = back;
-                    for delivery in pending.drain(..) {
-                        let _ = delivery.await;
-                    }
-                }
-            }
-        }
-    }
-    for delivery in pending {
-        delivery
-            .await
-            .map_err(|_| Error::Kafka(readfold_kafka::Error::DeliveryCanceled))?
-            .map_err(|(e, _)| Error::from(e))?;
-    }
+    write_changelog(config, &topic, cursors, 1).await?;
     let reader = ChangelogReader::new(
         &config.kafka,
         &format!("{}-bench-restore", config.kafka.group_id),
@@ -104,6 +57,63 @@ pub async fn restore(config: &Config, cursors: u64) -> Result<RestoreFigures> {
     drop(state);
     delete_topics(&config.kafka, &[&topic]).await?;
     Ok(figures)
+}
+
+/// Writes `cursors` by-conversation changelog records to `topic`, 100 per
+/// conversation, each on its conversation's partition of `partitions`: a
+/// state as a processor would have published it.
+pub async fn write_changelog(config: &Config, topic: &str, cursors: u64, partitions: i32) -> Result<()> {
+    let producer: FutureProducer = config
+        .kafka
+        .client_config()
+        .set("linger.ms", "20")
+        .set("compression.type", "lz4")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()?;
+    let mut pending = Vec::new();
+    for i in 0..cursors {
+        let (conversation_id, user_id) = (format!("conv-{}", i / 100), format!("user-{}", i % 100));
+        let partition = partition_for_key(conversation_id.as_bytes(), partitions);
+        let key = encode_cursor_key(&CursorKeyRecord {
+            conversation_id: conversation_id.clone(),
+            user_id: user_id.clone(),
+        });
+        let value = encode_cursor_update(&CursorUpdateRecord {
+            muted_until: None,
+            unread_mentions: None,
+            conversation_id,
+            user_id,
+            cursor: (i % 1000) as i64 + 1,
+            join_seq: 1,
+            latest_seq: 1000,
+            updated_at: 0,
+            private_cursor: None,
+            unread_mark: None,
+            delivered_cursor: None,
+        });
+        let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(topic)
+            .partition(partition)
+            .key(key.as_slice())
+            .payload(value.as_slice());
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => break pending.push(delivery),
+                Err((_, back)) => {
+                    record = back;
+                    for delivery in pending.drain(..) {
+                        let _ = delivery.await;
+                    }
+                }
+            }
+        }
+    }
+    for delivery in pending {
+        delivery
+            .await
+            .map_err(|_| Error::Kafka(readfold_kafka::Error::DeliveryCanceled))?
+            .map_err(|(e, _)| Error::from(e))?;
+    }
+    Ok(())
 }
 
 pub fn print_restore(f: RestoreFigures) {

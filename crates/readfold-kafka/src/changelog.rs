@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::Offset;
-use readfold_core::fold::PartitionState;
+use readfold_core::fold::{MemberStateUpdate, PartitionState};
 use readfold_core::CursorKey;
 use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind};
 
@@ -33,6 +33,8 @@ pub struct RestoreStats {
     pub skipped: u64,
     /// Cursors loaded from local checkpoints, before the changelog tails.
     pub from_checkpoint: usize,
+    /// Of those, cursors a warm standby held ([`crate::standby`]).
+    pub from_standby: usize,
     pub elapsed: Duration,
     /// Of `elapsed`: finding the changelogs' ends (and waiting for open
     /// transactions in them to end), then reading each changelog.
@@ -212,9 +214,13 @@ impl Restorer {
         // The keys the tails change, of each checkpoint CQL held whole.
         let mut tails: BTreeMap<i32, HashSet<CursorKey>> = BTreeMap::new();
         let (mut public_from, mut state_from, mut checkpointed) = (Vec::new(), Vec::new(), Vec::new());
+        let mut unapplied = BTreeMap::new();
         for &p in partitions {
             match checkpoints.remove(&p) {
                 Some(checkpoint) => {
+                    if !checkpoint.member_states.is_empty() {
+                        unapplied.insert(p, checkpoint.member_states);
+                    }
                     stats.from_checkpoint += checkpoint.state.cursor_count();
                     checkpointed.push(p);
                     if checkpoint.in_cql {
@@ -256,11 +262,12 @@ impl Restorer {
         // it touched in from the checkpoint, and their stored member-states
         // go on again. What it did not touch is as the checkpoint has it.
         for p in checkpointed {
+            let state = states.get_mut(&p).expect("restored partition");
             if public_from.iter().any(|(tail, _)| *tail == p) {
-                states
-                    .get_mut(&p)
-                    .expect("restored partition")
-                    .restate_from_store();
+                state.restate_from_store();
+            }
+            for member_state in unapplied.remove(&p).unwrap_or_default() {
+                state.restore_state(&member_state);
             }
         }
         self.member_state.restore_tracking(
@@ -360,6 +367,11 @@ pub struct LocalCheckpoint {
     /// Whether the CQL store this processor writes held every key of the
     /// state when the checkpoint was written.
     pub in_cql: bool,
+    /// Member-state records read (before `state_offset`) but not applied
+    /// to `state`: a standby's ([`crate::standby`]), whose `state` holds
+    /// the public changelog only. They go on after the public tail, as a
+    /// restore applies the member-state topic after the public one.
+    pub member_states: Vec<MemberStateUpdate>,
 }
 
 /// A partition's state, restored.

@@ -13,6 +13,8 @@
 //! - [`routed_queue`]: a group member's fetched messages, routed to one
 //!   queue and read that way.
 //! - [`changelog`]: the changelog reader: restore, read, follow.
+//! - [`standby`]: a warm standby: the changelogs of partitions this
+//!   instance does not own, followed, so that a takeover reads tails only.
 
 pub mod admin;
 pub mod batch_producer;
@@ -26,6 +28,7 @@ pub mod producer;
 pub mod queue_batch;
 pub mod reader;
 pub mod routed_queue;
+pub mod standby;
 
 pub use config::{GroupProtocol, KafkaConfig, TopicsConfig};
 pub use error::{is_fatal, Error, Result};

@@ -137,6 +137,17 @@ impl TopicReader {
         Ok(starts.iter().map(|&(p, _)| p).collect())
     }
 
+    /// Starts reading each `(topic, partition, offset)` there, and nothing
+    /// else: one reader of several topics.
+    pub fn assign_topics(&self, starts: &[(&str, i32, Offset)]) -> Result<()> {
+        let mut tpl = TopicPartitionList::new();
+        for &(topic, p, offset) in starts {
+            tpl.add_partition_offset(topic, p, offset)?;
+        }
+        self.consumer.assign(&tpl)?;
+        Ok(())
+    }
+
     /// The (log start, end) offsets of a partition. The end is the last
     /// stable offset for a read_committed reader, the high watermark for an
     /// [`TopicReader::uncommitted`] one.
@@ -290,6 +301,30 @@ impl TopicReader {
             }
         }
         Ok(())
+    }
+
+    /// Like [`TopicReader::poll_available`], but returns after `budget` even
+    /// while records keep arriving: for a follower that has more to do.
+    pub fn poll_within(
+        &self,
+        wait: Duration,
+        budget: Duration,
+        mut each: impl FnMut(&BorrowedMessage<'_>),
+    ) -> Result<u64> {
+        let (started, mut count) = (std::time::Instant::now(), 0);
+        while started.elapsed() < budget {
+            match self.consumer.poll(wait) {
+                None => break,
+                Some(Err(KafkaError::PartitionEOF(_))) => continue,
+                Some(Err(e)) if !is_fatal_read(&e) => break,
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(message)) => {
+                    count += 1;
+                    each(&message);
+                }
+            }
+        }
+        Ok(count)
     }
 
     /// Calls `each` for every record that arrives within `wait` of the

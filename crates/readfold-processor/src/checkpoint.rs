@@ -213,6 +213,7 @@ impl Checkpoints {
             public_offset,
             state_offset,
             in_cql,
+            member_states: Vec::new(),
         };
         Ok((checkpoint, opened))
     }

@@ -48,6 +48,8 @@ pub struct StateConfig {
     /// How long after a restart from checkpoints the check of their every
     /// page starts (pages a record reads are checked anyway).
     pub check_pages_after_ms: u64,
+    /// Follow the changelogs of the partitions not owned (a warm standby).
+    pub standby: bool,
 }
 
 /// `[shutdown]`: the bound on a graceful stop.

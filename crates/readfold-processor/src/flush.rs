@@ -115,6 +115,9 @@ impl Processor {
         }
         telemetry::dirty_keys(self.partitions.dirty_len());
         telemetry::cursors_held(self.partitions.cursor_count());
+        if let Some(standby) = &self.standby {
+            telemetry::standby(standby.stats());
+        }
         let plan = flush::begin(&mut self.partitions.slots);
         if !plan.is_empty() {
             let slots = &self.partitions.slots;

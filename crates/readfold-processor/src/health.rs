@@ -58,6 +58,10 @@ impl Health {
         self.running.store(on, Ordering::Relaxed);
     }
 
+    pub(crate) fn has_joined(&self) -> bool {
+        self.joined.load(Ordering::Relaxed)
+    }
+
     pub(crate) fn joined(&self) {
         self.joined.store(true, Ordering::Relaxed);
     }

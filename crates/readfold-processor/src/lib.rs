@@ -48,6 +48,7 @@ use readfold_core::schedule::{Action, FlushSchedule, ScheduleConfig, Status};
 use readfold_kafka::admin::Layout;
 use readfold_kafka::changelog::Restorer;
 use readfold_kafka::routed_queue::RoutedReader;
+use readfold_kafka::standby::Standby;
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::RedisStore;
 use readfold_wire::OutputTopics;
@@ -108,6 +109,8 @@ pub struct Processor {
     checkpoints: Option<Arc<Checkpoints>>,
     /// Off unless `tracing.otlp_endpoint` is set.
     tracer: readfold_trace::Tracer,
+    /// With `state.standby`: the changelogs of the partitions not owned.
+    standby: Option<Arc<Standby>>,
     /// Traced reports waiting for their flush.
     traces: traces::PendingTraces,
 }
@@ -218,7 +221,16 @@ impl Processor {
             },
         )
         .map_err(Error::Tracing)?;
+        let standby = match settings.state.standby {
+            false => None,
+            true => Some(Arc::new(Standby::start(
+                &settings.kafka,
+                &settings.topics,
+                settings.input.max_id_bytes,
+            )?)),
+        };
         Ok(Processor {
+            standby,
             tracer,
             traces: traces::PendingTraces::default(),
             out,
@@ -458,6 +470,7 @@ impl Processor {
         }
         let topics = self.settings.topics.clone();
         let inputs = [topics.read_reports.as_str(), topics.conversation_events.as_str()];
+        let revoked = matches!(events.last(), Some(GroupEvent::Revoked { .. }));
         for event in events {
             match &event {
                 GroupEvent::Revoked { .. } | GroupEvent::Assigned { .. } => {
@@ -514,6 +527,29 @@ impl Processor {
             }
             self.report_partitions();
         }
+        if !revoked {
+            self.follow_unowned();
+        }
+    }
+
+    /// Has the standby follow every partition this instance does not own,
+    /// and forget those it owns and holds the state of; those owned but not
+    /// restored yet it follows until their restore takes them. Only once
+    /// the group gave this instance an assignment: not before its first,
+    /// nor between a classic revoke and the assignment after it.
+    fn follow_unowned(&self) {
+        let Some(standby) = &self.standby else { return };
+        if !self.health.has_joined() {
+            return;
+        }
+        let (unowned, restored): (Vec<i32>, Vec<i32>) =
+            (0..self.layout.partitions).partition(|&p| !self.partitions.owns(p));
+        let restored = restored
+            .into_iter()
+            .filter(|p| self.partitions.slots.contains_key(p))
+            .collect();
+        standby.forget(restored);
+        standby.follow(unowned);
     }
 
     /// Tells readiness probes how many partitions are owned and how many

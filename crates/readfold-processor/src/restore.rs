@@ -11,6 +11,7 @@ use rdkafka::consumer::Consumer;
 use rdkafka::TopicPartitionList;
 use readfold_core::flush::SnapshotDue;
 use readfold_kafka::changelog::{RestoreStats, Restored, Restorer};
+use readfold_kafka::standby::Standby;
 
 use crate::checkpoint::{self, Checkpoints};
 use crate::partitions::Slot;
@@ -29,17 +30,31 @@ use crate::{group, telemetry, Error, Processor, Result};
 fn restore_blocking(
     restorer: &Restorer,
     checkpoints: Option<&Checkpoints>,
+    standby: Option<&Standby>,
     wanted: &[i32],
     snapshots: bool,
     cql_marks: &BTreeMap<i32, String>,
 ) -> readfold_kafka::Result<(BTreeMap<i32, Restored>, RestoreStats, Duration)> {
     let loading = Instant::now();
-    let loaded = checkpoints
+    // A standby's state is live, a checkpoint's as of the last stop: the
+    // standby's wins where both exist.
+    let followed = standby.map(|s| s.take(wanted)).unwrap_or_default();
+    let from_standby: usize = followed.values().map(|c| c.state.cursor_count()).sum();
+    let mut loaded: BTreeMap<_, _> = checkpoints
         .iter()
-        .flat_map(|c| c.load(wanted, restorer, cql_marks))
+        .flat_map(|c| {
+            let unfollowed: Vec<i32> = wanted
+                .iter()
+                .copied()
+                .filter(|p| !followed.contains_key(p))
+                .collect();
+            c.load(&unfollowed, restorer, cql_marks)
+        })
         .collect();
+    loaded.extend(followed);
     let load = loading.elapsed();
     let (mut states, mut stats) = restorer.restore_many_from(wanted, loaded)?;
+    stats.from_standby = from_standby;
     // A snapshot of every key needs every conversation in memory; one from
     // a checkpoint CQL held whole snapshots only what the tails changed,
     // which the tails took in.
@@ -361,6 +376,7 @@ impl Processor {
     ) -> impl std::future::Future<Output = Result<RestoreRead>> + Send + 'static {
         let snapshots = self.cql.is_some();
         let (restorer, checkpoints) = (Arc::clone(&self.restorer), self.checkpoints.clone());
+        let standby = self.standby.clone();
         let marks_from = self.cql.clone().filter(|_| checkpoints.is_some());
         let group = self.settings.kafka.group_id.clone();
         let stable = stable_offsets.then(|| self.stable_offsets_request(&partitions));
@@ -381,9 +397,18 @@ impl Processor {
             let marks = Arc::new(found.clone().unwrap_or_default());
             let attempt = || {
                 let (restorer, checkpoints) = (Arc::clone(&restorer), checkpoints.clone());
-                let (wanted, marks) = (partitions.clone(), Arc::clone(&marks));
-                let restore =
-                    move || restore_blocking(&restorer, checkpoints.as_deref(), &wanted, snapshots, &marks);
+                let (wanted, marks, standby) = (partitions.clone(), Arc::clone(&marks), standby.clone());
+                let restore = move || {
+                    let standby = standby.as_deref();
+                    restore_blocking(
+                        &restorer,
+                        checkpoints.as_deref(),
+                        standby,
+                        &wanted,
+                        snapshots,
+                        &marks,
+                    )
+                };
                 async move { Ok::<_, Error>(tokio::task::spawn_blocking(restore).await??) }
             };
             let (states, stats, load) = retrying(attempt, |e, delay| {
@@ -420,6 +445,7 @@ impl Processor {
             records = stats.records,
             cursors = stats.cursors,
             from_checkpoint = stats.from_checkpoint,
+            from_standby = stats.from_standby,
             skipped = stats.skipped,
             checkpoint_load_ms = load.as_millis() as u64,
             settle_ms = stats.settle.as_millis() as u64,

@@ -83,6 +83,15 @@ pub fn register() {
     );
     describe_gauge!("readfold_cursors", "Cursors held in memory.");
     describe_gauge!(
+        "readfold_standby_partitions",
+        "Partitions the warm standby follows (state.standby): those this instance does not own."
+    );
+    describe_gauge!("readfold_standby_cursors", "Cursors the warm standby holds.");
+    describe_gauge!(
+        "readfold_standby_member_states",
+        "Member-state records the warm standby holds, applied when it hands a partition over."
+    );
+    describe_gauge!(
         "readfold_snapshot_backlog_keys",
         "Key writes the next snapshots owe CQL, those of a snapshot in flight included: keys published to the changelog, or restored at a rebalance or restart, that CQL may not hold yet. A key published again while a snapshot pass or a restore's snapshots still owe it counts once for each, as each writes it. 0 with CQL off."
     );
@@ -219,6 +228,15 @@ pub fn snapshot_backlog(n: usize) {
 /// Cursors held in memory, over all partitions.
 pub fn cursors_held(n: usize) {
     gauge!("readfold_cursors").set(n as f64);
+}
+
+/// What the warm standby holds: partitions followed, cursors, member-state
+/// records not yet applied.
+pub fn standby(stats: &readfold_kafka::standby::StandbyStats) {
+    use std::sync::atomic::Ordering::Relaxed;
+    gauge!("readfold_standby_partitions").set(stats.partitions.load(Relaxed) as f64);
+    gauge!("readfold_standby_cursors").set(stats.cursors.load(Relaxed) as f64);
+    gauge!("readfold_standby_member_states").set(stats.member_states.load(Relaxed) as f64);
 }
 
 /// A record came from the consumer's own queue, not the routed one.
