@@ -256,6 +256,10 @@ group.consumer.min.session.timeout.ms=2000
 group.consumer.session.timeout.ms=6000
 group.consumer.min.heartbeat.interval.ms=500
 group.consumer.heartbeat.interval.ms=1000
+# A dead producer's open transaction holds back read_committed readers of
+# its partitions, and a restore there, until the broker aborts it: after its
+# transaction timeout, at the next of these scans (10 s by default).
+transaction.abort.timed.out.transaction.cleanup.interval.ms=1000
 log.cleaner.enable=true
 log.cleaner.backoff.ms=1000
 log.retention.check.interval.ms=30000

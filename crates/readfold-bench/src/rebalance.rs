@@ -65,6 +65,12 @@ pub struct Args {
     /// Cursors written to the changelog before instance a starts.
     #[arg(long, default_value_t = 0)]
     pub cursors: u64,
+    /// Under the consumer protocol: the group's session timeout (ms), set
+    /// on the broker for the bench's group (within the broker's
+    /// `group.consumer.min.session.timeout.ms`); the broker's default when
+    /// not given. Its heartbeat interval is set to a third of it.
+    #[arg(long)]
+    pub session_timeout_ms: Option<u32>,
 }
 
 /// Off or on.
@@ -149,6 +155,9 @@ async fn run(config: &Config, args: &Args, protocol: Protocol, standby: bool) ->
     config.topics.partitions = args.partitions;
     let layout = ensure_topics(&config.kafka, &config.topics).await?;
     let partitions = layout.partitions;
+    if let (Protocol::Consumer, Some(ms)) = (protocol, args.session_timeout_ms) {
+        set_group_timeouts(&config, ms).await?;
+    }
     if args.cursors > 0 {
         let started = Instant::now();
         write_changelog(&config, &config.topics.read_cursors, args.cursors, partitions).await?;
@@ -265,6 +274,26 @@ async fn run(config: &Config, args: &Args, protocol: Protocol, standby: bool) ->
         a_rss,
         a_cpu,
     })
+}
+
+/// Sets the consumer-protocol group's session timeout and heartbeat
+/// interval on the broker (KIP-848 group configs).
+async fn set_group_timeouts(config: &Config, session_ms: u32) -> Result<()> {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = config.kafka.client_config().create()?;
+    let (session, heartbeat) = (session_ms.to_string(), (session_ms / 3).max(500).to_string());
+    let group = AlterConfig::new(ResourceSpecifier::Group(&config.kafka.group_id))
+        .set("consumer.session.timeout.ms", &session)
+        .set("consumer.heartbeat.interval.ms", &heartbeat);
+    for result in admin.alter_configs([&group], &AdminOptions::new()).await? {
+        if let Err((resource, code)) = result {
+            return Err(Error::Kafka(readfold_kafka::Error::Topology(format!(
+                "cannot set the group's session timeout ({resource:?}): {code}"
+            ))));
+        }
+    }
+    Ok(())
 }
 
 /// Offers the chat workload at `rate` records/s for `duration`, open-loop:
