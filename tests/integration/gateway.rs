@@ -73,7 +73,7 @@ pub(crate) async fn connect(addr: &str, user: &str) -> WsClient {
     ws
 }
 
-async fn subscribe(ws: &mut WsClient, conversation: &str) -> Value {
+pub(crate) async fn subscribe(ws: &mut WsClient, conversation: &str) -> Value {
     ws.send(json!({ "type": "subscribe", "conversation": conversation }))
         .await;
     ws.until(Duration::from_secs(20), |f| {
@@ -200,7 +200,7 @@ fn deliveries_on_topic(env: &TestEnv, user: &str) -> Vec<i64> {
         .collect()
 }
 
-async fn answer(ws: &mut WsClient) -> Value {
+pub(crate) async fn answer(ws: &mut WsClient) -> Value {
     ws.until(Duration::from_secs(20), |f| {
         f["type"] == "ack" || f["type"] == "error"
     })

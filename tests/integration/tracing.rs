@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::gateway::{chat, connect, spawn_gateway, stop};
+use crate::gateway::{answer, chat, connect, spawn_gateway, stop, subscribe};
 use crate::kit::*;
 
 /// What a collector is sent, as OTLP's JSON encoding spells it; a field
@@ -165,18 +165,12 @@ async fn one_trace_spans_the_receipt_the_fold_and_the_push() {
     let (gateway, addr) = spawn_gateway(&env, &tracing).await;
 
     let mut a = connect(&addr, "A").await;
-    a.send(json!({ "type": "subscribe", "conversation": "G" })).await;
-    a.until(Duration::from_secs(20), |f| f["type"] == "snapshot")
-        .await;
+    assert_eq!(subscribe(&mut a, "G").await["type"], "snapshot");
     let mut b = connect(&addr, "B").await;
     b.send(json!({ "type": "read", "conversation": "G", "seq": 2, "id": "r1" }))
         .await;
-    let ack = b
-        .until(Duration::from_secs(20), |f| {
-            f["type"] == "ack" || f["type"] == "error"
-        })
-        .await;
-    assert_eq!(ack.last().unwrap()["type"], "ack", "{ack:?}");
+    let ack = answer(&mut b).await;
+    assert_eq!(ack["type"], "ack", "{ack}");
     // A sees B's read: the push the trace ends with.
     let seen = a
         .until(Duration::from_secs(30), |f| {

@@ -164,7 +164,8 @@ pub struct FlushPlan<D> {
 }
 
 impl<D> FlushPlan<D> {
-    fn empty() -> Self {
+    /// A plan of nothing.
+    pub fn empty() -> Self {
         FlushPlan {
             partitions: Vec::new(),
             restore_of: BTreeMap::new(),

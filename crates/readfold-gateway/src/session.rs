@@ -346,9 +346,10 @@ async fn subscribe(
 /// trace of a sampled one starts here.
 async fn traced_receipt(gateway: Arc<Gateway>, user: UserId, outbox: Arc<Outbox>, receipt: Receipt) {
     let root = gateway.tracer.sample().then(|| OpenSpan::start(None, true));
-    let (action, conversation) = (receipt.record.action, receipt.conversation.clone());
+    // Copied only for a span: tracing off costs nothing here.
+    let noted = root.map(|_| (receipt.record.action, receipt.conversation.clone()));
     let status = check_and_produce(&gateway, &user, &outbox, receipt, root).await;
-    if let Some(root) = root {
+    if let (Some(root), Some((action, conversation))) = (root, noted) {
         let attributes = vec![
             ("readfold.conversation_id", Value::from(conversation.to_string())),
             ("readfold.user_id", user.to_string().into()),

@@ -199,14 +199,8 @@ mod tests {
         });
         let plan = FlushPlan::<()> {
             partitions: vec![0],
-            restore_of: Default::default(),
             changes: state.drain().into_iter().map(|c| (0, c)).collect(),
-            snapshot: None,
-            dead_letters: Vec::new(),
-            offsets: Vec::new(),
-            snapshotted: Vec::new(),
-            opens_pass: false,
-            resnapshot: Vec::new(),
+            ..FlushPlan::empty()
         };
         assert_eq!(plan.changes.len(), 1, "alice's read");
         let traces = pending.take_for(&plan, |p| p == 0);
