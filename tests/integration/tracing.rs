@@ -272,5 +272,34 @@ async fn one_trace_spans_the_receipt_the_fold_and_the_push() {
     assert!(
         matches!(process.attribute("messaging.kafka.offset"), Some(AnyValue::Int(o)) if o.parse::<i64>().is_ok())
     );
+
+    // A client that traces sends its context with the receipt: the
+    // receipt's spans, and all the hops after, join the client's trace.
+    let client = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    b.send(json!({ "type": "read", "conversation": "G", "seq": 3, "id": "r2", "traceparent": client }))
+        .await;
+    assert_eq!(answer(&mut b).await["type"], "ack");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let joined = loop {
+        let spans = received.lock().unwrap().clone();
+        let joined: Vec<Received> = spans
+            .into_iter()
+            .filter(|r| r.span.trace_id == "0af7651916cd43dd8448eb211c80319c")
+            .collect();
+        if names.iter().all(|n| joined.iter().any(|r| &r.span.name == n)) {
+            break joined;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client's trace: {joined:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let receive = joined.iter().find(|r| r.span.name == names[0]).unwrap();
+    assert_eq!(
+        receive.span.parent_span_id.as_deref(),
+        Some("b7ad6b7169203331"),
+        "the receipt's span is the child of the client's"
+    );
     stop(gateway, processor);
 }

@@ -63,6 +63,10 @@ pub enum ClientMessage {
         /// Echoed in the `ack` or `error`.
         #[serde(default)]
         id: Option<String>,
+        /// The client's W3C trace context: with tracing on, the receipt's
+        /// spans join that trace, sampled as it says.
+        #[serde(default)]
+        traceparent: Option<String>,
     },
     /// A delivery report: every message up to `seq` reached this device
     /// (the sender's grey ticks). Checked and acknowledged as a read is.
@@ -412,9 +416,15 @@ mod tests {
                 conversation: "G".into(),
                 seq: 3,
                 private: false,
-                id: Some("r1".into())
+                id: Some("r1".into()),
+                traceparent: None,
             }
         );
+        let traced: ClientMessage = serde_json::from_str(
+            r#"{"type":"read","conversation":"G","seq":3,"traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}"#,
+        )
+        .unwrap();
+        assert!(matches!(traced, ClientMessage::Read { traceparent: Some(t), .. } if t.ends_with("-01")));
         assert!(serde_json::from_str::<ClientMessage>(
             r#"{"type":"read","conversation":"G","seq":3,"sneaky":1}"#
         )

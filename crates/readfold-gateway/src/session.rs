@@ -9,7 +9,7 @@ use readfold_core::partitioner::partition_for_key;
 use readfold_core::read_model::Reached;
 use readfold_core::{ConversationId, UserId};
 use readfold_kafka::now_ms;
-use readfold_trace::{OpenSpan, SpanKind, Status, Value};
+use readfold_trace::{OpenSpan, SpanContext, SpanKind, Status, Value};
 use readfold_wire::badge::{encode_user_action, UserActionKind, UserActionRecord};
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
@@ -87,14 +87,12 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
             seq,
             private,
             id: request,
-        } => spawn_receipt(
-            gateway,
-            user,
-            outbox,
-            receipt_record(conversation, user, seq, private, ReadAction::Read),
-            1,
-            request,
-        ),
+            traceparent,
+        } => {
+            let record = receipt_record(conversation, user, seq, private, ReadAction::Read);
+            let parent = traceparent.and_then(|t| SpanContext::parse(t.as_bytes()));
+            spawn_traced_receipt(gateway, user, outbox, record, 1, request, parent)
+        }
         ClientMessage::Delivered {
             conversation,
             seq,
@@ -254,6 +252,19 @@ fn spawn_receipt(
     min_seq: u64,
     request: Option<String>,
 ) {
+    spawn_traced_receipt(gateway, user, outbox, record, min_seq, request, None)
+}
+
+/// [`spawn_receipt`], in the client's trace when it sent one.
+fn spawn_traced_receipt(
+    gateway: &Arc<Gateway>,
+    user: &UserId,
+    outbox: &Arc<Outbox>,
+    record: ReadReportRecord,
+    min_seq: u64,
+    request: Option<String>,
+    parent: Option<SpanContext>,
+) {
     let Some(cid) = conversation_id(gateway, outbox, &record.conversation_id, request.clone()) else {
         return;
     };
@@ -262,6 +273,7 @@ fn spawn_receipt(
         record,
         min_seq,
         request,
+        parent,
     };
     tokio::spawn(traced_receipt(
         gateway.clone(),
@@ -279,6 +291,8 @@ struct Receipt {
     min_seq: u64,
     /// The client's request id, for the answer.
     request: Option<String>,
+    /// The client's trace context, if it sent one.
+    parent: Option<SpanContext>,
 }
 
 fn conversation_id(
@@ -345,7 +359,12 @@ async fn subscribe(
 /// a sane seq), produces it, and acknowledges once the broker has it; the
 /// trace of a sampled one starts here.
 async fn traced_receipt(gateway: Arc<Gateway>, user: UserId, outbox: Arc<Outbox>, receipt: Receipt) {
-    let root = gateway.tracer.sample().then(|| OpenSpan::start(None, true));
+    // A client's trace decides for itself whether it is sampled.
+    let sampled = match receipt.parent {
+        Some(parent) => gateway.tracer.is_on() && parent.sampled,
+        None => gateway.tracer.sample(),
+    };
+    let root = sampled.then(|| OpenSpan::start(receipt.parent.as_ref(), true));
     // Copied only for a span: tracing off costs nothing here.
     let noted = root.map(|_| (receipt.record.action, receipt.conversation.clone()));
     let status = check_and_produce(&gateway, &user, &outbox, receipt, root).await;
@@ -373,6 +392,7 @@ async fn check_and_produce(
         record,
         min_seq,
         request,
+        ..
     } = receipt;
     let conversation = &conversation;
     let seq = record.seq as u64;
