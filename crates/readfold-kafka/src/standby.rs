@@ -104,12 +104,12 @@ impl Standby {
         let stop = Arc::new(AtomicBool::new(false));
         let mut follower = Follower {
             reader,
-            topics: Topics {
-                public: topics.read_cursors.clone(),
-                member_state: topics.member_state.clone(),
+            follows: Follows {
+                public_topic: topics.read_cursors.clone(),
+                state_topic: topics.member_state.clone(),
                 max_id_bytes,
+                followed: BTreeMap::new(),
             },
-            followed: BTreeMap::new(),
             stats: Arc::clone(&stats),
         };
         let stopping = Arc::clone(&stop);
@@ -174,16 +174,39 @@ impl Drop for Standby {
 
 struct Follower {
     reader: TopicReader,
-    topics: Topics,
-    followed: BTreeMap<i32, Followed>,
+    follows: Follows,
     stats: Arc<StandbyStats>,
 }
 
-/// The two topics a standby follows, and how to read their records.
-struct Topics {
-    public: String,
-    member_state: String,
+/// What the standby follows, and where each partition got to: the
+/// follower's state, apart from its reader.
+struct Follows {
+    public_topic: String,
+    state_topic: String,
     max_id_bytes: usize,
+    followed: BTreeMap<i32, Followed>,
+}
+
+/// A fetched record, as the standby takes it in.
+#[derive(Clone, Copy)]
+struct Fetched<'a> {
+    topic: &'a str,
+    partition: i32,
+    offset: i64,
+    key: Option<&'a [u8]>,
+    payload: Option<&'a [u8]>,
+}
+
+impl<'a> Fetched<'a> {
+    fn of(message: &'a BorrowedMessage<'_>) -> Self {
+        Fetched {
+            topic: message.topic(),
+            partition: message.partition(),
+            offset: message.offset(),
+            key: message.key(),
+            payload: message.payload(),
+        }
+    }
 }
 
 impl Follower {
@@ -192,29 +215,29 @@ impl Follower {
             let mut changed = false;
             loop {
                 match inbox.try_recv() {
-                    Ok(command) => changed |= self.apply(command),
+                    Ok(command) => changed |= self.follows.apply(command),
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => return,
                 }
             }
             if changed {
-                if let Err(e) = self.assign() {
+                if let Err(e) = self.reader.assign_topics(&self.follows.starts()) {
                     tracing::warn!(error = %e, "standby: cannot assign its partitions; trying again");
                     std::thread::sleep(Duration::from_secs(1));
                     continue;
                 }
                 self.publish_stats();
             }
-            if self.followed.is_empty() {
+            if self.follows.followed.is_empty() {
                 std::thread::sleep(POLL_BUDGET);
                 continue;
             }
             let mut applied = 0;
-            let (followed, topics) = (&mut self.followed, &self.topics);
+            let follows = &mut self.follows;
             let polled = self
                 .reader
                 .poll_within(Duration::from_millis(20), POLL_BUDGET, |message| {
-                    applied += u64::from(topics.take_in(followed, message));
+                    applied += u64::from(follows.take_in(Fetched::of(message)));
                 });
             if let Err(e) = polled {
                 tracing::warn!(error = %e, "standby: read failed; retrying");
@@ -227,66 +250,71 @@ impl Follower {
         }
     }
 
-    /// Applies a command; whether the assignment changed.
-    fn apply(&mut self, command: Command) -> bool {
-        match command {
-            Command::Follow(partitions) => {
-                let before = self.followed.len();
-                for p in partitions {
-                    self.followed.entry(p).or_insert_with(Followed::new);
-                }
-                self.followed.len() != before
-            }
-            Command::Take(partitions, answer) => {
-                let taken: BTreeMap<i32, LocalCheckpoint> = partitions
-                    .iter()
-                    .filter_map(|p| Some((*p, self.followed.remove(p)?.into_checkpoint())))
-                    .collect();
-                let _ = answer.send(taken);
-                true
-            }
-            Command::Forget(partitions) => {
-                let before = self.followed.len();
-                for p in partitions {
-                    self.followed.remove(&p);
-                }
-                self.followed.len() != before
-            }
-        }
-    }
-
-    /// Assigns both topics' followed partitions, each where it got to.
-    fn assign(&self) -> Result<()> {
-        let at = |next: Option<i64>| next.map_or(Offset::Beginning, Offset::Offset);
-        let starts: Vec<(&str, i32, Offset)> = self
-            .followed
-            .iter()
-            .flat_map(|(&p, f)| {
-                [
-                    (self.topics.public.as_str(), p, at(f.public_next)),
-                    (self.topics.member_state.as_str(), p, at(f.state_next)),
-                ]
-            })
-            .collect();
-        self.reader.assign_topics(&starts)
-    }
-
     fn publish_stats(&self) {
-        let stats = &self.stats;
-        stats.partitions.store(self.followed.len(), Ordering::Relaxed);
-        let cursors = self.followed.values().map(|f| f.public.cursor_count()).sum();
+        let (stats, followed) = (&self.stats, &self.follows.followed);
+        stats.partitions.store(followed.len(), Ordering::Relaxed);
+        let cursors = followed.values().map(|f| f.public.cursor_count()).sum();
         stats.cursors.store(cursors, Ordering::Relaxed);
-        let states = self.followed.values().map(|f| f.member_states.len()).sum();
+        let states = followed.values().map(|f| f.member_states.len()).sum();
         stats.member_states.store(states, Ordering::Relaxed);
     }
 }
 
-impl Topics {
+impl Follows {
+    /// Applies a command; whether the set of followed partitions changed.
+    fn apply(&mut self, command: Command) -> bool {
+        let before: Vec<i32> = self.followed.keys().copied().collect();
+        match command {
+            Command::Follow(partitions) => {
+                for p in partitions {
+                    self.followed.entry(p).or_insert_with(Followed::new);
+                }
+            }
+            Command::Take(partitions, answer) => {
+                let _ = answer.send(self.take(&partitions));
+            }
+            Command::Forget(partitions) => {
+                for p in partitions {
+                    self.followed.remove(&p);
+                }
+            }
+        }
+        !self.followed.keys().copied().eq(before)
+    }
+
+    /// Stops following `partitions`; what it had of them.
+    fn take(&mut self, partitions: &[i32]) -> BTreeMap<i32, LocalCheckpoint> {
+        partitions
+            .iter()
+            .filter_map(|p| Some((*p, self.followed.remove(p)?.into_checkpoint())))
+            .collect()
+    }
+
+    /// Where each followed partition of both topics is to be read from.
+    fn starts(&self) -> Vec<(&str, i32, Offset)> {
+        let at = |next: Option<i64>| next.map_or(Offset::Beginning, Offset::Offset);
+        self.followed
+            .iter()
+            .flat_map(|(&p, f)| {
+                [
+                    (self.public_topic.as_str(), p, at(f.public_next)),
+                    (self.state_topic.as_str(), p, at(f.state_next)),
+                ]
+            })
+            .collect()
+    }
+
     /// Applies one record of a followed partition; whether it did.
-    fn take_in(&self, followed: &mut BTreeMap<i32, Followed>, message: &BorrowedMessage<'_>) -> bool {
-        let (partition, offset) = (message.partition(), message.offset());
-        let public = message.topic() == self.public;
-        let Some(followed) = followed.get_mut(&partition) else {
+    fn take_in(&mut self, record: Fetched<'_>) -> bool {
+        let Fetched {
+            topic,
+            partition,
+            offset,
+            key,
+            payload,
+        } = record;
+        let public = topic == self.public_topic;
+        let Some(followed) = self.followed.get_mut(&partition) else {
             return false;
         };
         // Already applied (fetched again after a new assignment): a public
@@ -305,7 +333,7 @@ impl Topics {
         } else {
             ChangelogKind::MemberState
         };
-        match decode_changelog(kind, message.key(), message.payload(), self.max_id_bytes) {
+        match decode_changelog(kind, key, payload, self.max_id_bytes) {
             Ok(ChangelogEntry::State(state)) => {
                 followed.member_states.insert(state.key.clone(), state);
             }
@@ -316,5 +344,120 @@ impl Topics {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use readfold_core::fold::{ConversationEvent, EventKind, ReadReport};
+    use readfold_core::Seq;
+    use readfold_wire::changelog::{changelog_records, OutputTopics};
+    use readfold_wire::OutputLayout;
+
+    use super::*;
+
+    fn out() -> OutputTopics {
+        OutputTopics {
+            read_cursors: "public".into(),
+            user_read_cursors: "by-user".into(),
+            member_state: "state".into(),
+            dlq: "dlq".into(),
+            layout: OutputLayout {
+                user_read_cursors_partitions: 1,
+                dlq_partitions: 1,
+            },
+        }
+    }
+
+    fn follows() -> Follows {
+        Follows {
+            public_topic: "public".into(),
+            state_topic: "state".into(),
+            max_id_bytes: 256,
+            followed: BTreeMap::new(),
+        }
+    }
+
+    /// The changelog records of alice joining G and reading up to `read`
+    /// (privately too, so that a member-state record is among them).
+    fn records(read: u64) -> Vec<readfold_wire::OutRecord> {
+        let mut state = PartitionState::new();
+        let (conversation_id, alice) = ("G".parse().unwrap(), "alice".parse().unwrap());
+        state.apply_event(&ConversationEvent {
+            conversation_id: "G".parse().unwrap(),
+            seq: Seq(9),
+            at: 1,
+            kind: EventKind::MessageSent {
+                sender_id: "bob".parse().unwrap(),
+                mentions: Default::default(),
+            },
+        });
+        state.drain();
+        for private in [true, false] {
+            state.apply_report(&ReadReport {
+                conversation_id: Clone::clone(&conversation_id),
+                user_id: Clone::clone(&alice),
+                seq: Seq(read + u64::from(private)),
+                reported_at: 2,
+                private,
+            });
+        }
+        let change = state.drain().into_iter().next().expect("alice's change");
+        changelog_records(&change, 0, &out())
+    }
+
+    fn fetched<'a>(record: &'a readfold_wire::OutRecord, offset: i64) -> Fetched<'a> {
+        Fetched {
+            topic: if record.topic == "public" {
+                "public"
+            } else {
+                "state"
+            },
+            partition: record.partition,
+            offset,
+            key: record.key.as_deref(),
+            payload: record.value.as_deref(),
+        }
+    }
+
+    #[test]
+    fn a_followed_partition_is_handed_over_with_where_it_got_to() {
+        let mut follows = follows();
+        assert!(follows.apply(Command::Follow(vec![0, 1])));
+        assert!(!follows.apply(Command::Follow(vec![1])), "followed already");
+        let first = records(3);
+        let public = first.iter().find(|r| r.topic == "public").unwrap();
+        let state = first.iter().find(|r| r.topic == "state").unwrap();
+        assert!(follows.take_in(fetched(public, 5)));
+        assert!(follows.take_in(fetched(state, 2)));
+        // Fetched again after a new assignment: not applied twice.
+        assert!(!follows.take_in(fetched(public, 5)));
+        assert!(!follows.take_in(fetched(public, 4)));
+        // An older record of the same key, at a later offset, is applied:
+        // the cursor only moves forward.
+        let older = records(1);
+        let older = older.iter().find(|r| r.topic == "public").unwrap();
+        assert!(follows.take_in(fetched(older, 6)));
+        // A partition not followed takes nothing.
+        let other = Fetched {
+            partition: 7,
+            ..fetched(public, 9)
+        };
+        assert!(!follows.take_in(other));
+
+        let mut taken = follows.take(&[0, 7]);
+        assert_eq!(taken.keys().copied().collect::<Vec<_>>(), [0]);
+        let checkpoint = taken.remove(&0).unwrap();
+        assert_eq!((checkpoint.public_offset, checkpoint.state_offset), (7, 3));
+        assert!(!checkpoint.in_cql, "taken from the changelog: CQL may lack it");
+        assert_eq!(checkpoint.member_states.len(), 1, "kept, not applied");
+        let conversation = checkpoint.state.conversation(&"G".parse().unwrap()).unwrap();
+        let alice = conversation.member(&"alice".parse().unwrap()).unwrap();
+        assert_eq!(alice.cursor, Seq(3), "the older record moved nothing back");
+        // Partition 1 read nothing: handed over to be read from the start.
+        let untouched = follows.take(&[1]).remove(&1).unwrap();
+        assert_eq!((untouched.public_offset, untouched.state_offset), (0, 0));
+        assert!(follows.followed.is_empty());
+        assert!(!follows.apply(Command::Forget(vec![3])), "nothing to forget");
     }
 }
