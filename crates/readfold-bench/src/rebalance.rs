@@ -287,10 +287,8 @@ async fn set_group_timeouts(config: &Config, session_ms: u32) -> Result<()> {
         .set("consumer.session.timeout.ms", &session)
         .set("consumer.heartbeat.interval.ms", &heartbeat);
     for result in admin.alter_configs([&group], &AdminOptions::new()).await? {
-        if let Err((resource, code)) = result {
-            return Err(Error::Kafka(readfold_kafka::Error::Topology(format!(
-                "cannot set the group's session timeout ({resource:?}): {code}"
-            ))));
+        if let Err((_, code)) = result {
+            return Err(rdkafka::error::KafkaError::AdminOp(code).into());
         }
     }
     Ok(())

@@ -14,10 +14,11 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use readfold_kafka::changelog::ChangelogReader;
 use readfold_kafka::reader::TopicReader;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
-use readfold_trace::{OpenSpan, SpanContext, SpanKind, Status, Tracer, Value, TRACEPARENT};
+use readfold_trace::{kafka_attributes, OpenSpan, SpanContext, SpanKind, Status, Tracer};
 use readfold_wire::badge::decode_user_badge;
 use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
 use readfold_wire::codec::{decode_conversation_event_view, Decoded, EventRecord, EventView, WireFormat};
+use readfold_wire::TRACEPARENT_HEADER;
 
 use crate::hub::{Hub, Member, MemberChange};
 use crate::protocol::{muted_until, OwnState, ServerFrame};
@@ -94,7 +95,7 @@ fn route_traced(
 ) {
     let parent = message
         .headers()
-        .and_then(|headers| headers.iter().filter(|h| h.key == TRACEPARENT).last())
+        .and_then(|headers| headers.iter().filter(|h| h.key == TRACEPARENT_HEADER).last())
         .and_then(|header| header.value)
         .and_then(SpanContext::parse)
         .filter(|parent| parent.sampled);
@@ -103,16 +104,8 @@ fn route_traced(
     };
     let span = OpenSpan::start(Some(&parent), true);
     route(hub, entry);
-    let attributes = vec![
-        ("messaging.system", Value::from("kafka")),
-        ("messaging.operation", "process".into()),
-        ("messaging.destination.name", topic.to_owned().into()),
-        (
-            "messaging.destination.partition.id",
-            message.partition().to_string().into(),
-        ),
-        ("messaging.kafka.offset", message.offset().into()),
-    ];
+    let record = Some((message.partition(), message.offset()));
+    let attributes = kafka_attributes("process", topic, record);
     tracer.record(span.end(
         format!("push {topic}"),
         SpanKind::Consumer,

@@ -9,7 +9,7 @@ use readfold_core::partitioner::partition_for_key;
 use readfold_core::read_model::Reached;
 use readfold_core::{ConversationId, UserId};
 use readfold_kafka::now_ms;
-use readfold_trace::{OpenSpan, SpanContext, SpanKind, Status, Value};
+use readfold_trace::{kafka_attributes, OpenSpan, SpanContext, SpanKind, Status, Value};
 use readfold_wire::badge::{encode_user_action, UserActionKind, UserActionRecord};
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
@@ -91,7 +91,7 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
         } => {
             let record = receipt_record(conversation, user, seq, private, ReadAction::Read);
             let parent = traceparent.and_then(|t| SpanContext::parse(t.as_bytes()));
-            spawn_traced_receipt(gateway, user, outbox, record, 1, request, parent)
+            spawn_receipt(gateway, user, outbox, record, 1, request, parent)
         }
         ClientMessage::Delivered {
             conversation,
@@ -104,6 +104,7 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
             receipt_record(conversation, user, seq, false, ReadAction::Delivered),
             1,
             request,
+            None,
         ),
         ClientMessage::MarkUnread {
             conversation,
@@ -124,6 +125,7 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
                 receipt_record(conversation, user, seq, false, action),
                 0,
                 request,
+                None,
             )
         }
         ClientMessage::Mute {
@@ -143,7 +145,7 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
                 muted_until: until,
                 ..receipt_record(conversation, user, 0, false, ReadAction::Mute)
             };
-            spawn_receipt(gateway, user, outbox, record, 0, request)
+            spawn_receipt(gateway, user, outbox, record, 0, request, None)
         }
         ClientMessage::Unmute {
             conversation,
@@ -155,6 +157,7 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
             receipt_record(conversation, user, 0, false, ReadAction::Unmute),
             0,
             request,
+            None,
         ),
         ClientMessage::MarkAllRead { id: request } => {
             tokio::spawn(mark_all_read(
@@ -243,20 +246,9 @@ fn answer_produced<E: std::fmt::Display>(
 }
 
 /// Checks the conversation id, then checks, produces and acknowledges the
-/// record in the background (`min_seq`: the lowest seq it may carry).
+/// record in the background (`min_seq`: the lowest seq it may carry), in
+/// the client's trace when it sent one (`parent`).
 fn spawn_receipt(
-    gateway: &Arc<Gateway>,
-    user: &UserId,
-    outbox: &Arc<Outbox>,
-    record: ReadReportRecord,
-    min_seq: u64,
-    request: Option<String>,
-) {
-    spawn_traced_receipt(gateway, user, outbox, record, min_seq, request, None)
-}
-
-/// [`spawn_receipt`], in the client's trace when it sent one.
-fn spawn_traced_receipt(
     gateway: &Arc<Gateway>,
     user: &UserId,
     outbox: &Arc<Outbox>,
@@ -467,11 +459,7 @@ async fn check_and_produce(
     };
     if let Some(send) = send {
         let topic = &gateway.producer.read_reports;
-        let attributes = vec![
-            ("messaging.system", Value::from("kafka")),
-            ("messaging.operation", "publish".into()),
-            ("messaging.destination.name", topic.clone().into()),
-        ];
+        let attributes = kafka_attributes("publish", topic, None);
         let span = send.end(
             format!("send {topic}"),
             SpanKind::Producer,

@@ -13,13 +13,11 @@ use rdkafka::util::Timeout;
 
 use readfold_core::partitioner::partition_for_key;
 use readfold_wire::codec::{self, ConversationEventRecord, ReadReportRecord};
+use readfold_wire::TRACEPARENT_HEADER;
 
 use crate::config::{KafkaConfig, TopicsConfig};
 use crate::context::LogContext;
 use crate::error::{Error, Result};
-
-/// The W3C trace-context header (see the readfold-trace crate).
-pub const TRACEPARENT_HEADER: &str = "traceparent";
 
 /// Records handed to the producer whose acknowledgements are not yet in.
 pub struct Deliveries(Vec<DeliveryFuture>);
@@ -74,11 +72,7 @@ impl InputProducer {
     /// given: the trace the processor's span joins.
     pub async fn report_traced(&self, record: &ReadReportRecord, traceparent: Option<&str>) -> Result<()> {
         let value = codec::encode_read_report(record);
-        let partition = partition_for_key(record.conversation_id.as_bytes(), self.partitions);
-        let mut out: FutureRecord<'_, str, [u8]> = FutureRecord::to(&self.read_reports)
-            .key(record.conversation_id.as_str())
-            .partition(partition)
-            .payload(&value);
+        let mut out = self.keyed(&self.read_reports, &record.conversation_id, Some(&value), None);
         if let Some(traceparent) = traceparent {
             out = out.headers(OwnedHeaders::new().insert(Header {
                 key: TRACEPARENT_HEADER,
@@ -131,11 +125,7 @@ impl InputProducer {
                 )
             }));
         for (topic, conversation_id, value) in encoded {
-            let partition = partition_for_key(conversation_id.as_bytes(), self.partitions);
-            let mut record: FutureRecord<'_, str, [u8]> = FutureRecord::to(topic)
-                .key(conversation_id.as_str())
-                .partition(partition)
-                .payload(&value);
+            let mut record = self.keyed(topic, conversation_id, Some(&value), None);
             loop {
                 match self.producer.send_result(record) {
                     Ok(delivery) => break pending.push(delivery),
@@ -159,14 +149,26 @@ impl InputProducer {
         value: Option<&[u8]>,
         partition: Option<i32>,
     ) -> Result<()> {
+        self.deliver(self.keyed(topic, conversation_id, value, partition))
+            .await
+    }
+
+    /// A record keyed by `conversation_id`, on its murmur2 partition or
+    /// on `partition` when given.
+    fn keyed<'a>(
+        &self,
+        topic: &'a str,
+        conversation_id: &'a str,
+        value: Option<&'a [u8]>,
+        partition: Option<i32>,
+    ) -> FutureRecord<'a, str, [u8]> {
         let partition =
             partition.unwrap_or_else(|| partition_for_key(conversation_id.as_bytes(), self.partitions));
-        let mut record: FutureRecord<'_, str, [u8]> =
-            FutureRecord::to(topic).key(conversation_id).partition(partition);
-        if let Some(value) = value {
-            record = record.payload(value);
+        let record = FutureRecord::to(topic).key(conversation_id).partition(partition);
+        match value {
+            Some(value) => record.payload(value),
+            None => record,
         }
-        self.deliver(record).await
     }
 
     /// Sends one record and waits for the broker's acknowledgement.

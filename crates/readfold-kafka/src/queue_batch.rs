@@ -64,12 +64,6 @@ pub struct LazyHeaders<'a> {
 }
 
 impl<'a> LazyHeaders<'a> {
-    /// No headers at all.
-    pub const NONE: LazyHeaders<'static> = LazyHeaders {
-        message: None,
-        lent: PhantomData,
-    };
-
     fn of(message: Option<NonNull<rdsys::rd_kafka_message_t>>) -> Self {
         LazyHeaders {
             message,

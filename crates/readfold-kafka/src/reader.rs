@@ -129,12 +129,9 @@ impl TopicReader {
 
     /// Starts reading each `(partition, offset)` of `topic` there.
     pub fn assign_at(&self, topic: &str, starts: &[(i32, Offset)]) -> Result<Vec<i32>> {
-        let mut tpl = TopicPartitionList::new();
-        for &(p, offset) in starts {
-            tpl.add_partition_offset(topic, p, offset)?;
-        }
-        self.consumer.assign(&tpl)?;
-        Ok(starts.iter().map(|&(p, _)| p).collect())
+        let starts: Vec<(&str, i32, Offset)> = starts.iter().map(|&(p, offset)| (topic, p, offset)).collect();
+        self.assign_topics(&starts)?;
+        Ok(starts.iter().map(|&(_, p, _)| p).collect())
     }
 
     /// Starts reading each `(topic, partition, offset)` there, and nothing
@@ -315,6 +312,9 @@ impl TopicReader {
         while started.elapsed() < budget {
             match self.consumer.poll(wait) {
                 None => break,
+                // One partition's end: the others' records may be queued
+                // behind it (a caller that looks once per flush would fall
+                // behind).
                 Some(Err(KafkaError::PartitionEOF(_))) => continue,
                 Some(Err(e)) if !is_fatal_read(&e) => break,
                 Some(Err(e)) => return Err(e.into()),
@@ -329,23 +329,8 @@ impl TopicReader {
 
     /// Calls `each` for every record that arrives within `wait` of the
     /// previous one; returns when none does. For following a topic.
-    pub fn poll_available(&self, wait: Duration, mut each: impl FnMut(&BorrowedMessage<'_>)) -> Result<u64> {
-        let mut count = 0;
-        loop {
-            match self.consumer.poll(wait) {
-                None => return Ok(count),
-                // One partition's end: the others' records may be queued
-                // behind it (a caller that looks once per flush would fall
-                // behind).
-                Some(Err(KafkaError::PartitionEOF(_))) => continue,
-                Some(Err(e)) if !is_fatal_read(&e) => return Ok(count),
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(message)) => {
-                    count += 1;
-                    each(&message);
-                }
-            }
-        }
+    pub fn poll_available(&self, wait: Duration, each: impl FnMut(&BorrowedMessage<'_>)) -> Result<u64> {
+        self.poll_within(wait, Duration::MAX, each)
     }
 }
 

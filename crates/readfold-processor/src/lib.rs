@@ -542,14 +542,10 @@ impl Processor {
         if !self.health.has_joined() {
             return;
         }
-        let (unowned, restored): (Vec<i32>, Vec<i32>) =
-            (0..self.layout.partitions).partition(|&p| !self.partitions.owns(p));
-        let restored = restored
-            .into_iter()
-            .filter(|p| self.partitions.slots.contains_key(p))
-            .collect();
+        let owns = |p: &i32| self.partitions.owns(*p);
+        let restored = self.partitions.slots.keys().copied().filter(owns).collect();
         standby.forget(restored);
-        standby.follow(unowned);
+        standby.follow((0..self.layout.partitions).filter(|p| !owns(p)).collect());
     }
 
     /// Tells readiness probes how many partitions are owned and how many

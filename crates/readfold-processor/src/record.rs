@@ -4,6 +4,7 @@
 
 use rdkafka::message::BorrowedMessage;
 use readfold_kafka::queue_batch::{LazyHeaders, QueuedMessage};
+use readfold_wire::TRACEPARENT_HEADER_C;
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Record<'a> {
@@ -32,7 +33,7 @@ impl<'a> Record<'a> {
     /// Its W3C `traceparent` header, if it has one.
     pub fn traceparent(&self) -> Option<&'a [u8]> {
         match self.headers {
-            Headers::Lazy(headers) => headers.last(c"traceparent"),
+            Headers::Lazy(headers) => headers.last(TRACEPARENT_HEADER_C),
             Headers::Traceparent(value) => value,
         }
     }

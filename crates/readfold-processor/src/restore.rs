@@ -40,16 +40,14 @@ fn restore_blocking(
     // standby's wins where both exist.
     let followed = standby.map(|s| s.take(wanted)).unwrap_or_default();
     let from_standby: usize = followed.values().map(|c| c.state.cursor_count()).sum();
+    let unfollowed: Vec<i32> = wanted
+        .iter()
+        .copied()
+        .filter(|p| !followed.contains_key(p))
+        .collect();
     let mut loaded: BTreeMap<_, _> = checkpoints
         .iter()
-        .flat_map(|c| {
-            let unfollowed: Vec<i32> = wanted
-                .iter()
-                .copied()
-                .filter(|p| !followed.contains_key(p))
-                .collect();
-            c.load(&unfollowed, restorer, cql_marks)
-        })
+        .flat_map(|c| c.load(&unfollowed, restorer, cql_marks))
         .collect();
     loaded.extend(followed);
     let load = loading.elapsed();

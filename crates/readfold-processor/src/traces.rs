@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use readfold_core::domain::CursorKey;
 use readfold_core::flush::FlushPlan;
-use readfold_trace::{OpenSpan, SpanContext, SpanKind, Status, Tracer, Value};
+use readfold_trace::{kafka_attributes, OpenSpan, SpanContext, SpanKind, Status, Tracer, Value};
 
 /// Reports waiting for their flush, at most: a burst of traced reports
 /// beyond it is not traced rather than held.
@@ -121,17 +121,16 @@ impl FlushTraces {
     /// Ends the spans of a flush that committed.
     pub fn committed(self, tracer: &Tracer, topic: &str, changes: usize) {
         for (partition, key, pending, published) in self.spans {
-            let attributes = vec![
-                ("messaging.system", Value::from("kafka")),
-                ("messaging.operation", "process".into()),
-                ("messaging.destination.name", topic.to_owned().into()),
-                ("messaging.destination.partition.id", partition.to_string().into()),
-                ("messaging.kafka.offset", pending.offset.into()),
-                ("readfold.conversation_id", key.conversation_id.to_string().into()),
+            let mut attributes = kafka_attributes("process", topic, Some((partition, pending.offset)));
+            attributes.extend([
+                (
+                    "readfold.conversation_id",
+                    Value::from(key.conversation_id.to_string()),
+                ),
                 ("readfold.user_id", key.user_id.to_string().into()),
                 ("readfold.published", published.into()),
                 ("readfold.flush.changes", (changes as i64).into()),
-            ];
+            ]);
             tracer.record(pending.span.end(
                 format!("process {topic}"),
                 SpanKind::Consumer,

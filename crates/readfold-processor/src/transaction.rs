@@ -33,10 +33,9 @@ use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::TopicPartitionList;
 use readfold_kafka::batch_producer::{BatchProducer, BatchRecord, QUEUE_FULL_WAIT};
 use readfold_kafka::context::LogContext;
-use readfold_kafka::producer::TRACEPARENT_HEADER;
 use readfold_kafka::{is_fatal, KafkaConfig};
 use readfold_wire::changelog::{EncodedRecords, OutputTopics};
-use readfold_wire::{ChangelogKind, OutRecord};
+use readfold_wire::{ChangelogKind, OutRecord, TRACEPARENT_HEADER};
 
 use crate::error::{Error, Result};
 

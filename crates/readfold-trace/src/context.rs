@@ -5,9 +5,6 @@ use std::fmt;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The header that carries a [`SpanContext`] across Kafka and HTTP.
-pub const TRACEPARENT: &str = "traceparent";
-
 /// Bytes of a version-00 `traceparent`: `00-<32 hex>-<16 hex>-<2 hex>`.
 pub const TRACEPARENT_LEN: usize = 55;
 

@@ -4,7 +4,7 @@
 //! the collector does not answer they are dropped and counted, never
 //! waited for: tracing must not slow the pipeline down.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
@@ -14,7 +14,6 @@ use hyper_util::rt::TokioIo;
 use metrics::counter;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 
 use crate::otlp::{self, Resource};
 use crate::span::SpanData;
@@ -80,11 +79,11 @@ impl std::fmt::Debug for Tracer {
     }
 }
 
+/// The exporter task ends once every clone is gone (its queue closes).
 struct Inner {
     queue: mpsc::Sender<Message>,
     /// A new trace is recorded when a random u64 falls below this.
     sample_below: u64,
-    task: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Tracer {
@@ -103,12 +102,11 @@ impl Tracer {
         let endpoint = Endpoint::parse(&config.otlp_endpoint)?;
         let (queue, spans) = mpsc::channel(QUEUE);
         tracing::info!(endpoint = %config.otlp_endpoint, sample_ratio = config.sample_ratio, service = %resource.service, "exporting spans over OTLP/HTTP");
-        let task = tokio::spawn(export_loop(endpoint, resource, spans));
+        tokio::spawn(export_loop(endpoint, resource, spans));
         Ok(Tracer {
             inner: Some(Arc::new(Inner {
                 queue,
                 sample_below: (config.sample_ratio * u64::MAX as f64) as u64,
-                task: Mutex::new(Some(task)),
             })),
         })
     }
@@ -143,13 +141,6 @@ impl Tracer {
         let (done, sent) = oneshot::channel();
         if inner.queue.send(Message::Flush(done)).await.is_ok() {
             let _ = tokio::time::timeout(timeout, sent).await;
-        }
-    }
-
-    /// Stops the exporter (after [`Tracer::flush`], for what it held).
-    pub fn stop(&self) {
-        if let Some(task) = self.inner.as_ref().and_then(|i| i.task.lock().unwrap().take()) {
-            task.abort();
         }
     }
 }
@@ -280,7 +271,6 @@ mod tests {
             inner: Some(Arc::new(Inner {
                 queue: mpsc::channel(1).0,
                 sample_below: (ratio * u64::MAX as f64) as u64,
-                task: Mutex::new(None),
             })),
         };
         let (all, none, some) = (tracer(1.0), tracer(0.0), tracer(0.25));
@@ -336,6 +326,5 @@ mod tests {
         assert_eq!(names, ["child", "root"]);
         assert_eq!(spans[0]["parentSpanId"], root.context.span_id.to_string());
         assert_eq!(spans[0]["traceId"], spans[1]["traceId"]);
-        tracer.stop();
     }
 }

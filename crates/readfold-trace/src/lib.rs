@@ -14,10 +14,10 @@ pub mod span;
 
 use serde::Deserialize;
 
-pub use context::{SpanContext, TRACEPARENT};
+pub use context::SpanContext;
 pub use export::Tracer;
 pub use otlp::Resource;
-pub use span::{now_unix_nanos, OpenSpan, SpanData, SpanKind, Status, Value};
+pub use span::{kafka_attributes, OpenSpan, SpanData, SpanKind, Status, Value};
 
 /// The `[tracing]` section.
 #[derive(Clone, Debug, PartialEq, Deserialize)]

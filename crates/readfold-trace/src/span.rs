@@ -79,11 +79,6 @@ pub struct OpenSpan {
 impl OpenSpan {
     /// A span starting now: a child of `parent`, or a new trace's root.
     pub fn start(parent: Option<&SpanContext>, sampled: bool) -> OpenSpan {
-        OpenSpan::start_at(parent, sampled, now_unix_nanos())
-    }
-
-    /// A span that started at `start_unix_nanos`.
-    pub fn start_at(parent: Option<&SpanContext>, sampled: bool, start_unix_nanos: u64) -> OpenSpan {
         let context = match parent {
             Some(parent) => parent.child(),
             None => SpanContext::root(sampled),
@@ -91,7 +86,7 @@ impl OpenSpan {
         OpenSpan {
             context,
             parent: parent.map(|p| p.span_id),
-            start_unix_nanos,
+            start_unix_nanos: now_unix_nanos(),
         }
     }
 
@@ -116,9 +111,29 @@ impl OpenSpan {
     }
 }
 
+/// OpenTelemetry's messaging attributes of a Kafka hop: `operation`
+/// (`publish`, `process`) on `topic`, and the record's partition and
+/// offset when known.
+pub fn kafka_attributes(
+    operation: &'static str,
+    topic: &str,
+    record: Option<(i32, i64)>,
+) -> Vec<(&'static str, Value)> {
+    let mut attributes = vec![
+        ("messaging.system", Value::from("kafka")),
+        ("messaging.operation", operation.into()),
+        ("messaging.destination.name", topic.to_owned().into()),
+    ];
+    if let Some((partition, offset)) = record {
+        attributes.push(("messaging.destination.partition.id", partition.to_string().into()));
+        attributes.push(("messaging.kafka.offset", offset.into()));
+    }
+    attributes
+}
+
 /// Wall-clock time as OTLP counts it. Spans of different processes are
 /// compared on it, so it is the wall clock, not a monotonic one.
-pub fn now_unix_nanos() -> u64 {
+fn now_unix_nanos() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)

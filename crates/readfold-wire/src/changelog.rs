@@ -320,7 +320,7 @@ impl EncodedRecords {
                 value: r.value.map(<[u8]>::to_vec),
                 headers: r
                     .traceparent
-                    .map(|t| ("traceparent", t.to_owned()))
+                    .map(|t| (crate::TRACEPARENT_HEADER, t.to_owned()))
                     .into_iter()
                     .collect(),
             })

@@ -19,5 +19,11 @@ pub mod dead_letter;
 pub mod describe;
 pub mod validate;
 
+/// The record header that carries a W3C trace context (topology.md,
+/// "Trace context"), on the read reports and the changelogs.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// The same, as librdkafka's header lookups take it.
+pub const TRACEPARENT_HEADER_C: &std::ffi::CStr = c"traceparent";
+
 pub use changelog::{ChangelogEntry, ChangelogKind, OutRecord, OutputLayout, OutputTopics, OwnUpdate};
 pub use validate::{Limits, RejectReason, Rejection};
