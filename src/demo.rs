@@ -323,6 +323,9 @@ pub async fn demo(mut config: Config) -> Result<()> {
             } => {
                 texts.insert((conv, seq), (sender, text));
                 let sent = EventRecord::MessageSent {
+                    starter_id: None,
+                    thread: 0,
+                    thread_seq: 0,
                     mention_all: false,
                     mentions: Vec::new(),
                     sender_id: names.id(sender),
@@ -340,6 +343,9 @@ pub async fn demo(mut config: Config) -> Result<()> {
             } => {
                 texts.insert((conv, seq), (sender, text));
                 let sent = EventRecord::MessageSent {
+                    starter_id: None,
+                    thread: 0,
+                    thread_seq: 0,
                     mention_all: all,
                     mentions: users.iter().map(|u| names.id(u)).collect(),
                     sender_id: names.id(sender),
@@ -349,6 +355,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
             }
             Step::Mute { user, .. } => {
                 let r = ReadReportRecord {
+                    thread: 0,
                     muted_until: None,
                     conversation_id: cid.clone(),
                     user_id: names.id(user),
@@ -388,6 +395,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
                         continue;
                     };
                     let r = ReadReportRecord {
+                        thread: 0,
                         muted_until: None,
                         conversation_id: c.to_string(),
                         user_id: user_id.to_string(),
@@ -409,6 +417,7 @@ pub async fn demo(mut config: Config) -> Result<()> {
                 let private = matches!(step, Step::ReadPrivately { .. });
                 let delivered = matches!(step, Step::Deliver { .. });
                 let r = ReadReportRecord {
+                    thread: 0,
                     muted_until: None,
                     conversation_id: cid.clone(),
                     user_id: names.id(user),

@@ -957,6 +957,9 @@ async fn unread_mentions_go_up_when_mentioned_and_down_when_read_on_every_device
             "G",
             seq,
             EventRecord::MessageSent {
+                starter_id: None,
+                thread: 0,
+                thread_seq: 0,
                 sender_id: sender.into(),
                 mentions: named.iter().map(|u| u.to_string()).collect(),
                 mention_all: all,
@@ -1290,6 +1293,9 @@ async fn the_demo_page_shows_mentions_and_a_muted_conversation() {
             &conversation,
             seq,
             EventRecord::MessageSent {
+                starter_id: None,
+                thread: 0,
+                thread_seq: 0,
                 sender_id: "alice".into(),
                 mentions: vec!["bob".into()],
                 mention_all: false,

@@ -155,6 +155,7 @@ impl Report {
     fn of(user: &UserId, m: MarkRead, at: i64) -> Vec<Report> {
         let record = |action, seq: Seq| {
             Report(ReadReportRecord {
+                thread: 0,
                 conversation_id: m.conversation_id.to_string(),
                 user_id: user.to_string(),
                 seq: seq.get() as i64,

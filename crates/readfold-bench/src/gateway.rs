@@ -154,6 +154,9 @@ pub async fn gateway(config: &Config, args: &Args) -> Result<GatewayFigures> {
             seq: 1,
             at: now_ms(),
             event: EventRecord::MessageSent {
+                starter_id: None,
+                thread: 0,
+                thread_seq: 0,
                 mention_all: false,
                 mentions: Default::default(),
                 sender_id: format!("u{}", c * group),
@@ -286,6 +289,9 @@ pub async fn gateway(config: &Config, args: &Args) -> Result<GatewayFigures> {
             seq: seq as i64,
             at: now_ms(),
             event: EventRecord::MessageSent {
+                starter_id: None,
+                thread: 0,
+                thread_seq: 0,
                 mention_all: false,
                 mentions: Default::default(),
                 sender_id: format!("u{}", conversation * group + (client + 1) % group),

@@ -529,6 +529,9 @@ async fn badge_cycle(
         seq: seq as i64,
         at: now_ms(),
         event: EventRecord::MessageSent {
+            starter_id: None,
+            thread: 0,
+            thread_seq: 0,
             mention_all: false,
             mentions: Default::default(),
             sender_id: format!("bp{i}"),
@@ -672,6 +675,7 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
     // counts their own chat only.
     let mutes: Vec<ReadReportRecord> = (0..observers)
         .map(|i| ReadReportRecord {
+            thread: 0,
             conversation_id: HOT.to_owned(),
             user_id: badge_user(i),
             seq: 0,
@@ -917,6 +921,9 @@ pub async fn hot_group(config: &Config, args: &Args) -> Result<HotGroupFigures> 
                     seq: seq as i64,
                     at: now_ms(),
                     event: EventRecord::MessageSent {
+                        starter_id: None,
+                        thread: 0,
+                        thread_seq: 0,
                         mention_all: false,
                         mentions: Default::default(),
                         sender_id: sender,

@@ -556,6 +556,7 @@ async fn probe(
     within: Duration,
 ) -> Result<f64> {
     let report = ReadReportRecord {
+        thread: 0,
         muted_until: None,
         conversation_id: probe_conversation(k),
         user_id: PROBER.into(),

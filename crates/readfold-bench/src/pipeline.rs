@@ -60,6 +60,7 @@ pub async fn pipeline(config: &Config, reports: u64) -> Result<PipelineFigures> 
     for i in 0..reports {
         let (c, u, seq) = (i % 2000, (i / 2000) % 5, (i / 10_000 + 1) as i64);
         let r = ReadReportRecord {
+            thread: 0,
             muted_until: None,
             conversation_id: format!("conv-{c}"),
             user_id: format!("user-{u}"),

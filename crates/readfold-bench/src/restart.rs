@@ -99,6 +99,7 @@ async fn one_size(config: &Config, cursors: u64, members: u64, cql: bool) -> Res
     let stride = users / members;
     let reports: Vec<ReadReportRecord> = (0..cursors)
         .map(|i| ReadReportRecord {
+            thread: 0,
             muted_until: None,
             conversation_id: format!("conv-{}", i / members),
             user_id: format!("user-{}", (i / members + i % members * stride) % users),

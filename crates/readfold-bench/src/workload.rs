@@ -58,6 +58,9 @@ impl ChatWorkload {
                 seq: self.latest[chat],
                 at,
                 event: EventRecord::MessageSent {
+                    starter_id: None,
+                    thread: 0,
+                    thread_seq: 0,
                     mention_all: false,
                     mentions: Default::default(),
                     sender_id: user,
@@ -65,6 +68,7 @@ impl ChatWorkload {
             })
         } else {
             Generated::Report(ReadReportRecord {
+                thread: 0,
                 muted_until: None,
                 conversation_id: conversation,
                 user_id: user,

@@ -134,6 +134,9 @@ async fn send(
             seq: message.seq as i64,
             at: now_ms(),
             event: EventRecord::MessageSent {
+                starter_id: None,
+                thread: 0,
+                thread_seq: 0,
                 mention_all: message.mention_all,
                 mentions: message.mentions.clone(),
                 sender_id: m.sender,
@@ -181,6 +184,7 @@ async fn crowd(
     for (_, user) in behind.into_iter().take(c.readers.min(1000)) {
         g.producer
             .report(&ReadReportRecord {
+                thread: 0,
                 muted_until: None,
                 conversation_id: c.conversation.clone(),
                 user_id: user,

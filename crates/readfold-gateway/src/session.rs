@@ -511,6 +511,7 @@ fn receipt_record(
     action: ReadAction,
 ) -> ReadReportRecord {
     ReadReportRecord {
+        thread: 0,
         muted_until: None,
         conversation_id: conversation,
         user_id: user.to_string(),

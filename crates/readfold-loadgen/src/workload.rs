@@ -306,6 +306,9 @@ impl Workload {
             seq: seq as i64,
             at: now,
             event: EventRecord::MessageSent {
+                starter_id: None,
+                thread: 0,
+                thread_seq: 0,
                 mention_all: false,
                 mentions: Default::default(),
                 sender_id: self.user_id(sender_id),
@@ -323,6 +326,7 @@ impl Workload {
     fn delivery(&mut self, c: u32, user: u32, seq: u32, now: i64) -> Generated {
         self.counts.deliveries += 1;
         Generated::Report(ReadReportRecord {
+            thread: 0,
             muted_until: None,
             conversation_id: self.conversation_id(c),
             user_id: self.user_id(user),
@@ -438,6 +442,7 @@ impl Workload {
         let private = !stale && self.random.chance(self.spec.private_share);
         let duplicate = !stale && self.random.chance(self.spec.duplicate_share);
         let report = ReadReportRecord {
+            thread: 0,
             muted_until: None,
             conversation_id: self.conversation_id(c),
             user_id: self.user_id(user),

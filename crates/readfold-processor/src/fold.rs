@@ -48,7 +48,7 @@ fn traced_key(input: &Input) -> Option<CursorKey> {
         Input::Delivery(d) => (&d.conversation_id, &d.user_id),
         Input::Mark(m) => (&m.conversation_id, &m.user_id),
         Input::Mute(m) => (&m.conversation_id, &m.user_id),
-        Input::Event(_) => return None,
+        Input::ThreadRead(_) | Input::Event(_) => return None,
     };
     Some(CursorKey {
         conversation_id: conversation_id.clone(),

@@ -123,7 +123,12 @@ pub fn accepts_input_schema(kind: readfold_core::fold::InputKind, writer_schema:
                 .chain(&schemas.read_report_history)
                 .collect(),
         ),
-        InputKind::ConversationEvents => ("ConversationEvent", vec![&schemas.conversation_event]),
+        InputKind::ConversationEvents => (
+            "ConversationEvent",
+            std::iter::once(&schemas.conversation_event)
+                .chain(&schemas.conversation_event_history)
+                .collect(),
+        ),
     };
     if known.iter().any(|s| normal_form(s) == writer) {
         Ok(())
@@ -424,6 +429,10 @@ mod tests {
         assert!(accepts_input_schema(InputKind::ConversationEvents, codec::READ_REPORT_AVSC).is_err());
         assert!(accepts_input_schema(InputKind::ReadReports, "not json").is_err());
         accepts_input_schema(InputKind::ConversationEvents, codec::CONVERSATION_EVENT_AVSC).unwrap();
+        // Producers registered with an earlier version go on after an upgrade.
+        accepts_input_schema(InputKind::ReadReports, codec::READ_REPORT_V1_2_AVSC).unwrap();
+        accepts_input_schema(InputKind::ConversationEvents, codec::CONVERSATION_EVENT_V1_2_AVSC).unwrap();
+        accepts_input_schema(InputKind::ConversationEvents, codec::CONVERSATION_EVENT_V1_0_AVSC).unwrap();
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::fmt;
 
 use readfold_core::fold::{
     ConversationEvent, DeliveryReport, EventKind, Input, InputKind, Mentions, MuteReport, ReadReport,
-    UnreadMarkReport,
+    ThreadReadReport, UnreadMarkReport,
 };
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, IdError, Mute, Seq, UserId};
@@ -68,10 +68,12 @@ pub enum RejectReason {
     UnknownSchema,
     /// A message mentions more users than `input.max_mentions`.
     TooManyMentions,
+    /// A mark, delivery or mute names a thread: only reads do.
+    ThreadAction,
 }
 
 impl RejectReason {
-    pub const ALL: [RejectReason; 9] = [
+    pub const ALL: [RejectReason; 10] = [
         RejectReason::MissingValue,
         RejectReason::Decode,
         RejectReason::EmptyId,
@@ -81,6 +83,7 @@ impl RejectReason {
         RejectReason::WrongPartition,
         RejectReason::UnknownSchema,
         RejectReason::TooManyMentions,
+        RejectReason::ThreadAction,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -94,6 +97,7 @@ impl RejectReason {
             RejectReason::WrongPartition => "wrong_partition",
             RejectReason::UnknownSchema => "unknown_schema",
             RejectReason::TooManyMentions => "too_many_mentions",
+            RejectReason::ThreadAction => "thread_action",
         }
     }
 }
@@ -233,6 +237,22 @@ pub fn read_report_view(r: ReadReportView<'_>, limits: &Limits) -> Result<Input,
         ConversationId::parse,
     )?;
     let user_id = id("user_id", r.user_id, limits, UserId::parse)?;
+    if r.thread != 0 {
+        if r.action != ReadAction::Read {
+            return Err(Rejection::new(
+                RejectReason::ThreadAction,
+                format!("action {:?} names thread {}: only reads do", r.action, r.thread),
+            ));
+        }
+        return Ok(Input::ThreadRead(ThreadReadReport {
+            conversation_id,
+            thread: seq("thread", r.thread, 1, limits)?,
+            user_id,
+            seq: seq("seq", r.seq, 1, limits)?,
+            reported_at: r.reported_at,
+            private: r.private,
+        }));
+    }
     Ok(match r.action {
         ReadAction::Read => Input::Report(ReadReport {
             conversation_id,
@@ -269,7 +289,9 @@ pub fn read_report_view(r: ReadReportView<'_>, limits: &Limits) -> Result<Input,
 }
 
 /// Validates a conversation event. A message has seq >= 1; a member event
-/// carries the latest seq when it happened, which is 0 in a new conversation.
+/// carries the latest seq when it happened, which is 0 in a new
+/// conversation; a reply the latest seq when it was sent, which is at least
+/// its root's, and a thread seq >= 1.
 pub fn conversation_event(
     e: ConversationEventRecord,
     limits: &Limits,
@@ -293,6 +315,9 @@ pub fn conversation_event_view(
             sender_id,
             mentions,
             mention_all,
+            thread,
+            thread_seq,
+            starter_id,
         } => {
             if mentions.len() > limits.max_mentions {
                 return Err(Rejection {
@@ -308,16 +333,35 @@ pub fn conversation_event_view(
                 .into_iter()
                 .map(|m| id("mentions", m, limits, UserId::parse))
                 .collect::<Result<Vec<_>, _>>()?;
-            (
-                EventKind::MessageSent {
+            if thread != 0 {
+                let root = seq("thread", thread, 1, limits)?;
+                let kind = EventKind::ReplySent {
+                    thread: root,
+                    thread_seq: seq("thread_seq", thread_seq, 1, limits)?,
                     sender_id: id("sender_id", sender_id, limits, UserId::parse)?,
-                    mentions: Mentions {
-                        users,
-                        all: mention_all,
+                    mentions: users,
+                    starter_id: starter_id
+                        .map(|s| id("starter_id", s, limits, UserId::parse))
+                        .transpose()?,
+                };
+                (kind, root.get())
+            } else if thread_seq != 0 {
+                return Err(Rejection::new(
+                    RejectReason::SeqOutOfRange,
+                    format!("thread_seq {thread_seq} on a message that is no reply (thread 0)"),
+                ));
+            } else {
+                (
+                    EventKind::MessageSent {
+                        sender_id: id("sender_id", sender_id, limits, UserId::parse)?,
+                        mentions: Mentions {
+                            users,
+                            all: mention_all,
+                        },
                     },
-                },
-                1,
-            )
+                    1,
+                )
+            }
         }
         EventView::MemberJoined { user_id } => (
             EventKind::MemberJoined {
@@ -347,6 +391,7 @@ mod tests {
 
     fn record(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
         ReadReportRecord {
+            thread: 0,
             muted_until: None,
             conversation_id: conversation.into(),
             user_id: user.into(),
@@ -433,6 +478,9 @@ mod tests {
         let sent = encode_conversation_event(&event(
             0,
             EventRecord::MessageSent {
+                starter_id: None,
+                thread: 0,
+                thread_seq: 0,
                 mention_all: false,
                 mentions: Default::default(),
                 sender_id: "u".into(),
@@ -557,6 +605,9 @@ mod mention_tests {
             seq: 3,
             at: 1,
             event: codec::EventRecord::MessageSent {
+                starter_id: None,
+                thread: 0,
+                thread_seq: 0,
                 sender_id: "a".into(),
                 mentions,
                 mention_all: true,
@@ -581,5 +632,90 @@ mod mention_tests {
             "{}",
             too_many.detail
         );
+    }
+}
+
+#[cfg(test)]
+mod thread_tests {
+    use super::tests::default_limits;
+    use super::*;
+    use readfold_core::fold::ThreadReadReport;
+
+    fn reply(seq: i64, thread: i64, thread_seq: i64) -> ConversationEventRecord {
+        ConversationEventRecord {
+            conversation_id: "G".into(),
+            seq,
+            at: 1,
+            event: codec::EventRecord::MessageSent {
+                sender_id: "b".into(),
+                mentions: vec!["c".into()],
+                mention_all: true,
+                thread,
+                thread_seq,
+                starter_id: Some("a".into()),
+            },
+        }
+    }
+
+    #[test]
+    fn a_reply_validates_into_a_reply_of_its_thread() {
+        let event = conversation_event(reply(9, 4, 2), &default_limits()).unwrap();
+        assert_eq!(event.seq, Seq(9));
+        assert_eq!(
+            event.kind,
+            EventKind::ReplySent {
+                thread: Seq(4),
+                thread_seq: Seq(2),
+                sender_id: "b".parse().unwrap(),
+                mentions: vec!["c".parse().unwrap()],
+                starter_id: Some("a".parse().unwrap()),
+            }
+        );
+    }
+
+    #[test]
+    fn a_reply_needs_a_thread_seq_and_a_latest_seq_past_its_root() {
+        let limits = default_limits();
+        for (record, field) in [
+            (reply(9, 4, 0), "thread_seq"),
+            (reply(3, 4, 1), "seq"),
+            (reply(9, -1, 1), "thread"),
+            (reply(9, 0, 1), "thread_seq"),
+        ] {
+            let rejection = conversation_event(record, &limits).unwrap_err();
+            assert_eq!(rejection.reason, RejectReason::SeqOutOfRange);
+            assert!(rejection.detail.starts_with(field), "{}", rejection.detail);
+        }
+    }
+
+    #[test]
+    fn only_reads_name_a_thread() {
+        let limits = default_limits();
+        let report = |action, thread| ReadReportRecord {
+            conversation_id: "G".into(),
+            user_id: "u".into(),
+            seq: 3,
+            device_id: None,
+            reported_at: 5,
+            private: true,
+            action,
+            muted_until: None,
+            thread,
+        };
+        assert_eq!(
+            read_report(report(ReadAction::Read, 4), &limits).unwrap(),
+            Input::ThreadRead(ThreadReadReport {
+                conversation_id: "G".parse().unwrap(),
+                thread: Seq(4),
+                user_id: "u".parse().unwrap(),
+                seq: Seq(3),
+                reported_at: 5,
+                private: true,
+            })
+        );
+        let marked = read_report(report(ReadAction::MarkUnread, 4), &limits).unwrap_err();
+        assert_eq!(marked.reason, RejectReason::ThreadAction);
+        let negative = read_report(report(ReadAction::Read, -4), &limits).unwrap_err();
+        assert_eq!(negative.reason, RejectReason::SeqOutOfRange);
     }
 }

@@ -58,6 +58,9 @@ async fn produce(env: &TestEnv, duration: Duration, seed: u64, mixed: bool) -> L
                     &conv,
                     latest[c],
                     EventRecord::MessageSent {
+                        starter_id: None,
+                        thread: 0,
+                        thread_seq: 0,
                         mention_all,
                         mentions,
                         sender_id: format!("u{}", rng.below(12)),
@@ -147,6 +150,9 @@ pub fn random_records(
                     &conv,
                     latest[c],
                     EventRecord::MessageSent {
+                        starter_id: None,
+                        thread: 0,
+                        thread_seq: 0,
                         mention_all: false,
                         mentions: Default::default(),
                         sender_id: format!("u{}", rng.below(users)),

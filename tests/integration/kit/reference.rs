@@ -150,6 +150,7 @@ impl Reference {
 
 pub fn report(conversation: &str, user: &str, seq: i64) -> ReadReportRecord {
     ReadReportRecord {
+        thread: 0,
         muted_until: None,
         conversation_id: conversation.into(),
         user_id: user.into(),
@@ -175,6 +176,9 @@ pub fn sent(conversation: &str, sender: &str, seq: i64) -> ConversationEventReco
         conversation,
         seq,
         EventRecord::MessageSent {
+            starter_id: None,
+            thread: 0,
+            thread_seq: 0,
             mention_all: false,
             mentions: Default::default(),
             sender_id: sender.into(),

@@ -32,12 +32,20 @@ mod members;
 mod stored;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod thread_tests;
+mod threads;
 
 use std::sync::Arc;
 
 use dense::DenseMap;
 use members::{Extras, Members, Slot, UserTable};
 pub use stored::{StoredConversation, StoredConversations, StoredFault};
+pub use threads::{
+    own_unread as thread_own_unread, ThreadChange, ThreadFollower, ThreadKey, ThreadMark, ThreadReadReport,
+    ThreadStateChange, ThreadView, ThreadsRef,
+};
+use threads::{Reply, ThreadDirty, Threads, ThreadsOf};
 
 /// A validated client read report.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -104,6 +112,8 @@ pub enum Input {
     Delivery(DeliveryReport),
     Mark(UnreadMarkReport),
     Mute(MuteReport),
+    /// A read (public or private) in a thread.
+    ThreadRead(ThreadReadReport),
     Event(ConversationEvent),
 }
 
@@ -114,6 +124,7 @@ impl Input {
             Input::Delivery(d) => &d.conversation_id,
             Input::Mark(m) => &m.conversation_id,
             Input::Mute(m) => &m.conversation_id,
+            Input::ThreadRead(r) => &r.conversation_id,
             Input::Event(e) => &e.conversation_id,
         }
     }
@@ -121,9 +132,28 @@ impl Input {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum EventKind {
-    MessageSent { sender_id: UserId, mentions: Mentions },
-    MemberJoined { user_id: UserId },
-    MemberLeft { user_id: UserId },
+    MessageSent {
+        sender_id: UserId,
+        mentions: Mentions,
+    },
+    /// A reply in thread `thread` (its root message's seq): the event's
+    /// `seq` is the conversation's latest seq when it was sent, which
+    /// orders it against joins; replies take no seq of the conversation.
+    ReplySent {
+        thread: Seq,
+        thread_seq: Seq,
+        sender_id: UserId,
+        /// Members mentioned by name follow the thread.
+        mentions: Vec<UserId>,
+        /// The root message's sender, who follows the thread.
+        starter_id: Option<UserId>,
+    },
+    MemberJoined {
+        user_id: UserId,
+    },
+    MemberLeft {
+        user_id: UserId,
+    },
 }
 
 /// Whom a message mentions.
@@ -290,6 +320,8 @@ struct Conversation {
     /// Highest seq seen in any input; may lag behind cursors.
     latest_seq: Seq,
     members: Members,
+    /// Only conversations with a thread hold any.
+    threads: Option<Box<Threads>>,
 }
 
 /// One conversation of a [`PartitionState`], for reading.
@@ -338,6 +370,16 @@ impl<'a> ConversationRef<'a> {
                 .members()
                 .filter_map(|(user, m)| Some((user.clone(), m.present()?)))
                 .collect(),
+        }
+    }
+
+    /// The conversation's threads.
+    pub fn threads(&self) -> ThreadsRef<'a> {
+        ThreadsRef {
+            threads: self.conversation.threads.as_deref(),
+            members: &self.conversation.members,
+            users: self.users,
+            extras: self.extras,
         }
     }
 }
@@ -503,6 +545,8 @@ pub struct PartitionState {
     users: UserTable,
     extras: Extras,
     dirty: DirtySet,
+    /// Threads with a changed follower or state since the last flush.
+    thread_dirty: ThreadDirty,
     /// Conversations not yet taken in from a store (see `stored.rs`).
     stored: Option<Stored>,
 }
@@ -557,6 +601,7 @@ impl PartitionState {
                 untracked: true,
                 ..DirtySet::default()
             },
+            thread_dirty: ThreadDirty::untracked(),
             ..Self::default()
         }
     }
@@ -712,6 +757,7 @@ impl PartitionState {
             Input::Delivery(d) => self.apply_delivery(d),
             Input::Mark(m) => self.apply_mark(m),
             Input::Mute(m) => self.apply_mute(m),
+            Input::ThreadRead(r) => self.apply_thread_read(r),
             Input::Event(e) => self.apply_event(e),
         }
     }
@@ -849,6 +895,27 @@ impl PartitionState {
     /// Folds one conversation event. Returns whether any member changed.
     pub fn apply_event(&mut self, event: &ConversationEvent) -> bool {
         let number = self.conversation_number(&event.conversation_id);
+        if let EventKind::ReplySent {
+            thread,
+            thread_seq,
+            sender_id,
+            mentions,
+            starter_id,
+        } = &event.kind
+        {
+            let reply = Reply {
+                thread: *thread,
+                thread_seq: *thread_seq,
+                version: MembershipVersion {
+                    seq: event.seq,
+                    at: event.at,
+                },
+                sender: sender_id,
+                starter: starter_id.as_ref(),
+                mentions,
+            };
+            return self.threads_of(number).reply(&reply);
+        }
         let conv = self.conversations.value_mut(number);
         // Stores learn the latest seq only through member updates, so a
         // message that raises it must publish one, even if its sender had
@@ -898,8 +965,22 @@ impl PartitionState {
                 if created {
                     outputs = outputs.union(Outputs::PUBLIC);
                 }
+                // Applied (not an older or replayed event): the member's
+                // join point moved in every thread, or they left them all.
+                if outputs.state && conv.threads.is_some() {
+                    ThreadsOf {
+                        number,
+                        threads: &mut conv.threads,
+                        members: &conv.members,
+                        users,
+                        extras,
+                        dirty: &mut self.thread_dirty,
+                    }
+                    .membership_changed(user_id, version, !joined);
+                }
                 (position, outputs)
             }
+            EventKind::ReplySent { .. } => unreachable!("replies are folded above"),
         };
         if outputs.any() {
             self.dirty.mark(number, conv, position, outputs);
@@ -987,7 +1068,13 @@ impl PartitionState {
             }
             replaced.members.release(&mut self.extras);
         }
-        *replaced = Conversation { latest_seq, members };
+        // Threads are restored from records of their own.
+        let threads = replaced.threads.take();
+        *replaced = Conversation {
+            latest_seq,
+            members,
+            threads,
+        };
     }
 
     /// Applies a public changelog tombstone (restore): the member has left.
@@ -1067,6 +1154,97 @@ impl PartitionState {
             self.conversations.value_mut(number).members.clear_dirty();
         }
         self.dirty.members = 0;
+        for (number, root) in self.thread_dirty.take() {
+            if let Some(threads) = &mut self.conversations.value_mut(number).threads {
+                threads.clear_dirty(root);
+            }
+        }
+    }
+
+    /// The current value of every dirty thread follower and thread state,
+    /// without clearing them (as [`PartitionState::pending_changes`]).
+    pub fn pending_thread_changes(&self) -> (Vec<ThreadChange>, Vec<ThreadStateChange>) {
+        let (mut followers, mut states) = (Vec::new(), Vec::new());
+        for &(number, root) in self.thread_dirty.threads() {
+            let id = self.conversations.key(number);
+            self.conversation_at(number)
+                .threads()
+                .pending(id, root, &mut followers, &mut states);
+        }
+        (followers, states)
+    }
+
+    /// Thread followers changed since the last flush.
+    pub fn thread_dirty_len(&self) -> usize {
+        self.thread_dirty.len()
+    }
+
+    /// Threads held, and follower entries over all of them.
+    pub fn thread_counts(&self) -> (usize, usize) {
+        self.conversations
+            .iter()
+            .filter_map(|(_, c)| c.threads.as_ref().map(|t| t.counts()))
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+    }
+
+    /// Folds a read in a thread. Returns whether a cursor moved or the
+    /// reader became a follower.
+    pub fn apply_thread_read(&mut self, report: &ThreadReadReport) -> bool {
+        let number = self.conversation_number(&report.conversation_id);
+        self.threads_of(number).read(report)
+    }
+
+    /// Applies a public thread-cursor record (restore).
+    pub fn restore_thread_cursor(&mut self, key: &ThreadKey, cursor: Seq, latest: Seq, at: i64) {
+        let (threads, user) = self.restored_threads(key);
+        threads.restore_cursor(key.thread, user, cursor, latest, at);
+    }
+
+    /// Applies a follower's thread-state record (restore, after the public
+    /// thread cursors).
+    pub fn restore_thread_follower(&mut self, key: &ThreadKey, cursor: Seq, private_cursor: Seq, at: i64) {
+        let (threads, user) = self.restored_threads(key);
+        threads.restore_follower(key.thread, user, cursor, private_cursor, at);
+    }
+
+    /// Applies a thread's state record (restore).
+    pub fn restore_thread_state(&mut self, state: &ThreadStateChange) {
+        let number = self.conversation_number(&state.conversation_id);
+        let conv = self.conversations.value_mut(number);
+        conv.threads
+            .get_or_insert_with(Default::default)
+            .restore_state(state);
+    }
+
+    /// The threads of `key`'s conversation, created if none, and the
+    /// number of its user.
+    fn restored_threads(&mut self, key: &ThreadKey) -> (&mut Threads, u32) {
+        let number = self.conversation_number(&key.conversation_id);
+        let user = self.users.intern(&key.user_id);
+        let conv = self.conversations.value_mut(number);
+        (conv.threads.get_or_insert_with(Default::default), user)
+    }
+
+    /// The thread fold's view of conversation `number`.
+    fn threads_of(&mut self, number: u32) -> ThreadsOf<'_> {
+        let conv = self.conversations.value_mut(number);
+        ThreadsOf {
+            number,
+            threads: &mut conv.threads,
+            members: &conv.members,
+            users: &mut self.users,
+            extras: &self.extras,
+            dirty: &mut self.thread_dirty,
+        }
+    }
+
+    /// Conversation `number`, for reading.
+    fn conversation_at(&self, number: u32) -> ConversationRef<'_> {
+        ConversationRef {
+            users: &self.users,
+            extras: &self.extras,
+            conversation: self.conversations.value(number),
+        }
     }
 
     /// Marks `key` changed again with `outputs`, for a flush that took its

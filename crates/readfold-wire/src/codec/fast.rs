@@ -143,7 +143,8 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// `ReadReport` v1.2 or v1.1 (which ends before `muted_until`), or `None` when the bytes are anything else.
+/// `ReadReport` v1.3, v1.2 (which ends before `thread`) or v1.1 (before
+/// `muted_until`), or `None` when the bytes are anything else.
 pub fn read_report(bytes: &[u8]) -> Option<ReadReportView<'_>> {
     let mut c = Cursor { bytes };
     let conversation_id = c.str()?;
@@ -164,6 +165,7 @@ pub fn read_report(bytes: &[u8]) -> Option<ReadReportView<'_>> {
         _ => ReadAction::Unmute,
     };
     let muted_until = if c.at_end() { None } else { c.optional_long()? };
+    let thread = if c.at_end() { 0 } else { c.long()? };
     c.end(ReadReportView {
         conversation_id,
         user_id,
@@ -173,11 +175,13 @@ pub fn read_report(bytes: &[u8]) -> Option<ReadReportView<'_>> {
         private,
         action,
         muted_until,
+        thread,
     })
 }
 
-/// `ConversationEvent` v1.2 or v1.0 (whose `MessageSent` ends after its
-/// sender), or `None` when the bytes are anything else.
+/// `ConversationEvent` v1.3, v1.2 (whose `MessageSent` ends after
+/// `mention_all`) or v1.0 (after its sender), or `None` when the bytes are
+/// anything else.
 pub fn conversation_event(bytes: &[u8]) -> Option<ConversationEventView<'_>> {
     let mut c = Cursor { bytes };
     let conversation_id = c.str()?;
@@ -190,12 +194,32 @@ pub fn conversation_event(bytes: &[u8]) -> Option<ConversationEventView<'_>> {
             sender_id: id,
             mentions: Vec::new(),
             mention_all: false,
+            thread: 0,
+            thread_seq: 0,
+            starter_id: None,
         },
-        0 => EventView::MessageSent {
-            sender_id: id,
-            mentions: c.array(Cursor::str)?,
-            mention_all: c.boolean()?,
-        },
+        0 => {
+            let mentions = c.array(Cursor::str)?;
+            let mention_all = c.boolean()?;
+            let (thread, thread_seq, starter_id) = if c.at_end() {
+                (0, 0, None)
+            } else {
+                let (thread, thread_seq) = (c.long()?, c.long()?);
+                let starter_id = match c.index(2)? {
+                    0 => None,
+                    _ => Some(c.str()?),
+                };
+                (thread, thread_seq, starter_id)
+            };
+            EventView::MessageSent {
+                sender_id: id,
+                mentions,
+                mention_all,
+                thread,
+                thread_seq,
+                starter_id,
+            }
+        }
         1 => EventView::MemberJoined { user_id: id },
         _ => EventView::MemberLeft { user_id: id },
     };
@@ -339,8 +363,9 @@ mod tests {
             private in any::<bool>(),
             act in 0u8..6,
             muted_until in proptest::option::of(any::<i64>()),
+            thread in any::<i64>(),
         ) {
-            let record = ReadReportRecord {
+            let record = ReadReportRecord { thread,
                 muted_until,
                 conversation_id: conversation,
                 user_id: user,
@@ -374,9 +399,12 @@ mod tests {
             id in "[a-z0-9]{0,8}",
             mentions in proptest::collection::vec("[a-z0-9]{0,4}", 0..4),
             mention_all in any::<bool>(),
+            thread in any::<i64>(),
+            thread_seq in any::<i64>(),
+            starter_id in proptest::option::of("[a-z0-9]{0,4}"),
         ) {
             let event = match branch {
-                0 => EventRecord::MessageSent { mentions, mention_all, sender_id: id },
+                0 => EventRecord::MessageSent { starter_id, thread, thread_seq, mentions, mention_all, sender_id: id },
                 1 => EventRecord::MemberJoined { user_id: id },
                 _ => EventRecord::MemberLeft { user_id: id },
             };
@@ -499,6 +527,7 @@ mod tests {
     #[test]
     fn a_v1_0_report_is_left_to_the_generic_reader() {
         let record = ReadReportRecord {
+            thread: 0,
             muted_until: None,
             conversation_id: "c".into(),
             user_id: "u".into(),

@@ -60,10 +60,13 @@ pub const MEMBER_STATE_AVSC: &str = include_str!("../../../../schemas/MemberStat
 /// producers wrote.
 pub const READ_REPORT_V1_0_AVSC: &str = include_str!("../../../../schemas/history/ReadReport.v1.avsc");
 pub const READ_REPORT_V1_1_AVSC: &str = include_str!("../../../../schemas/history/ReadReport.v1.1.avsc");
+pub const READ_REPORT_V1_2_AVSC: &str = include_str!("../../../../schemas/history/ReadReport.v1.2.avsc");
 pub const CURSOR_UPDATE_V1_0_AVSC: &str = include_str!("../../../../schemas/history/CursorUpdate.v1.avsc");
 pub const CURSOR_UPDATE_V1_1_AVSC: &str = include_str!("../../../../schemas/history/CursorUpdate.v1.1.avsc");
 pub const CONVERSATION_EVENT_V1_0_AVSC: &str =
     include_str!("../../../../schemas/history/ConversationEvent.v1.avsc");
+pub const CONVERSATION_EVENT_V1_2_AVSC: &str =
+    include_str!("../../../../schemas/history/ConversationEvent.v1.2.avsc");
 pub const MEMBER_STATE_V1_0_AVSC: &str = include_str!("../../../../schemas/history/MemberState.v1.avsc");
 
 /// The schemas, parsed once. The files are compiled in and covered by tests,
@@ -83,13 +86,14 @@ pub fn schemas() -> &'static Schemas {
             cursor_update: parse("CursorUpdate", CURSOR_UPDATE_AVSC),
             member_state: parse("MemberState", MEMBER_STATE_AVSC),
             read_report_history: vec![
+                parse("history/ReadReport.v1.2", READ_REPORT_V1_2_AVSC),
                 parse("history/ReadReport.v1.1", READ_REPORT_V1_1_AVSC),
                 parse("history/ReadReport.v1", READ_REPORT_V1_0_AVSC),
             ],
-            conversation_event_history: vec![parse(
-                "history/ConversationEvent.v1",
-                CONVERSATION_EVENT_V1_0_AVSC,
-            )],
+            conversation_event_history: vec![
+                parse("history/ConversationEvent.v1.2", CONVERSATION_EVENT_V1_2_AVSC),
+                parse("history/ConversationEvent.v1", CONVERSATION_EVENT_V1_0_AVSC),
+            ],
             member_state_history: vec![parse("history/MemberState.v1", MEMBER_STATE_V1_0_AVSC)],
             cursor_update_history: vec![
                 parse("history/CursorUpdate.v1.1", CURSOR_UPDATE_V1_1_AVSC),
@@ -492,10 +496,10 @@ pub fn encode_member_state(record: &MemberStateRecord) -> Vec<u8> {
 /// Encodes a read report as v1.0 did: for tests that old records still decode.
 #[doc(hidden)]
 pub fn encode_historic_read_report(record: &ReadReportRecord) -> Vec<u8> {
-    let schema = &schemas().read_report_history[1];
+    let schema = &schemas().read_report_history[2];
     let mut value = record.to_value();
     if let Value::Record(fields) = &mut value {
-        fields.retain(|(name, _)| name != "action" && name != "muted_until");
+        fields.retain(|(name, _)| !["action", "muted_until", "thread"].contains(&name.as_str()));
     }
     GenericDatumWriter::builder(schema)
         .build()
@@ -545,10 +549,10 @@ pub fn encode_v1_1_cursor_update(record: &CursorUpdateRecord) -> Vec<u8> {
 /// decode.
 #[doc(hidden)]
 pub fn encode_v1_1_read_report(record: &ReadReportRecord) -> Vec<u8> {
-    let schema = &schemas().read_report_history[0];
+    let schema = &schemas().read_report_history[1];
     let mut value = record.to_value();
     if let Value::Record(fields) = &mut value {
-        fields.retain(|(name, _)| name != "muted_until");
+        fields.retain(|(name, _)| name != "muted_until" && name != "thread");
     }
     GenericDatumWriter::builder(schema)
         .build()
@@ -556,17 +560,38 @@ pub fn encode_v1_1_read_report(record: &ReadReportRecord) -> Vec<u8> {
         .expect("v1.1 record")
 }
 
-/// Encodes a conversation event as v1.0 did (no mentions): for tests that
-/// old records still decode.
+/// Encodes a read report as v1.2 did: for tests that old records still
+/// decode.
 #[doc(hidden)]
-pub fn encode_historic_conversation_event(record: &ConversationEventRecord) -> Vec<u8> {
-    let schema = &schemas().conversation_event_history[0];
+pub fn encode_v1_2_read_report(record: &ReadReportRecord) -> Vec<u8> {
+    let schema = &schemas().read_report_history[0];
+    let mut value = record.to_value();
+    if let Value::Record(fields) = &mut value {
+        fields.retain(|(name, _)| name != "thread");
+    }
+    GenericDatumWriter::builder(schema)
+        .build()
+        .and_then(|w| w.write_value_to_vec(value))
+        .expect("v1.2 record")
+}
+
+/// Encodes a conversation event as v1.2 did (no thread fields): for tests
+/// that old records still decode.
+#[doc(hidden)]
+pub fn encode_v1_2_conversation_event(record: &ConversationEventRecord) -> Vec<u8> {
+    encode_event_without(record, 0, &["thread", "thread_seq", "starter_id"])
+}
+
+/// `record` written with `conversation_event_history[version]`, its
+/// `MessageSent` without the fields that version lacks.
+fn encode_event_without(record: &ConversationEventRecord, version: usize, added: &[&str]) -> Vec<u8> {
+    let schema = &schemas().conversation_event_history[version];
     let mut value = record.to_value();
     if let Value::Record(fields) = &mut value {
         for (name, field) in fields.iter_mut() {
             if let (true, Value::Union(_, inner)) = (name == "event", field) {
                 if let Value::Record(event) = inner.as_mut() {
-                    event.retain(|(name, _)| name != "mentions" && name != "mention_all");
+                    event.retain(|(name, _)| !added.contains(&name.as_str()));
                 }
             }
         }
@@ -574,7 +599,15 @@ pub fn encode_historic_conversation_event(record: &ConversationEventRecord) -> V
     GenericDatumWriter::builder(schema)
         .build()
         .and_then(|w| w.write_value_to_vec(value))
-        .expect("v1.0 record")
+        .expect("a record of an earlier version")
+}
+
+/// Encodes a conversation event as v1.0 did (no mentions): for tests that
+/// old records still decode.
+#[doc(hidden)]
+pub fn encode_historic_conversation_event(record: &ConversationEventRecord) -> Vec<u8> {
+    let added = ["mentions", "mention_all", "thread", "thread_seq", "starter_id"];
+    encode_event_without(record, 1, &added)
 }
 
 /// Encodes a member-state value as v1.0 did: for tests that old records

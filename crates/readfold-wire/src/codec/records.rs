@@ -19,6 +19,8 @@ pub struct ReadReportRecord {
     pub action: ReadAction,
     /// Added in v1.2. `Mute` only: until when; `None`: until unmuted.
     pub muted_until: Option<i64>,
+    /// Added in v1.3. `Read` only: the thread's root seq; 0: the conversation.
+    pub thread: i64,
 }
 
 /// A [`ReadReportRecord`] with its strings borrowed, from the record's
@@ -35,6 +37,7 @@ pub struct ReadReportView<'a> {
     pub private: bool,
     pub action: ReadAction,
     pub muted_until: Option<i64>,
+    pub thread: i64,
 }
 
 impl ReadReportRecord {
@@ -48,6 +51,7 @@ impl ReadReportRecord {
             private: self.private,
             action: self.action,
             muted_until: self.muted_until,
+            thread: self.thread,
         }
     }
 }
@@ -63,6 +67,7 @@ impl ReadReportView<'_> {
             private: self.private,
             action: self.action,
             muted_until: self.muted_until,
+            thread: self.thread,
         }
     }
 }
@@ -130,11 +135,15 @@ pub struct ConversationEventRecord {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "type")]
 pub enum EventRecord {
-    /// `mentions` and `mention_all` were added in v1.2.
+    /// `mentions` and `mention_all` were added in v1.2, the thread fields
+    /// in v1.3 (`thread` 0: a message of the conversation, not a reply).
     MessageSent {
         sender_id: String,
         mentions: Vec<String>,
         mention_all: bool,
+        thread: i64,
+        thread_seq: i64,
+        starter_id: Option<String>,
     },
     MemberJoined {
         user_id: String,
@@ -161,6 +170,9 @@ pub enum EventView<'a> {
         sender_id: &'a str,
         mentions: Vec<&'a str>,
         mention_all: bool,
+        thread: i64,
+        thread_seq: i64,
+        starter_id: Option<&'a str>,
     },
     MemberJoined {
         user_id: &'a str,
@@ -181,10 +193,16 @@ impl ConversationEventRecord {
                     sender_id,
                     mentions,
                     mention_all,
+                    thread,
+                    thread_seq,
+                    starter_id,
                 } => EventView::MessageSent {
                     sender_id,
                     mentions: mentions.iter().map(String::as_str).collect(),
                     mention_all: *mention_all,
+                    thread: *thread,
+                    thread_seq: *thread_seq,
+                    starter_id: starter_id.as_deref(),
                 },
                 EventRecord::MemberJoined { user_id } => EventView::MemberJoined { user_id },
                 EventRecord::MemberLeft { user_id } => EventView::MemberLeft { user_id },
@@ -204,10 +222,16 @@ impl ConversationEventView<'_> {
                     sender_id,
                     mentions,
                     mention_all,
+                    thread,
+                    thread_seq,
+                    starter_id,
                 } => EventRecord::MessageSent {
                     sender_id: (*sender_id).to_owned(),
                     mentions: mentions.iter().map(|&m| m.to_owned()).collect(),
                     mention_all: *mention_all,
+                    thread: *thread,
+                    thread_seq: *thread_seq,
+                    starter_id: starter_id.map(str::to_owned),
                 },
                 EventView::MemberJoined { user_id } => EventRecord::MemberJoined {
                     user_id: (*user_id).to_owned(),
@@ -433,6 +457,7 @@ impl ReadReportRecord {
             private: f.boolean()?,
             action: f.action()?,
             muted_until: f.optional_timestamp()?,
+            thread: f.long()?,
         })
     }
 
@@ -459,6 +484,7 @@ impl ReadReportRecord {
                 "muted_until",
                 optional(self.muted_until.map(Value::TimestampMillis)),
             ),
+            ("thread", Value::Long(self.thread)),
         ])
     }
 }
@@ -478,6 +504,9 @@ impl ConversationEventRecord {
                         sender_id: g.string()?,
                         mentions: g.strings()?,
                         mention_all: g.boolean()?,
+                        thread: g.long()?,
+                        thread_seq: g.long()?,
+                        starter_id: g.optional_string()?,
                     },
                     1 => EventRecord::MemberJoined { user_id: g.string()? },
                     2 => EventRecord::MemberLeft { user_id: g.string()? },
@@ -500,6 +529,9 @@ impl ConversationEventRecord {
                 sender_id,
                 mentions,
                 mention_all,
+                thread,
+                thread_seq,
+                starter_id,
             } => (
                 0,
                 record(vec![
@@ -509,6 +541,9 @@ impl ConversationEventRecord {
                         Value::Array(mentions.iter().cloned().map(Value::String).collect()),
                     ),
                     ("mention_all", Value::Boolean(*mention_all)),
+                    ("thread", Value::Long(*thread)),
+                    ("thread_seq", Value::Long(*thread_seq)),
+                    ("starter_id", optional(starter_id.clone().map(Value::String))),
                 ]),
             ),
             EventRecord::MemberJoined { user_id } => {

@@ -2,6 +2,7 @@ use super::*;
 
 fn report() -> ReadReportRecord {
     ReadReportRecord {
+        thread: 0,
         muted_until: None,
         conversation_id: "G".into(),
         user_id: "alice".into(),
@@ -30,7 +31,8 @@ fn every_schema_parses_with_the_documented_field_order() {
             "reported_at",
             "private",
             "action",
-            "muted_until"
+            "muted_until",
+            "thread"
         ]
     );
     assert_eq!(
@@ -86,6 +88,9 @@ fn read_report_round_trips_plain_and_confluent() {
 fn conversation_events_round_trip_every_branch() {
     for event in [
         EventRecord::MessageSent {
+            starter_id: None,
+            thread: 0,
+            thread_seq: 0,
             mention_all: false,
             mentions: Default::default(),
             sender_id: "a".into(),
@@ -213,11 +218,12 @@ fn v1_1_read_reports_read_as_v1_2_read_reports() {
         let record = ReadReportRecord { action, ..report() };
         let mut value = record.to_value();
         if let Value::Record(fields) = &mut value {
-            fields.retain(|(name, _)| name != "muted_until");
+            fields.retain(|(name, _)| name != "muted_until" && name != "thread");
         }
         let old = v1_1.write_value_to_vec(value).unwrap();
         let new = encode_read_report(&record);
-        assert_eq!(old, new[..new.len() - 1]);
+        // A null union and a zero long: one byte each.
+        assert_eq!(old, new[..new.len() - 2]);
         assert_eq!(old, encode_v1_1_read_report(&record));
         assert!(matches!(
             decode_read_report_view(&old, WireFormat::Auto),
@@ -505,6 +511,9 @@ fn v1_0_events_and_member_states_read_with_no_mentions() {
         seq: 4,
         at: 9,
         event: EventRecord::MessageSent {
+            starter_id: None,
+            thread: 0,
+            thread_seq: 0,
             sender_id: "a".into(),
             mentions: vec!["b".into(), "c".into()],
             mention_all: true,
@@ -518,6 +527,9 @@ fn v1_0_events_and_member_states_read_with_no_mentions() {
     let old = encode_historic_conversation_event(&record);
     let plain = ConversationEventRecord {
         event: EventRecord::MessageSent {
+            starter_id: None,
+            thread: 0,
+            thread_seq: 0,
             sender_id: "a".into(),
             mentions: Vec::new(),
             mention_all: false,
@@ -553,4 +565,85 @@ fn v1_0_events_and_member_states_read_with_no_mentions() {
         ..state
     };
     assert_eq!(decode_member_state(&old).unwrap(), expected);
+}
+
+/// v1.3 appends `thread` to reports and the thread fields to `MessageSent`:
+/// what a v1.2 producer writes is a v1.3 record cut before them, and reads
+/// (by the fast decoder too) as a report or message of the conversation.
+#[test]
+fn v1_2_records_read_as_v1_3_records_of_the_conversation() {
+    let record = ReadReportRecord {
+        action: ReadAction::Mute,
+        muted_until: Some(5),
+        ..report()
+    };
+    let old = encode_v1_2_read_report(&record);
+    let new = encode_read_report(&record);
+    assert_eq!(old, new[..new.len() - 1]);
+    assert!(matches!(
+        decode_read_report_view(&old, WireFormat::Auto),
+        Ok(Decoded::Borrowed(_))
+    ));
+    assert_eq!(decode_read_report(&old, WireFormat::Auto).unwrap(), record);
+
+    let message = ConversationEventRecord {
+        conversation_id: "G".into(),
+        seq: 7,
+        at: 1,
+        event: EventRecord::MessageSent {
+            sender_id: "bob".into(),
+            mentions: vec!["alice".into()],
+            mention_all: false,
+            thread: 0,
+            thread_seq: 0,
+            starter_id: None,
+        },
+    };
+    let old = encode_v1_2_conversation_event(&message);
+    let new = encode_conversation_event(&message);
+    // Two zero longs and a null union.
+    assert_eq!(old, new[..new.len() - 3]);
+    assert!(matches!(
+        decode_conversation_event_view(&old, WireFormat::Auto),
+        Ok(Decoded::Borrowed(_))
+    ));
+    assert_eq!(
+        decode_conversation_event(&old, WireFormat::Auto).unwrap(),
+        message
+    );
+}
+
+#[test]
+fn thread_reads_and_replies_round_trip() {
+    let read = ReadReportRecord {
+        thread: 7,
+        seq: 3,
+        private: true,
+        ..report()
+    };
+    let bytes = encode_read_report(&read);
+    assert_eq!(decode_read_report(&bytes, WireFormat::Auto).unwrap(), read);
+    let reply = ConversationEventRecord {
+        conversation_id: "G".into(),
+        seq: 9,
+        at: 1,
+        event: EventRecord::MessageSent {
+            sender_id: "bob".into(),
+            mentions: vec!["carol".into()],
+            mention_all: false,
+            thread: 7,
+            thread_seq: 2,
+            starter_id: Some("alice".into()),
+        },
+    };
+    let bytes = encode_conversation_event(&reply);
+    assert_eq!(
+        decode_conversation_event(&bytes, WireFormat::Auto).unwrap(),
+        reply
+    );
+    let framed = frame_confluent(3, &bytes);
+    assert_eq!(
+        decode_conversation_event(&framed, WireFormat::Confluent).unwrap(),
+        reply
+    );
 }

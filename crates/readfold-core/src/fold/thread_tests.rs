@@ -1,0 +1,555 @@
+//! The thread fold: examples, and properties against a reference model.
+
+use std::collections::{BTreeMap, HashMap};
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn conv(s: &str) -> ConversationId {
+    s.parse().unwrap()
+}
+fn user(s: &str) -> UserId {
+    s.parse().unwrap()
+}
+fn event(c: &str, seq: u64, at: i64, kind: EventKind) -> ConversationEvent {
+    ConversationEvent {
+        conversation_id: conv(c),
+        seq: Seq(seq),
+        at,
+        kind,
+    }
+}
+fn joined(c: &str, u: &str, seq: u64, at: i64) -> ConversationEvent {
+    event(c, seq, at, EventKind::MemberJoined { user_id: user(u) })
+}
+fn left(c: &str, u: &str, seq: u64, at: i64) -> ConversationEvent {
+    event(c, seq, at, EventKind::MemberLeft { user_id: user(u) })
+}
+fn sent(c: &str, u: &str, seq: u64, at: i64) -> ConversationEvent {
+    event(
+        c,
+        seq,
+        at,
+        EventKind::MessageSent {
+            sender_id: user(u),
+            mentions: Mentions::default(),
+        },
+    )
+}
+/// Reply `thread_seq` to root `root`, sent by `u` when the latest seq was `seq`.
+fn replied(c: &str, root: u64, thread_seq: u64, u: &str, seq: u64, at: i64) -> ConversationEvent {
+    event(
+        c,
+        seq,
+        at,
+        EventKind::ReplySent {
+            thread: Seq(root),
+            thread_seq: Seq(thread_seq),
+            sender_id: user(u),
+            mentions: Vec::new(),
+            starter_id: None,
+        },
+    )
+}
+fn thread_read(c: &str, root: u64, u: &str, seq: u64, private: bool) -> ThreadReadReport {
+    ThreadReadReport {
+        conversation_id: conv(c),
+        thread: Seq(root),
+        user_id: user(u),
+        seq: Seq(seq),
+        reported_at: seq as i64,
+        private,
+    }
+}
+
+fn thread(s: &PartitionState, c: &str, root: u64) -> ThreadView {
+    s.conversation(&conv(c))
+        .unwrap()
+        .threads()
+        .thread(Seq(root))
+        .unwrap()
+}
+
+fn follower(view: &ThreadView, u: &str) -> Option<ThreadFollower> {
+    view.followers
+        .iter()
+        .find(|(id, _)| id.as_str() == u)
+        .map(|(_, f)| *f)
+}
+
+/// A group's thread: "N read" for replies, unread per follower, and the
+/// conversation's own cursors untouched.
+#[test]
+fn a_thread_counts_its_replies_apart_from_the_conversation() {
+    let mut s = PartitionState::new();
+    for (i, m) in ["A", "B", "C", "D"].iter().enumerate() {
+        s.apply_event(&joined("G", m, 0, i as i64));
+    }
+    s.apply_event(&sent("G", "A", 1, 10));
+    s.apply_event(&sent("G", "A", 2, 11));
+    // B replies twice to message 1, C once; D never touches the thread.
+    s.apply_event(&replied("G", 1, 1, "B", 2, 12));
+    s.apply_event(&replied("G", 1, 2, "B", 2, 13));
+    s.apply_event(&replied("G", 1, 3, "C", 2, 14));
+    s.apply_thread_read(&thread_read("G", 1, "A", 2, false));
+
+    let c = s.conversation(&conv("G")).unwrap();
+    assert_eq!(c.latest_seq(), Seq(2), "replies take no seq of the conversation");
+    assert_eq!(
+        c.member(&user("B")).unwrap().cursor,
+        Seq::ZERO,
+        "B's own cursor did not move"
+    );
+    let t = thread(&s, "G", 1).conversation_view();
+    assert_eq!(t.latest_seq, Seq(3));
+    // Reply 1 (by B) is read by A (cursor 2) and C (cursor 3).
+    assert_eq!(t.read_count(Seq(1), &user("B")), 2);
+    assert_eq!(t.read_count(Seq(3), &user("C")), 0);
+    assert_eq!(
+        t.readers_page(Seq(2), &user("B"), None, 10).0,
+        vec![user("A"), user("C")]
+    );
+    let threads = c.threads();
+    assert_eq!(threads.unread_sum(&user("A")), 1, "reply 3 is unread for A");
+    assert_eq!(threads.unread_sum(&user("B")), 1, "B follows by replying");
+    assert_eq!(threads.unread_sum(&user("D")), 0, "D does not follow");
+    assert!(follower(&thread(&s, "G", 1), "D").is_none());
+}
+
+/// A member who joined after a reply is not among its possible readers,
+/// even when no message of the conversation came between (the join and
+/// the replies share a latest seq and are ordered by time).
+#[test]
+fn a_member_who_joined_after_a_reply_is_not_its_reader() {
+    let mut s = PartitionState::new();
+    s.apply_event(&joined("G", "A", 0, 1));
+    s.apply_event(&joined("G", "B", 0, 2));
+    s.apply_event(&sent("G", "A", 1, 3));
+    s.apply_event(&replied("G", 1, 1, "A", 1, 4));
+    s.apply_event(&replied("G", 1, 2, "A", 1, 5));
+    s.apply_event(&joined("G", "E", 1, 6));
+    s.apply_event(&replied("G", 1, 3, "A", 1, 7));
+    s.apply_thread_read(&thread_read("G", 1, "E", 3, false));
+    s.apply_thread_read(&thread_read("G", 1, "B", 3, false));
+
+    let view = thread(&s, "G", 1);
+    assert_eq!(follower(&view, "E").unwrap().join_seq, Seq(3));
+    assert_eq!(follower(&view, "B").unwrap().join_seq, Seq(1));
+    assert_eq!(view.marks.len(), 2, "one mark at the start, one after the join");
+    let t = view.conversation_view();
+    assert_eq!(
+        t.read_count(Seq(2), &user("A")),
+        1,
+        "only B: E joined after reply 2"
+    );
+    assert_eq!(t.read_count(Seq(3), &user("A")), 2);
+}
+
+/// A mention makes a member who had joined a follower; the starter
+/// follows from the first reply; a departure hides a follower, and a
+/// rejoin's join point is after the replies they missed.
+#[test]
+fn mentions_and_the_starter_follow_and_a_departure_hides() {
+    let mut s = PartitionState::new();
+    for (i, m) in ["A", "B", "C"].iter().enumerate() {
+        s.apply_event(&joined("G", m, 0, i as i64));
+    }
+    s.apply_event(&sent("G", "A", 1, 10));
+    s.apply_event(&event(
+        "G",
+        1,
+        11,
+        EventKind::ReplySent {
+            thread: Seq(1),
+            thread_seq: Seq(1),
+            sender_id: user("B"),
+            mentions: vec![user("C"), user("Z")],
+            starter_id: Some(user("A")),
+        },
+    ));
+    let view = thread(&s, "G", 1);
+    let names: Vec<&str> = view.followers.iter().map(|(u, _)| u.as_str()).collect();
+    assert_eq!(names, ["A", "B", "C"], "Z is no member");
+    let c = s.conversation(&conv("G")).unwrap();
+    assert_eq!(c.threads().unread_sum(&user("C")), 1);
+
+    s.apply_event(&left("G", "C", 1, 12));
+    assert!(!follower(&thread(&s, "G", 1), "C").unwrap().present);
+    assert_eq!(
+        s.conversation(&conv("G"))
+            .unwrap()
+            .threads()
+            .unread_sum(&user("C")),
+        0
+    );
+    s.apply_event(&replied("G", 1, 2, "B", 1, 13));
+    s.apply_event(&joined("G", "C", 1, 14));
+    s.apply_event(&replied("G", 1, 3, "B", 1, 15));
+    let c_again = follower(&thread(&s, "G", 1), "C").unwrap();
+    assert!(c_again.present);
+    assert_eq!(c_again.join_seq, Seq(3), "replies 1 and 2 came before the rejoin");
+    assert_eq!(
+        s.conversation(&conv("G"))
+            .unwrap()
+            .threads()
+            .unread_sum(&user("C")),
+        1
+    );
+}
+
+/// Private thread receipts count for the member's own unread only.
+#[test]
+fn a_private_thread_read_clears_own_unread_only() {
+    let mut s = PartitionState::new();
+    s.apply_event(&sent("G", "A", 1, 1));
+    s.apply_event(&replied("G", 1, 1, "A", 1, 2));
+    s.apply_thread_read(&thread_read("G", 1, "B", 1, true));
+    let c = s.conversation(&conv("G")).unwrap();
+    assert_eq!(c.threads().unread_sum(&user("B")), 0);
+    assert_eq!(
+        thread(&s, "G", 1)
+            .conversation_view()
+            .read_count(Seq(1), &user("A")),
+        0
+    );
+    let (followers, states) = s.pending_thread_changes();
+    assert_eq!(states.len(), 1);
+    let b = followers.iter().find(|f| f.key.user_id == user("B")).unwrap();
+    assert_eq!((b.outputs.public, b.outputs.state), (false, true));
+    s.mark_flushed();
+    assert_eq!(s.pending_thread_changes(), (Vec::new(), Vec::new()));
+    assert_eq!(s.thread_dirty_len(), 0);
+}
+
+// ---- properties -------------------------------------------------------
+
+const CONVS: [&str; 2] = ["c1", "c2"];
+const USERS: [&str; 4] = ["a", "b", "c", "d"];
+const ROOTS: u64 = 3;
+
+#[derive(Clone, Debug)]
+enum Record {
+    Report(Input),
+    Event(ConversationEvent),
+}
+
+fn arb_report() -> impl Strategy<Value = Input> {
+    (0..CONVS.len(), 0..USERS.len(), 1u64..12, 1..=ROOTS, 0u8..6).prop_map(|(c, u, seq, root, kind)| {
+        let (c, u) = (CONVS[c], USERS[u]);
+        match kind {
+            0 => Input::ThreadRead(thread_read(c, root, u, seq, true)),
+            1 | 2 => Input::ThreadRead(thread_read(c, root, u, seq, false)),
+            _ => Input::Report(ReadReport {
+                conversation_id: conv(c),
+                user_id: user(u),
+                seq: Seq(seq),
+                reported_at: seq as i64,
+                private: kind == 3,
+            }),
+        }
+    })
+}
+
+/// Per conversation: messages take seqs, replies take thread seqs of a
+/// root already sent, and every event carries the latest seq and a
+/// strictly growing time.
+fn arb_event_log() -> impl Strategy<Value = Vec<ConversationEvent>> {
+    let step = (0..CONVS.len(), 0..5u8, 0..USERS.len(), 0..USERS.len(), 1..=ROOTS);
+    prop::collection::vec(step, 0..50).prop_map(|steps| {
+        let mut latest: HashMap<usize, u64> = HashMap::new();
+        let mut thread_latest: HashMap<(usize, u64), u64> = HashMap::new();
+        let mut log = Vec::new();
+        for (i, (c, kind, u, other, root)) in steps.into_iter().enumerate() {
+            let seq = latest.entry(c).or_insert(0);
+            let at = 1000 + i as i64;
+            let kind = match kind {
+                0 => {
+                    *seq += 1;
+                    EventKind::MessageSent {
+                        sender_id: user(USERS[u]),
+                        mentions: Mentions::default(),
+                    }
+                }
+                1 => EventKind::MemberJoined {
+                    user_id: user(USERS[u]),
+                },
+                2 => EventKind::MemberLeft {
+                    user_id: user(USERS[u]),
+                },
+                _ if *seq < root => continue,
+                _ => {
+                    let thread_seq = thread_latest.entry((c, root)).or_insert(0);
+                    *thread_seq += 1;
+                    EventKind::ReplySent {
+                        thread: Seq(root),
+                        thread_seq: Seq(*thread_seq),
+                        sender_id: user(USERS[u]),
+                        mentions: if kind == 4 {
+                            vec![user(USERS[other])]
+                        } else {
+                            Vec::new()
+                        },
+                        starter_id: (kind == 4).then(|| user(USERS[(u + 1) % USERS.len()])),
+                    }
+                }
+            };
+            log.push(ConversationEvent {
+                conversation_id: conv(CONVS[c]),
+                seq: Seq(*seq),
+                at,
+                kind,
+            });
+        }
+        log
+    })
+}
+
+/// Interleaves the inputs (each in its own order) and re-delivers some
+/// records later, as at-least-once delivery would.
+fn arb_delivery() -> impl Strategy<Value = (Vec<Record>, Vec<Record>)> {
+    (prop::collection::vec(arb_report(), 0..60), arb_event_log()).prop_flat_map(|(reports, events)| {
+        let reference: Vec<Record> = events
+            .iter()
+            .cloned()
+            .map(Record::Event)
+            .chain(reports.iter().cloned().map(Record::Report))
+            .collect();
+        let n = reports.len() + events.len();
+        (
+            Just(reports),
+            Just(events),
+            prop::collection::vec(any::<bool>(), n),
+            prop::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 0..8),
+            Just(reference),
+        )
+            .prop_map(|(reports, events, picks, dups, reference)| {
+                let (mut r, mut e) = (reports.into_iter(), events.into_iter());
+                let mut merged = Vec::new();
+                for take_report in picks {
+                    let next = if take_report {
+                        r.next().map(Record::Report)
+                    } else {
+                        None
+                    };
+                    merged.extend(
+                        next.or_else(|| e.next().map(Record::Event))
+                            .or_else(|| r.next().map(Record::Report)),
+                    );
+                }
+                for (from, to) in dups {
+                    if merged.is_empty() {
+                        break;
+                    }
+                    let i = from.index(merged.len());
+                    let j = i + 1 + to.index(merged.len() - i);
+                    let dup = merged[i].clone();
+                    merged.insert(j.min(merged.len()), dup);
+                }
+                (reference, merged)
+            })
+    })
+}
+
+fn apply(state: &mut PartitionState, record: &Record) {
+    match record {
+        Record::Report(r) => state.apply(r),
+        Record::Event(e) => state.apply_event(e),
+    };
+}
+
+fn fold_all(records: &[Record]) -> PartitionState {
+    let mut s = PartitionState::new();
+    records.iter().for_each(|r| apply(&mut s, r));
+    s
+}
+
+type ThreadSnapshot = BTreeMap<(ConversationId, Seq), ThreadView>;
+
+fn threads_snapshot(s: &PartitionState) -> ThreadSnapshot {
+    let mut out = BTreeMap::new();
+    for (id, c) in s.conversations() {
+        let threads = c.threads();
+        for root in threads.roots() {
+            out.insert((id.clone(), root), threads.thread(root).unwrap());
+        }
+    }
+    out
+}
+
+/// Every conversation's latest seq and members (one that holds only
+/// threads holds nothing of its own).
+fn main_snapshot(s: &PartitionState) -> BTreeMap<ConversationId, (Seq, BTreeMap<UserId, Member>)> {
+    s.conversations()
+        .filter(|(_, c)| !c.is_empty() || c.latest_seq() > Seq::ZERO)
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                (v.latest_seq(), v.members().map(|(u, m)| (u.clone(), m)).collect()),
+            )
+        })
+        .collect()
+}
+
+fn is_thread_record(record: &Record) -> bool {
+    matches!(
+        record,
+        Record::Report(Input::ThreadRead(_))
+            | Record::Event(ConversationEvent {
+                kind: EventKind::ReplySent { .. },
+                ..
+            })
+    )
+}
+
+/// The join rule without marks: the first reply ordered at or after the
+/// member's membership (1 when it is the thread's first reply, or they have
+/// none), past the latest when none is.
+fn reference_join(
+    log: &[ConversationEvent],
+    c: &ConversationId,
+    root: Seq,
+    joined: Option<MembershipVersion>,
+) -> Seq {
+    let Some(joined) = joined else {
+        return Seq(1);
+    };
+    let mut replies: Vec<(Seq, MembershipVersion)> = Vec::new();
+    for e in log.iter().filter(|e| &e.conversation_id == c) {
+        if let EventKind::ReplySent {
+            thread, thread_seq, ..
+        } = &e.kind
+        {
+            if *thread == root && replies.last().is_none_or(|(s, _)| thread_seq > s) {
+                replies.push((*thread_seq, MembershipVersion { seq: e.seq, at: e.at }));
+            }
+        }
+    }
+    match replies.iter().position(|(_, v)| *v >= joined) {
+        Some(0) => Seq(1),
+        Some(i) => replies[i].0,
+        None => Seq(replies.last().map_or(0, |(s, _)| s.get()) + 1),
+    }
+}
+
+/// Compacted topics, as a restore reads them: the latest record per key.
+#[derive(Default)]
+struct Compacted {
+    public: BTreeMap<CursorKey, Change>,
+    member_states: BTreeMap<CursorKey, Change>,
+    thread_cursors: BTreeMap<ThreadKey, ThreadChange>,
+    thread_followers: BTreeMap<ThreadKey, ThreadChange>,
+    thread_states: BTreeMap<(ConversationId, Seq), ThreadStateChange>,
+}
+
+impl Compacted {
+    fn take(&mut self, s: &mut PartitionState) {
+        let (followers, states) = s.pending_thread_changes();
+        for change in s.drain() {
+            if change.outputs.public {
+                self.public.insert(change.key(), change.clone());
+            }
+            if change.outputs.state {
+                self.member_states.insert(change.key(), change);
+            }
+        }
+        for change in followers {
+            if change.outputs.public {
+                self.thread_cursors.insert(change.key.clone(), change.clone());
+            }
+            if change.outputs.state {
+                self.thread_followers.insert(change.key.clone(), change);
+            }
+        }
+        for state in states {
+            self.thread_states
+                .insert((state.conversation_id.clone(), state.thread), state);
+        }
+    }
+
+    /// Restores as the processor does: public changelog, member state,
+    /// then thread cursors, follower state and thread state.
+    fn restore(&self) -> PartitionState {
+        let mut s = PartitionState::new();
+        for change in self.public.values() {
+            match change.public_update() {
+                Some(u) => s.restore_update(&u),
+                None => s.restore_tombstone(&change.key),
+            }
+        }
+        for change in self.member_states.values() {
+            s.restore_state(&change.state_update());
+        }
+        for c in self.thread_cursors.values().filter(|c| c.present) {
+            s.restore_thread_cursor(&c.key, c.cursor, c.latest_seq, c.updated_at);
+        }
+        for c in self.thread_followers.values() {
+            s.restore_thread_follower(&c.key, c.cursor, c.private_cursor, c.updated_at);
+        }
+        for state in self.thread_states.values() {
+            s.restore_thread_state(state);
+        }
+        s
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn threads_ignore_interleaving_and_duplicates((reference, delivered) in arb_delivery()) {
+        prop_assert_eq!(threads_snapshot(&fold_all(&reference)), threads_snapshot(&fold_all(&delivered)));
+    }
+
+    #[test]
+    fn the_conversation_is_the_same_with_or_without_its_threads((_, delivered) in arb_delivery()) {
+        let without: Vec<Record> = delivered.iter().filter(|r| !is_thread_record(r)).cloned().collect();
+        prop_assert_eq!(main_snapshot(&fold_all(&delivered)), main_snapshot(&fold_all(&without)));
+    }
+
+    #[test]
+    fn join_points_follow_the_order_of_joins_and_replies((reference, _) in arb_delivery()) {
+        let log: Vec<ConversationEvent> = reference
+            .iter()
+            .filter_map(|r| match r { Record::Event(e) => Some(e.clone()), _ => None })
+            .collect();
+        let s = fold_all(&reference);
+        for ((c, root), view) in threads_snapshot(&s) {
+            let conversation = s.conversation(&c).unwrap();
+            for (u, f) in &view.followers {
+                let member = conversation.member(u);
+                let membership = member.as_ref().and_then(|m| m.membership);
+                let present = member.is_none_or(|m| !m.left);
+                prop_assert_eq!(f.present, present);
+                if present {
+                    prop_assert_eq!(f.join_seq, reference_join(&log, &c, root, membership), "{:?} {:?} {:?}", c, root, u);
+                    prop_assert!(f.cursor.get() + 1 >= f.join_seq.get(), "history before the join is unread");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_restore_from_the_changelogs_equals_the_live_threads(
+        (_, delivered) in arb_delivery(),
+        flush_every in 1usize..8,
+    ) {
+        let mut live = PartitionState::new();
+        let mut topics = Compacted::default();
+        let mut published: HashMap<ThreadKey, Seq> = HashMap::new();
+        for (i, record) in delivered.iter().enumerate() {
+            apply(&mut live, record);
+            if i % flush_every == 0 {
+                let (followers, _) = live.pending_thread_changes();
+                for f in followers.iter().filter(|f| f.present && f.outputs.public) {
+                    let before = published.insert(f.key.clone(), f.cursor).unwrap_or(Seq::ZERO);
+                    prop_assert!(f.cursor >= before, "a published thread cursor moved back");
+                }
+                topics.take(&mut live);
+            }
+        }
+        topics.take(&mut live);
+        let restored = topics.restore();
+        prop_assert_eq!(threads_snapshot(&restored), threads_snapshot(&live));
+    }
+}
