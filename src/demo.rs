@@ -735,7 +735,7 @@ impl ChangelogWatcher {
     }
 
     fn watches(&self, entry: &ChangelogEntry) -> bool {
-        let conversation = entry.key().conversation_id;
+        let conversation = entry.conversation_id();
         self.convs.iter().any(|c| c == conversation.as_str())
     }
 

@@ -53,6 +53,15 @@ async fn refuses_inputs_that_are_not_co_partitioned() {
             format!("{prefix}.user-cursors"),
         )
         .env("READFOLD__TOPICS__MEMBER_STATE", format!("{prefix}.member-state"))
+        .env(
+            "READFOLD__TOPICS__THREAD_CURSORS",
+            format!("{prefix}.thread-cursors"),
+        )
+        .env(
+            "READFOLD__TOPICS__USER_THREAD_CURSORS",
+            format!("{prefix}.user-thread-cursors"),
+        )
+        .env("READFOLD__TOPICS__THREAD_STATE", format!("{prefix}.thread-state"))
         .env("READFOLD__TOPICS__DLQ", format!("{prefix}.dlq"))
         .env("READFOLD__METRICS__LISTEN", "")
         .output()
@@ -66,6 +75,9 @@ async fn refuses_inputs_that_are_not_co_partitioned() {
         "cursors",
         "user-cursors",
         "member-state",
+        "thread-cursors",
+        "user-thread-cursors",
+        "thread-state",
         "dlq",
     ]
     .iter()

@@ -28,6 +28,7 @@ mod restart;
 mod scale;
 mod secure;
 mod serve;
+mod threads;
 mod three_stores;
 mod tracing;
 mod transactions;

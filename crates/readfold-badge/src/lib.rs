@@ -419,9 +419,13 @@ impl BadgeStage {
             read_cursors: String::new(),
             user_read_cursors: self.settings.topics.user_read_cursors.clone(),
             member_state: String::new(),
+            thread_cursors: String::new(),
+            user_thread_cursors: String::new(),
+            thread_state: String::new(),
             dlq: self.settings.topics.dlq.clone(),
             layout: readfold_wire::OutputLayout {
                 user_read_cursors_partitions: 1,
+                user_thread_cursors_partitions: 1,
                 dlq_partitions: self.layout.dlq,
             },
         }

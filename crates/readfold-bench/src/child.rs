@@ -145,6 +145,12 @@ pub fn config_vars(config: &Config) -> Vec<(String, String)> {
         ("READFOLD__TOPICS__READ_CURSORS", t.read_cursors.clone()),
         ("READFOLD__TOPICS__USER_READ_CURSORS", t.user_read_cursors.clone()),
         ("READFOLD__TOPICS__MEMBER_STATE", t.member_state.clone()),
+        ("READFOLD__TOPICS__THREAD_CURSORS", t.thread_cursors.clone()),
+        (
+            "READFOLD__TOPICS__USER_THREAD_CURSORS",
+            t.user_thread_cursors.clone(),
+        ),
+        ("READFOLD__TOPICS__THREAD_STATE", t.thread_state.clone()),
         ("READFOLD__TOPICS__DLQ", t.dlq.clone()),
         ("READFOLD__BADGE__GROUP_ID", config.badge.group_id.clone()),
         ("READFOLD__BADGE__USER_BADGES", config.badge.user_badges.clone()),

@@ -228,6 +228,7 @@ impl std::ops::AddAssign for Encoded {
 fn encode(changes: &[readfold_core::fold::Change]) -> Encoded {
     use readfold_wire::changelog::{ChangelogFrames, EncodedRecords, OutputLayout};
     let layout = OutputLayout {
+        user_thread_cursors_partitions: 6,
         user_read_cursors_partitions: 6,
         dlq_partitions: 6,
     };

@@ -24,6 +24,9 @@ pub fn on_fresh_topics(config: &Config, tag: &str) -> Config {
         (&mut t.read_cursors, "read-cursors"),
         (&mut t.user_read_cursors, "user-read-cursors"),
         (&mut t.member_state, "member-state"),
+        (&mut t.thread_cursors, "thread-cursors"),
+        (&mut t.user_thread_cursors, "user-thread-cursors"),
+        (&mut t.thread_state, "thread-state"),
         (&mut t.dlq, "dlq"),
     ] {
         *topic = format!("{name}.{role}");

@@ -127,6 +127,9 @@ fn with_own_outputs(config: &Config, tag: &str) -> Config {
         &mut t.read_cursors,
         &mut t.user_read_cursors,
         &mut t.member_state,
+        &mut t.thread_cursors,
+        &mut t.user_thread_cursors,
+        &mut t.thread_state,
         &mut t.dlq,
     ] {
         topic.push_str(&format!("-{tag}"));

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
-use crate::fold::{Change, InputKind, MemberAt, PartitionState, UnreadMark};
+use crate::fold::{Change, InputKind, MemberAt, PartitionState, ThreadChange, ThreadStateChange, UnreadMark};
 use crate::read_model::Mute;
 
 /// One input partition's state and what its next flush must publish. `D` is
@@ -114,7 +114,10 @@ impl<D> PartitionSlot<D> {
 
     /// Whether the next flush has anything of this partition to commit.
     pub fn has_work(&self) -> bool {
-        self.state.dirty_len() > 0 || !self.offsets.is_empty() || !self.dead_letters.is_empty()
+        self.state.dirty_len() > 0
+            || self.state.has_thread_changes()
+            || !self.offsets.is_empty()
+            || !self.dead_letters.is_empty()
     }
 
     /// The record at `offset` of input `kind` was processed.
@@ -143,6 +146,10 @@ pub struct FlushPlan<D> {
     /// A flush's current value of every dirty key, with its input
     /// partition: the changelog records and the Redis writes.
     pub changes: Vec<(i32, Change)>,
+    /// A flush's current value of every dirty thread follower, and of every
+    /// thread whose replies moved, with their input partition.
+    pub thread_changes: Vec<(i32, ThreadChange)>,
+    pub thread_states: Vec<(i32, ThreadStateChange)>,
     /// A snapshot's rows for CQL: the whole current state (public, and
     /// private where there is any) of every key published since the last
     /// snapshot. Whole, because a flush may have published only part of a
@@ -170,6 +177,8 @@ impl<D> FlushPlan<D> {
             partitions: Vec::new(),
             restore_of: BTreeMap::new(),
             changes: Vec::new(),
+            thread_changes: Vec::new(),
+            thread_states: Vec::new(),
             snapshot: None,
             dead_letters: Vec::new(),
             offsets: Vec::new(),
@@ -186,7 +195,10 @@ impl<D> FlushPlan<D> {
 
     /// Whether the flush has anything for Kafka; a snapshot-only flush has not.
     pub fn needs_transaction(&self) -> bool {
-        !self.changes.is_empty() || !self.dead_letters.is_empty() || !self.offsets.is_empty()
+        !self.changes.is_empty()
+            || !self.thread_changes.is_empty()
+            || !self.dead_letters.is_empty()
+            || !self.offsets.is_empty()
     }
 
     /// The rows a snapshot writes.
@@ -210,6 +222,12 @@ pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
         }
         plan.partitions.push(partition);
         plan.restore_of.insert(partition, slot.restore);
+        // Taken before the drain, which clears them too.
+        let (threads, thread_states) = slot.state.pending_thread_changes();
+        plan.thread_changes
+            .extend(threads.into_iter().map(|change| (partition, change)));
+        plan.thread_states
+            .extend(thread_states.into_iter().map(|state| (partition, state)));
         plan.changes
             .extend(slot.state.drain().into_iter().map(|change| (partition, change)));
         plan.dead_letters
@@ -330,6 +348,17 @@ pub fn failed<D: Clone>(
     for (partition, change) in &plan.changes {
         if let Some(slot) = slots.get_mut(partition) {
             slot.state.redirty(&change.key, change.outputs);
+        }
+    }
+    for (partition, change) in &plan.thread_changes {
+        if let Some(slot) = slots.get_mut(partition) {
+            slot.state.redirty_thread(&change.key, change.outputs);
+        }
+    }
+    for (partition, state) in &plan.thread_states {
+        if let Some(slot) = slots.get_mut(partition) {
+            slot.state
+                .redirty_thread_state(&state.conversation_id, state.thread);
         }
     }
     // Back into the pass, which goes on, and owed again: unless the
@@ -886,6 +915,53 @@ mod tests {
             change.at = up("C", "u", 7, 0).at;
         }
         assert_eq!(changes, [(0, up("C", "u", 7, 0)), (0, up("C", "v", 1, 0))]);
+    }
+
+    #[test]
+    fn a_flush_takes_thread_changes_and_a_failed_one_gives_them_back() {
+        use crate::fold::{ConversationEvent, EventKind, ThreadReadReport};
+        let mut slots = slots_with(&[]);
+        let slot = slots
+            .entry(0)
+            .or_insert_with(|| PartitionSlot::restored(PartitionState::new(), SnapshotDue::Everything));
+        slot.state.apply_event(&ConversationEvent {
+            conversation_id: "C".parse().unwrap(),
+            seq: Seq(1),
+            at: 1,
+            kind: EventKind::ReplySent {
+                thread: Seq(1),
+                thread_seq: Seq(1),
+                sender_id: "u".parse().unwrap(),
+                mentions: Vec::new(),
+                starter_id: None,
+            },
+        });
+        slot.state.apply_thread_read(&ThreadReadReport {
+            conversation_id: "C".parse().unwrap(),
+            thread: Seq(1),
+            user_id: "v".parse().unwrap(),
+            seq: Seq(1),
+            reported_at: 2,
+            private: true,
+        });
+        assert!(slot.has_work(), "thread changes alone are work");
+        let first = begin(&mut slots);
+        assert_eq!((first.thread_changes.len(), first.thread_states.len()), (2, 1));
+        assert!(first.needs_transaction());
+        assert!(!slots[&0].has_work());
+        failed(&mut slots, &first, true);
+        let again = begin(&mut slots);
+        let outputs = |plan: &FlushPlan<&str>| {
+            let mut o: Vec<_> = plan
+                .thread_changes
+                .iter()
+                .map(|(_, c)| (c.key.user_id.to_string(), c.outputs))
+                .collect();
+            o.sort_by(|a, b| a.0.cmp(&b.0));
+            o
+        };
+        assert_eq!(outputs(&again), outputs(&first));
+        assert_eq!(again.thread_states, first.thread_states);
     }
 
     #[test]

@@ -80,7 +80,8 @@ pub fn route(hub: &Hub, entry: ChangelogEntry) {
                 },
             );
         }
-        ChangelogEntry::State(_) => {}
+        // The gateway follows no thread topic yet.
+        ChangelogEntry::State(_) | ChangelogEntry::Thread(_) => {}
     }
 }
 

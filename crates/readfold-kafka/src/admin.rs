@@ -45,6 +45,9 @@ impl Layout {
             read_cursors: topics.read_cursors.clone(),
             user_read_cursors: topics.user_read_cursors.clone(),
             member_state: topics.member_state.clone(),
+            thread_cursors: topics.thread_cursors.clone(),
+            user_thread_cursors: topics.user_thread_cursors.clone(),
+            thread_state: topics.thread_state.clone(),
             dlq: topics.dlq.clone(),
             layout: self.output,
         }
@@ -52,7 +55,7 @@ impl Layout {
 }
 
 /// The topics readfold uses, in a fixed order: inputs, changelogs, DLQ.
-pub fn specs(t: &TopicsConfig) -> [TopicSpec; 6] {
+pub fn specs(t: &TopicsConfig) -> [TopicSpec; 9] {
     let spec = |name: &String, compacted| TopicSpec {
         name: name.clone(),
         compacted,
@@ -63,6 +66,9 @@ pub fn specs(t: &TopicsConfig) -> [TopicSpec; 6] {
         spec(&t.read_cursors, true),
         spec(&t.user_read_cursors, true),
         spec(&t.member_state, true),
+        spec(&t.thread_cursors, true),
+        spec(&t.user_thread_cursors, true),
+        spec(&t.thread_state, true),
         spec(&t.dlq, false),
     ]
 }
@@ -81,6 +87,9 @@ pub fn check_layout(t: &TopicsConfig, facts: &HashMap<String, TopicFacts>) -> Re
     let cursors = get(&t.read_cursors)?;
     let user_cursors = get(&t.user_read_cursors)?;
     let member_state = get(&t.member_state)?;
+    let thread_cursors = get(&t.thread_cursors)?;
+    let user_thread_cursors = get(&t.user_thread_cursors)?;
+    let thread_state = get(&t.thread_state)?;
     let dlq = get(&t.dlq)?;
     if reports.partitions != events.partitions {
         return Err(Error::Topology(format!(
@@ -96,17 +105,26 @@ pub fn check_layout(t: &TopicsConfig, facts: &HashMap<String, TopicFacts>) -> Re
             t.read_cursors, cursors.partitions, reports.partitions
         )));
     }
-    if member_state.partitions != reports.partitions {
-        return Err(Error::Topology(format!(
-            "{:?} has {} partitions but the inputs have {}: the member-state topic must have the same count, \
-             since it is written to the partition number of its input and restored from it",
-            t.member_state, member_state.partitions, reports.partitions
-        )));
+    for (name, topic, role) in [
+        (&t.member_state, member_state, "the member-state topic"),
+        (&t.thread_cursors, thread_cursors, "the thread changelog"),
+        (&t.thread_state, thread_state, "the thread-state topic"),
+    ] {
+        if topic.partitions != reports.partitions {
+            return Err(Error::Topology(format!(
+                "{name:?} has {} partitions but the inputs have {}: {role} must have the same count, \
+                 since it is written to the partition number of its input and restored from it",
+                topic.partitions, reports.partitions
+            )));
+        }
     }
     for (name, topic) in [
         (&t.read_cursors, cursors),
         (&t.user_read_cursors, user_cursors),
         (&t.member_state, member_state),
+        (&t.thread_cursors, thread_cursors),
+        (&t.user_thread_cursors, user_thread_cursors),
+        (&t.thread_state, thread_state),
     ] {
         if topic.cleanup_policy.trim() != "compact" {
             return Err(Error::Topology(format!(
@@ -120,6 +138,7 @@ pub fn check_layout(t: &TopicsConfig, facts: &HashMap<String, TopicFacts>) -> Re
         partitions: reports.partitions,
         output: OutputLayout {
             user_read_cursors_partitions: user_cursors.partitions,
+            user_thread_cursors_partitions: user_thread_cursors.partitions,
             dlq_partitions: dlq.partitions,
         },
     })
@@ -380,7 +399,10 @@ mod tests {
         crate::config::tests::default_section("topics")
     }
 
-    fn facts(counts: [i32; 6], policies: [&str; 6]) -> HashMap<String, TopicFacts> {
+    /// Facts of the topics in [`specs`]' order: inputs, changelog, by-user
+    /// changelog, member state, thread changelog, by-user thread changelog,
+    /// thread state, DLQ.
+    fn facts(counts: [i32; 9], policies: [&str; 9]) -> HashMap<String, TopicFacts> {
         specs(&topics())
             .iter()
             .zip(counts.iter().zip(policies))
@@ -395,7 +417,22 @@ mod tests {
             })
             .collect()
     }
-    const POLICIES: [&str; 6] = ["delete", "delete", "compact", "compact", "compact", "delete"];
+    const POLICIES: [&str; 9] = [
+        "delete", "delete", "compact", "compact", "compact", "compact", "compact", "compact", "delete",
+    ];
+    const SIX: [i32; 9] = [6; 9];
+
+    /// `SIX` with topic `i` at `count`, or POLICIES with topic `i` at `policy`.
+    fn count_at(i: usize, count: i32) -> [i32; 9] {
+        let mut counts = SIX;
+        counts[i] = count;
+        counts
+    }
+    fn policy_at(i: usize, policy: &'static str) -> [&'static str; 9] {
+        let mut policies = POLICIES;
+        policies[i] = policy;
+        policies
+    }
 
     fn check(f: &HashMap<String, TopicFacts>) -> Result<Layout> {
         check_layout(&topics(), f)
@@ -403,58 +440,58 @@ mod tests {
 
     #[test]
     fn accepts_a_co_partitioned_layout() {
-        let layout = check(&facts([6, 6, 6, 12, 6, 3], POLICIES)).unwrap();
+        let layout = check(&facts([6, 6, 6, 12, 6, 6, 8, 6, 3], POLICIES)).unwrap();
         assert_eq!(layout.partitions, 6);
         assert_eq!(layout.output.user_read_cursors_partitions, 12);
+        assert_eq!(layout.output.user_thread_cursors_partitions, 8);
         assert_eq!(layout.output.dlq_partitions, 3);
     }
 
     #[test]
     fn refuses_inputs_with_different_counts() {
-        let err = check(&facts([6, 4, 6, 6, 6, 6], POLICIES))
-            .unwrap_err()
-            .to_string();
+        let err = check(&facts(count_at(1, 4), POLICIES)).unwrap_err().to_string();
         assert!(err.contains("co-partitioned"), "{err}");
     }
 
     #[test]
     fn refuses_a_changelog_with_another_count() {
-        let err = check(&facts([6, 6, 8, 6, 6, 6], POLICIES))
-            .unwrap_err()
-            .to_string();
+        let err = check(&facts(count_at(2, 8), POLICIES)).unwrap_err().to_string();
         assert!(err.contains("chat.read-cursors"), "{err}");
     }
 
     #[test]
     fn refuses_an_uncompacted_changelog() {
-        let err = check(&facts([6, 6, 6, 6, 6, 6], ["delete"; 6]))
-            .unwrap_err()
-            .to_string();
+        let err = check(&facts(SIX, ["delete"; 9])).unwrap_err().to_string();
         assert!(err.contains("cleanup.policy=compact"), "{err}");
-        let time_limited = [
-            "delete",
-            "delete",
-            "compact,delete",
-            "compact",
-            "compact",
-            "delete",
-        ];
-        assert!(check(&facts([6, 6, 6, 6, 6, 6], time_limited)).is_err());
+        assert!(check(&facts(SIX, policy_at(2, "compact,delete"))).is_err());
     }
 
     #[test]
     fn refuses_a_member_state_topic_that_is_not_co_partitioned_or_compacted() {
-        let err = check(&facts([6, 6, 6, 6, 4, 6], POLICIES))
-            .unwrap_err()
-            .to_string();
+        let err = check(&facts(count_at(4, 4), POLICIES)).unwrap_err().to_string();
         assert!(err.contains("member-state"), "{err}");
-        let deleted = ["delete", "delete", "compact", "compact", "delete", "delete"];
-        assert!(check(&facts([6, 6, 6, 6, 6, 6], deleted)).is_err());
+        assert!(check(&facts(SIX, policy_at(4, "delete"))).is_err());
+    }
+
+    #[test]
+    fn refuses_thread_topics_that_are_not_co_partitioned_or_compacted() {
+        for (i, name) in [(5, "chat.thread-cursors"), (7, "chat.read-thread-state")] {
+            let err = check(&facts(count_at(i, 4), POLICIES)).unwrap_err().to_string();
+            assert!(err.contains(name) && err.contains("same count"), "{err}");
+        }
+        for i in 5..8 {
+            let err = check(&facts(SIX, policy_at(i, "delete")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("cleanup.policy=compact"), "{err}");
+        }
+        // The by-user thread changelog is partitioned by user: any count.
+        assert!(check(&facts(count_at(6, 4), POLICIES)).is_ok());
     }
 
     #[test]
     fn names_a_missing_topic() {
-        let mut f = facts([6, 6, 6, 6, 6, 6], POLICIES);
+        let mut f = facts(SIX, POLICIES);
         f.remove("chat.read-reports.dlq");
         assert!(check(&f)
             .unwrap_err()

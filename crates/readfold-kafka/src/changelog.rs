@@ -41,13 +41,19 @@ pub struct RestoreStats {
     pub settle: Duration,
     pub public_read: Duration,
     pub member_state_read: Duration,
+    /// Both thread topics, read whole after the others.
+    pub thread_read: Duration,
 }
 
 /// Rebuilds a partition's state: the public changelog first, then the
-/// member-state topic, which adds what the public one does not carry.
+/// member-state topic, which adds what the public one does not carry; then
+/// the thread changelog and the thread-state topic the same way, read whole
+/// (local checkpoints and standbys do not hold threads).
 pub struct Restorer {
     public: ChangelogReader,
     member_state: ChangelogReader,
+    thread_cursors: ChangelogReader,
+    thread_state: ChangelogReader,
     /// High watermarks, for [`Restorer::wait_for_settled`].
     uncommitted: TopicReader,
     /// How long a transaction may stay open in a changelog before a restore
@@ -74,6 +80,20 @@ impl Restorer {
                 ChangelogKind::MemberState,
                 max_id_bytes,
             )?,
+            thread_cursors: ChangelogReader::new(
+                kafka,
+                &group,
+                &topics.thread_cursors,
+                ChangelogKind::ThreadByConversation,
+                max_id_bytes,
+            )?,
+            thread_state: ChangelogReader::new(
+                kafka,
+                &group,
+                &topics.thread_state,
+                ChangelogKind::ThreadState,
+                max_id_bytes,
+            )?,
             uncommitted: TopicReader::uncommitted(kafka, &group)?,
             // Under librdkafka's max.poll.interval.ms (300 s by default):
             // the processor does not poll its group consumer meanwhile.
@@ -91,6 +111,8 @@ impl Restorer {
         std::thread::scope(|scope| {
             scope.spawn(|| self.public.reader.warm_up(&self.public.topic));
             scope.spawn(|| self.member_state.reader.warm_up(&self.member_state.topic));
+            scope.spawn(|| self.thread_cursors.reader.warm_up(&self.thread_cursors.topic));
+            scope.spawn(|| self.thread_state.reader.warm_up(&self.thread_state.topic));
             scope.spawn(|| self.uncommitted.warm_up(&self.public.topic));
             self.uncommitted.warm_up(&self.member_state.topic);
         });
@@ -111,24 +133,36 @@ impl Restorer {
     ///
     /// Returns each changelog's (log start, last stable offset) of every
     /// partition once settled.
-    fn wait_for_settled(&self, partitions: &[i32]) -> Result<[Ends; 2]> {
+    fn wait_for_settled(&self, partitions: &[i32]) -> Result<[Ends; 4]> {
         let started = Instant::now();
-        // The two changelogs side by side, each asked for its high
-        // watermarks and last stable offsets at once: one round of queries,
-        // not four one after another.
-        let (public, member_state) = std::thread::scope(|scope| {
-            let public = scope.spawn(|| self.settle(&self.public, partitions, started));
-            let member_state = self.settle(&self.member_state, partitions, started);
-            (public.join().expect("a settle does not panic"), member_state)
+        // The changelogs side by side, each asked for its high watermarks
+        // and last stable offsets at once: one round of queries, not one
+        // after another.
+        let settled: Vec<Result<Settled>> = std::thread::scope(|scope| {
+            let changelogs = [
+                &self.public,
+                &self.member_state,
+                &self.thread_cursors,
+                &self.thread_state,
+            ];
+            let settles: Vec<_> = changelogs
+                .map(|changelog| scope.spawn(move || self.settle(changelog, partitions, started)))
+                .into_iter()
+                .collect();
+            settles
+                .into_iter()
+                .map(|s| s.join().expect("a settle does not panic"))
+                .collect()
         });
-        let (public, member_state) = (public?, member_state?);
-        if public.waited || member_state.waited {
+        let settled = settled.into_iter().collect::<Result<Vec<_>>>()?;
+        if settled.iter().any(|s| s.waited) {
             tracing::info!(
                 waited_ms = started.elapsed().as_millis() as u64,
                 "the changelogs settled"
             );
         }
-        Ok([public.ends, member_state.ends])
+        let mut ends = settled.into_iter().map(|s| s.ends);
+        Ok(std::array::from_fn(|_| ends.next().expect("four changelogs")))
     }
 
     /// [`Restorer::wait_for_settled`] for one changelog.
@@ -240,7 +274,7 @@ impl Restorer {
         if partitions.is_empty() {
             return Ok((BTreeMap::new(), stats));
         }
-        let [public_ends, state_ends] = self.wait_for_settled(partitions)?;
+        let [public_ends, state_ends, thread_ends, thread_state_ends] = self.wait_for_settled(partitions)?;
         stats.settle = started.elapsed();
         // An empty changelog partition (a first start) or one with no tail
         // past its checkpoint has nothing to read: its read would cost an
@@ -278,6 +312,24 @@ impl Restorer {
             &mut tails,
         )?;
         stats.member_state_read = started.elapsed() - stats.settle - stats.public_read;
+        // Threads after the members, whose membership places join points.
+        let whole: Vec<(i32, Offset)> = partitions.iter().map(|&p| (p, Offset::Beginning)).collect();
+        let no_tails = &mut BTreeMap::new();
+        self.thread_cursors.restore_tracking(
+            &with_records(whole.clone(), &thread_ends),
+            Some(&thread_ends),
+            &mut states,
+            &mut stats,
+            no_tails,
+        )?;
+        self.thread_state.restore_tracking(
+            &with_records(whole, &thread_state_ends),
+            Some(&thread_state_ends),
+            &mut states,
+            &mut stats,
+            no_tails,
+        )?;
+        stats.thread_read = started.elapsed() - stats.settle - stats.public_read - stats.member_state_read;
         stats.cursors = states.values().map(PartitionState::cursor_count).sum();
         // Restored members arrive one by one; give back what growth left unused.
         states.values_mut().for_each(PartitionState::shrink_to_fit);
@@ -444,8 +496,8 @@ impl ChangelogReader {
             match (entry, states.get_mut(&partition)) {
                 (Some(entry), Some(state)) => {
                     entry.restore_into(state);
-                    if let Some(keys) = touched.get_mut(&partition) {
-                        keys.insert(entry.key());
+                    if let (Some(keys), Some(key)) = (touched.get_mut(&partition), entry.key()) {
+                        keys.insert(key);
                     }
                 }
                 _ => stats.skipped += 1,

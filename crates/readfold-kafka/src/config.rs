@@ -202,6 +202,10 @@ pub struct TopicsConfig {
     pub user_read_cursors: String,
     /// readfold-internal: what the public changelog does not carry.
     pub member_state: String,
+    pub thread_cursors: String,
+    pub user_thread_cursors: String,
+    /// readfold-internal: what the public thread changelog does not carry.
+    pub thread_state: String,
     pub dlq: String,
     pub partitions: i32,
     pub replication_factor: i32,
@@ -242,14 +246,17 @@ impl TopicsConfig {
     }
 
     /// Every topic readfold uses, in a fixed order: inputs, changelogs,
-    /// member state, DLQ.
-    pub fn names(&self) -> [&String; 6] {
+    /// member state, thread changelogs, thread state, DLQ.
+    pub fn names(&self) -> [&String; 9] {
         [
             &self.read_reports,
             &self.conversation_events,
             &self.read_cursors,
             &self.user_read_cursors,
             &self.member_state,
+            &self.thread_cursors,
+            &self.user_thread_cursors,
+            &self.thread_state,
             &self.dlq,
         ]
     }

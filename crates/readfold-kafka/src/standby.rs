@@ -343,11 +343,15 @@ mod tests {
 
     fn out() -> OutputTopics {
         OutputTopics {
+            thread_cursors: "chat.thread-cursors".into(),
+            thread_state: "chat.read-thread-state".into(),
+            user_thread_cursors: "chat.user-thread-cursors".into(),
             read_cursors: "public".into(),
             user_read_cursors: "by-user".into(),
             member_state: "state".into(),
             dlq: "dlq".into(),
             layout: OutputLayout {
+                user_thread_cursors_partitions: 4,
                 user_read_cursors_partitions: 1,
                 dlq_partitions: 1,
             },

@@ -115,6 +115,7 @@ impl Processor {
         }
         telemetry::dirty_keys(self.partitions.dirty_len());
         telemetry::cursors_held(self.partitions.cursor_count());
+        telemetry::threads_held(self.partitions.thread_counts());
         if let Some(standby) = &self.standby {
             telemetry::standby(standby.stats());
         }
@@ -375,6 +376,32 @@ impl Writer {
                         records.push_traced_change(change, *partition, &self.out.layout, &frames, traceparent)
                     }
                 }
+            }
+            if chunks
+                .send(RecordChunk::Changelog(records, Arc::clone(&self.out)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        for part in plan.thread_changes.chunks(ENCODE_CHUNK) {
+            let mut records = EncodedRecords::with_capacity(part.len());
+            for (partition, change) in part {
+                records.push_thread_change(change, *partition, &self.out.layout, &frames);
+            }
+            if chunks
+                .send(RecordChunk::Changelog(records, Arc::clone(&self.out)))
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+        if !plan.thread_states.is_empty() {
+            let mut records = EncodedRecords::with_capacity(plan.thread_states.len());
+            for (partition, state) in &plan.thread_states {
+                records.push_thread_state(state, *partition, &frames);
             }
             if chunks
                 .send(RecordChunk::Changelog(records, Arc::clone(&self.out)))

@@ -217,6 +217,14 @@ impl Partitions {
         flush::dirty_len(&self.slots)
     }
 
+    /// Threads held, and their follower entries, over all partitions.
+    pub fn thread_counts(&self) -> (usize, usize) {
+        self.slots
+            .values()
+            .map(|s| s.state.thread_counts())
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+    }
+
     pub fn cursor_count(&self) -> usize {
         self.slots.values().map(|s| s.state.cursor_count()).sum()
     }

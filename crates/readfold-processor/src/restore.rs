@@ -449,6 +449,7 @@ impl Processor {
             settle_ms = stats.settle.as_millis() as u64,
             public_read_ms = stats.public_read.as_millis() as u64,
             member_state_read_ms = stats.member_state_read.as_millis() as u64,
+            thread_read_ms = stats.thread_read.as_millis() as u64,
             elapsed_ms = elapsed.as_millis() as u64,
             "restored partition state from the changelog"
         );

@@ -174,6 +174,7 @@ pub fn register() {
     }
     dirty_keys(0);
     cursors_held(0);
+    threads_held((0, 0));
     paused(false);
 }
 
@@ -228,6 +229,12 @@ pub fn snapshot_backlog(n: usize) {
 /// Cursors held in memory, over all partitions.
 pub fn cursors_held(n: usize) {
     gauge!("readfold_cursors").set(n as f64);
+}
+
+/// Threads held, and thread cursors (follower entries) over them.
+pub fn threads_held((threads, followers): (usize, usize)) {
+    gauge!("readfold_threads").set(threads as f64);
+    gauge!("readfold_thread_cursors").set(followers as f64);
 }
 
 /// What the warm standby holds: partitions followed, cursors, member-state

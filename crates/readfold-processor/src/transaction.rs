@@ -275,11 +275,7 @@ impl Lane {
         out: &OutputTopics,
     ) -> std::result::Result<(), KafkaError> {
         let mut batch = Vec::with_capacity(SEND_BATCH.min(records.len()));
-        for kind in [
-            ChangelogKind::ByConversation,
-            ChangelogKind::ByUser,
-            ChangelogKind::MemberState,
-        ] {
+        for kind in ChangelogKind::ALL {
             let topic = out.topic_of(kind);
             for record in records.iter().filter(|r| r.kind == kind) {
                 if let Some(traceparent) = record.traceparent {

@@ -74,7 +74,7 @@ impl Replayer {
 
     /// Applies a changelog record as a restore does.
     pub fn restore(&mut self, entry: &ChangelogEntry) {
-        if self.wanted(&entry.key().conversation_id) {
+        if self.wanted(entry.conversation_id()) {
             entry.restore_into(&mut self.state);
         }
     }

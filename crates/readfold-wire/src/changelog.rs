@@ -6,17 +6,22 @@
 //! what other members see changed, the by-user changelog always (it carries
 //! the member's private cursor and unread mark for their own devices), and
 //! the internal member-state topic when the private cursor, the mark or the
-//! membership changed.
+//! membership changed. A thread follower's change goes likewise to the
+//! thread changelogs: by conversation when public, by user always, and the
+//! internal thread-state topic when the private cursor changed or the
+//! member left (with a record of the thread's own when its replies moved).
 
 use readfold_core::fold::{
-    Change, CursorUpdate, MemberStateUpdate, MembershipVersion, PartitionState, UnreadMark,
+    Change, CursorUpdate, MemberStateUpdate, MembershipVersion, PartitionState, ThreadChange, ThreadKey,
+    ThreadMark, ThreadStateChange, UnreadMark,
 };
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, CursorKey, IdError, Mute, Seq, UserId};
 
 use crate::codec::{
-    self, write_cursor_update, write_key, write_member_state, CursorUpdateFields, DecodeError,
-    MemberStateFields, Writer,
+    self, write_cursor_update, write_key, write_member_state, write_thread_cursor, write_thread_key,
+    write_thread_state, write_user_thread_key, CursorUpdateFields, DecodeError, MemberStateFields,
+    ThreadCursorRecord, ThreadMarkRecord, ThreadStateRecord, Writer,
 };
 use crate::confluent::strip_changelog_frame;
 
@@ -35,6 +40,7 @@ pub struct OutRecord {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OutputLayout {
     pub user_read_cursors_partitions: i32,
+    pub user_thread_cursors_partitions: i32,
     pub dlq_partitions: i32,
 }
 
@@ -46,6 +52,9 @@ pub struct OutputTopics {
     pub read_cursors: String,
     pub user_read_cursors: String,
     pub member_state: String,
+    pub thread_cursors: String,
+    pub user_thread_cursors: String,
+    pub thread_state: String,
     pub dlq: String,
     pub layout: OutputLayout,
 }
@@ -57,6 +66,9 @@ impl OutputTopics {
             ChangelogKind::ByConversation => &self.read_cursors,
             ChangelogKind::ByUser => &self.user_read_cursors,
             ChangelogKind::MemberState => &self.member_state,
+            ChangelogKind::ThreadByConversation => &self.thread_cursors,
+            ChangelogKind::ThreadByUser => &self.user_thread_cursors,
+            ChangelogKind::ThreadState => &self.thread_state,
         }
     }
 }
@@ -128,6 +140,9 @@ pub struct ChangelogFrames {
     pub by_conversation: Option<(u32, u32)>,
     pub by_user: Option<(u32, u32)>,
     pub member_state: Option<(u32, u32)>,
+    pub thread_by_conversation: Option<(u32, u32)>,
+    pub thread_by_user: Option<(u32, u32)>,
+    pub thread_state: Option<(u32, u32)>,
 }
 
 impl ChangelogFrames {
@@ -136,6 +151,9 @@ impl ChangelogFrames {
             ChangelogKind::ByConversation => self.by_conversation,
             ChangelogKind::ByUser => self.by_user,
             ChangelogKind::MemberState => self.member_state,
+            ChangelogKind::ThreadByConversation => self.thread_by_conversation,
+            ChangelogKind::ThreadByUser => self.thread_by_user,
+            ChangelogKind::ThreadState => self.thread_state,
         }
     }
 }
@@ -238,6 +256,110 @@ impl EncodedRecords {
                 Some(move |w: &mut Writer| write_member_state(w, &value)),
             );
         }
+    }
+
+    /// Appends the records of one thread follower's change (see the module
+    /// documentation).
+    pub fn push_thread_change(
+        &mut self,
+        change: &ThreadChange,
+        input_partition: i32,
+        layout: &OutputLayout,
+        frames: &ChangelogFrames,
+    ) {
+        let key = &change.key;
+        let (conversation_id, user_id) = (key.conversation_id.as_str(), key.user_id.as_str());
+        let thread = key.thread.get() as i64;
+        let record = |private_cursor| ThreadCursorRecord {
+            conversation_id: conversation_id.to_owned(),
+            thread,
+            user_id: user_id.to_owned(),
+            cursor: change.cursor.get() as i64,
+            join_seq: change.join_seq.get() as i64,
+            latest_seq: change.latest_seq.get() as i64,
+            updated_at: change.updated_at,
+            private_cursor,
+        };
+        if change.outputs.public {
+            let value = change.present.then(|| record(None));
+            self.push(
+                ChangelogKind::ThreadByConversation,
+                input_partition,
+                frames,
+                |w| write_thread_key(w, conversation_id, thread, user_id),
+                value.map(|v| move |w: &mut Writer| write_thread_cursor(w, &v)),
+            );
+        }
+        let own = change
+            .present
+            .then(|| record(Some(change.private_cursor.get() as i64)));
+        self.push(
+            ChangelogKind::ThreadByUser,
+            partition_for_key(user_id.as_bytes(), layout.user_thread_cursors_partitions),
+            frames,
+            |w| write_user_thread_key(w, user_id, conversation_id, thread),
+            own.map(|v| move |w: &mut Writer| write_thread_cursor(w, &v)),
+        );
+        if change.outputs.state {
+            let value = ThreadStateRecord {
+                conversation_id: conversation_id.to_owned(),
+                thread,
+                user_id: user_id.to_owned(),
+                cursor: change.cursor.get() as i64,
+                private_cursor: change.private_cursor.get() as i64,
+                updated_at: change.updated_at,
+                latest_seq: change.latest_seq.get() as i64,
+                last_reply_seq: None,
+                last_reply_at: None,
+                marks: Vec::new(),
+            };
+            self.push_thread_state_record(input_partition, frames, &value);
+        }
+    }
+
+    /// Appends the thread-state record of a thread's own state.
+    pub fn push_thread_state(
+        &mut self,
+        state: &ThreadStateChange,
+        input_partition: i32,
+        frames: &ChangelogFrames,
+    ) {
+        let value = ThreadStateRecord {
+            conversation_id: state.conversation_id.as_str().to_owned(),
+            thread: state.thread.get() as i64,
+            user_id: String::new(),
+            cursor: 0,
+            private_cursor: 0,
+            updated_at: state.last_reply.map_or(0, |v| v.at),
+            latest_seq: state.latest_seq.get() as i64,
+            last_reply_seq: state.last_reply.map(|v| v.seq.get() as i64),
+            last_reply_at: state.last_reply.map(|v| v.at),
+            marks: state
+                .marks
+                .iter()
+                .map(|m| ThreadMarkRecord {
+                    thread_seq: m.thread_seq.get() as i64,
+                    seq: m.version.seq.get() as i64,
+                    at: m.version.at,
+                })
+                .collect(),
+        };
+        self.push_thread_state_record(input_partition, frames, &value);
+    }
+
+    fn push_thread_state_record(
+        &mut self,
+        partition: i32,
+        frames: &ChangelogFrames,
+        value: &ThreadStateRecord,
+    ) {
+        self.push(
+            ChangelogKind::ThreadState,
+            partition,
+            frames,
+            |w| write_thread_key(w, &value.conversation_id, value.thread, &value.user_id),
+            Some(|w: &mut Writer| write_thread_state(w, value)),
+        );
     }
 
     /// [`EncodedRecords::push_change`], each record carrying `traceparent`.
@@ -353,6 +475,65 @@ pub enum ChangelogEntry {
     Left(CursorKey),
     /// A member-state record.
     State(MemberStateUpdate),
+    /// A record of one of the thread changelogs.
+    Thread(ThreadEntry),
+}
+
+/// One decoded record of the thread changelogs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ThreadEntry {
+    /// A follower's cursor (by conversation; by user with the private one).
+    Cursor(ThreadCursorUpdate),
+    /// A tombstone: the follower left the conversation.
+    Left(ThreadKey),
+    /// A follower's thread-state record.
+    Follower {
+        key: ThreadKey,
+        cursor: Seq,
+        private_cursor: Seq,
+        updated_at: i64,
+    },
+    /// A thread's own thread-state record.
+    State(ThreadStateChange),
+}
+
+/// A thread changelog value: one follower's cursor in one thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThreadCursorUpdate {
+    pub key: ThreadKey,
+    pub cursor: Seq,
+    pub join_seq: Seq,
+    pub latest_seq: Seq,
+    pub updated_at: i64,
+    /// On the by-user thread changelog only.
+    pub private_cursor: Option<Seq>,
+}
+
+impl ThreadEntry {
+    fn restore_into(&self, state: &mut PartitionState) {
+        match self {
+            ThreadEntry::Cursor(c) => {
+                state.restore_thread_cursor(&c.key, c.cursor, c.latest_seq, c.updated_at)
+            }
+            // The follower's thread-state record carries their cursors.
+            ThreadEntry::Left(_) => {}
+            ThreadEntry::Follower {
+                key,
+                cursor,
+                private_cursor,
+                updated_at,
+            } => state.restore_thread_follower(key, *cursor, *private_cursor, *updated_at),
+            ThreadEntry::State(s) => state.restore_thread_state(s),
+        }
+    }
+
+    pub fn conversation_id(&self) -> &ConversationId {
+        match self {
+            ThreadEntry::Cursor(c) => &c.key.conversation_id,
+            ThreadEntry::Left(key) | ThreadEntry::Follower { key, .. } => &key.conversation_id,
+            ThreadEntry::State(s) => &s.conversation_id,
+        }
+    }
 }
 
 impl ChangelogEntry {
@@ -363,15 +544,28 @@ impl ChangelogEntry {
             ChangelogEntry::Own(own) => state.restore_update(&own.update),
             ChangelogEntry::Left(key) => state.restore_tombstone(key),
             ChangelogEntry::State(s) => state.restore_state(s),
+            ChangelogEntry::Thread(t) => t.restore_into(state),
         }
     }
 
-    pub fn key(&self) -> CursorKey {
+    /// The member the entry is of; `None` for a thread changelog's.
+    pub fn key(&self) -> Option<CursorKey> {
         match self {
-            ChangelogEntry::Upsert(u) => u.key(),
-            ChangelogEntry::Own(own) => own.update.key(),
-            ChangelogEntry::Left(k) => k.clone(),
-            ChangelogEntry::State(s) => s.key.clone(),
+            ChangelogEntry::Upsert(u) => Some(u.key()),
+            ChangelogEntry::Own(own) => Some(own.update.key()),
+            ChangelogEntry::Left(k) => Some(k.clone()),
+            ChangelogEntry::State(s) => Some(s.key.clone()),
+            ChangelogEntry::Thread(_) => None,
+        }
+    }
+
+    pub fn conversation_id(&self) -> &ConversationId {
+        match self {
+            ChangelogEntry::Upsert(u) => &u.conversation_id,
+            ChangelogEntry::Own(own) => &own.update.conversation_id,
+            ChangelogEntry::Left(k) => &k.conversation_id,
+            ChangelogEntry::State(s) => &s.key.conversation_id,
+            ChangelogEntry::Thread(t) => t.conversation_id(),
         }
     }
 }
@@ -389,6 +583,8 @@ pub enum ChangelogError {
     Id(#[from] IdError),
     #[error("a member-state record without a value (readfold never writes one)")]
     StateTombstone,
+    #[error("a thread changelog key names thread {0}: threads are numbered from 1")]
+    Thread(i64),
 }
 
 /// Which topic a record is from: the key and value schemas differ.
@@ -400,6 +596,24 @@ pub enum ChangelogKind {
     ByUser,
     /// The internal member-state topic, keyed by `CursorKey`.
     MemberState,
+    /// `chat.thread-cursors`, keyed by `ThreadCursorKey`.
+    ThreadByConversation,
+    /// `chat.user-thread-cursors`, keyed by `UserThreadCursorKey`.
+    ThreadByUser,
+    /// The internal thread-state topic, keyed by `ThreadCursorKey`.
+    ThreadState,
+}
+
+impl ChangelogKind {
+    /// Every kind, in the order a flush's records go out.
+    pub const ALL: [ChangelogKind; 6] = [
+        ChangelogKind::ByConversation,
+        ChangelogKind::ByUser,
+        ChangelogKind::MemberState,
+        ChangelogKind::ThreadByConversation,
+        ChangelogKind::ThreadByUser,
+        ChangelogKind::ThreadState,
+    ];
 }
 
 /// The conversation and latest seq a by-conversation changelog value
@@ -434,6 +648,9 @@ pub fn decode_changelog(
         ChangelogKind::ByUser => {
             let k = codec::decode_user_cursor_key(key).map_err(ChangelogError::Key)?;
             (k.conversation_id, k.user_id)
+        }
+        ChangelogKind::ThreadByConversation | ChangelogKind::ThreadByUser | ChangelogKind::ThreadState => {
+            return decode_thread_changelog(kind, key, value, max_id_bytes).map(ChangelogEntry::Thread);
         }
     };
     let key = CursorKey {
@@ -489,6 +706,84 @@ pub fn decode_changelog(
     })
 }
 
+/// [`decode_changelog`] of a thread changelog's record, its frame stripped.
+fn decode_thread_changelog(
+    kind: ChangelogKind,
+    key: &[u8],
+    value: Option<&[u8]>,
+    max_id_bytes: usize,
+) -> Result<ThreadEntry, ChangelogError> {
+    let shape = |name| ChangelogError::Key(DecodeError::Shape(name));
+    let k = match kind {
+        ChangelogKind::ThreadByUser => {
+            codec::decode_user_thread_key(key).ok_or(shape("UserThreadCursorKey"))?
+        }
+        _ => codec::decode_thread_key(key).ok_or(shape("ThreadCursorKey"))?,
+    };
+    if k.thread < 1 {
+        return Err(ChangelogError::Thread(k.thread));
+    }
+    let (conversation_id, thread) = (
+        ConversationId::parse(&k.conversation_id, max_id_bytes)?,
+        Seq(k.thread as u64),
+    );
+    let seq = |n: i64| Seq(n.max(0) as u64);
+    let value_shape = |name| ChangelogError::Value(DecodeError::Shape(name));
+    if kind == ChangelogKind::ThreadState {
+        let value = value.ok_or(ChangelogError::StateTombstone)?;
+        let v = codec::decode_thread_state(value).ok_or(value_shape("ThreadState"))?;
+        if k.user_id.is_empty() {
+            return Ok(ThreadEntry::State(ThreadStateChange {
+                conversation_id,
+                thread,
+                latest_seq: seq(v.latest_seq),
+                last_reply: v
+                    .last_reply_seq
+                    .zip(v.last_reply_at)
+                    .map(|(s, at)| MembershipVersion { seq: seq(s), at }),
+                marks: v
+                    .marks
+                    .iter()
+                    .map(|m| ThreadMark {
+                        thread_seq: seq(m.thread_seq),
+                        version: MembershipVersion {
+                            seq: seq(m.seq),
+                            at: m.at,
+                        },
+                    })
+                    .collect(),
+            }));
+        }
+        return Ok(ThreadEntry::Follower {
+            key: ThreadKey {
+                conversation_id,
+                thread,
+                user_id: UserId::parse(&k.user_id, max_id_bytes)?,
+            },
+            cursor: seq(v.cursor),
+            private_cursor: seq(v.private_cursor),
+            updated_at: v.updated_at,
+        });
+    }
+    let key = ThreadKey {
+        conversation_id,
+        thread,
+        user_id: UserId::parse(&k.user_id, max_id_bytes)?,
+    };
+    let Some(value) = value else {
+        return Ok(ThreadEntry::Left(key));
+    };
+    let v = codec::decode_thread_cursor(value).ok_or(value_shape("ThreadCursorUpdate"))?;
+    Ok(ThreadEntry::Cursor(ThreadCursorUpdate {
+        key,
+        cursor: seq(v.cursor),
+        join_seq: Seq(v.join_seq.max(1) as u64),
+        latest_seq: seq(v.latest_seq),
+        updated_at: v.updated_at,
+        private_cursor: v.private_cursor.map(seq),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -498,11 +793,15 @@ mod tests {
     /// The default topic names, 5 by-user and 2 dead-letter partitions.
     pub(crate) fn out() -> OutputTopics {
         OutputTopics {
+            thread_cursors: "chat.thread-cursors".into(),
+            thread_state: "chat.read-thread-state".into(),
+            user_thread_cursors: "chat.user-thread-cursors".into(),
             read_cursors: "chat.read-cursors".into(),
             user_read_cursors: "chat.user-read-cursors".into(),
             member_state: "chat.member-state".into(),
             dlq: "chat.read-reports.dlq".into(),
             layout: OutputLayout {
+                user_thread_cursors_partitions: 4,
                 user_read_cursors_partitions: 5,
                 dlq_partitions: 2,
             },
@@ -745,6 +1044,147 @@ mod tests {
         assert!(matches!(
             decode_changelog(ChangelogKind::ByConversation, Some(&key), None, 0),
             Err(ChangelogError::Id(_))
+        ));
+    }
+}
+
+#[cfg(test)]
+mod thread_tests {
+    use readfold_core::fold::{ConversationEvent, EventKind, ThreadReadReport};
+
+    use super::tests::out;
+    use super::*;
+
+    fn event(seq: u64, at: i64, kind: EventKind) -> ConversationEvent {
+        ConversationEvent {
+            conversation_id: "G".parse().unwrap(),
+            seq: Seq(seq),
+            at,
+            kind,
+        }
+    }
+
+    fn joined(user: &str, seq: u64, at: i64) -> ConversationEvent {
+        event(
+            seq,
+            at,
+            EventKind::MemberJoined {
+                user_id: user.parse().unwrap(),
+            },
+        )
+    }
+
+    fn reply(thread_seq: u64, sender: &str, at: i64) -> ConversationEvent {
+        event(
+            1,
+            at,
+            EventKind::ReplySent {
+                thread: Seq(1),
+                thread_seq: Seq(thread_seq),
+                sender_id: sender.parse().unwrap(),
+                mentions: vec!["carol".parse().unwrap()],
+                starter_id: Some("alice".parse().unwrap()),
+            },
+        )
+    }
+
+    /// Every record a flush writes for a state's changes, members and
+    /// threads, decoded by the one decoder and restored as a restore does
+    /// (public changelog, member state, thread changelog, thread state),
+    /// gives the live threads back.
+    #[test]
+    fn thread_records_decode_and_restore_to_the_live_threads() {
+        let mut live = PartitionState::new();
+        for (i, user) in ["alice", "bob", "carol"].into_iter().enumerate() {
+            live.apply_event(&joined(user, 0, i as i64));
+        }
+        live.apply_event(&event(
+            1,
+            10,
+            EventKind::MessageSent {
+                sender_id: "alice".parse().unwrap(),
+                mentions: Default::default(),
+            },
+        ));
+        live.apply_event(&reply(1, "bob", 11));
+        live.apply_event(&joined("dave", 1, 12));
+        live.apply_event(&reply(2, "bob", 13));
+        live.apply_thread_read(&ThreadReadReport {
+            conversation_id: "G".parse().unwrap(),
+            thread: Seq(1),
+            user_id: "dave".parse().unwrap(),
+            seq: Seq(2),
+            reported_at: 14,
+            private: true,
+        });
+        live.apply_event(&event(
+            1,
+            15,
+            EventKind::MemberLeft {
+                user_id: "carol".parse().unwrap(),
+            },
+        ));
+
+        let (threads, states) = live.pending_thread_changes();
+        let mut records = EncodedRecords::default();
+        for change in live.drain() {
+            records.push_change(&change, 0, &out().layout, &ChangelogFrames::default());
+        }
+        for change in &threads {
+            records.push_thread_change(change, 0, &out().layout, &ChangelogFrames::default());
+        }
+        for state in &states {
+            records.push_thread_state(state, 0, &ChangelogFrames::default());
+        }
+        let out = out();
+        let kinds = [
+            (ChangelogKind::ByConversation, &out.read_cursors),
+            (ChangelogKind::MemberState, &out.member_state),
+            (ChangelogKind::ThreadByConversation, &out.thread_cursors),
+            (ChangelogKind::ThreadState, &out.thread_state),
+        ];
+        let mut restored = PartitionState::new();
+        for (kind, topic) in kinds {
+            for r in records.to_out_records(&out).iter().filter(|r| &r.topic == topic) {
+                decode_changelog(kind, r.key.as_deref(), r.value.as_deref(), 64)
+                    .unwrap()
+                    .restore_into(&mut restored);
+            }
+        }
+        let view = |s: &PartitionState| {
+            s.conversation(&"G".parse().unwrap())
+                .unwrap()
+                .threads()
+                .thread(Seq(1))
+        };
+        assert_eq!(view(&restored), view(&live));
+        let live_view = view(&live).unwrap();
+        assert_eq!(live_view.marks.len(), 2, "dave joined between the replies");
+
+        // The by-user records carry the private cursor; a departed
+        // follower's are tombstones.
+        let own: Vec<ChangelogEntry> = records
+            .to_out_records(&out)
+            .iter()
+            .filter(|r| r.topic == out.user_thread_cursors)
+            .map(|r| {
+                decode_changelog(
+                    ChangelogKind::ThreadByUser,
+                    r.key.as_deref(),
+                    r.value.as_deref(),
+                    64,
+                )
+                .unwrap()
+            })
+            .collect();
+        let dave = own.iter().find_map(|e| match e {
+            ChangelogEntry::Thread(ThreadEntry::Cursor(c)) if c.key.user_id.as_str() == "dave" => Some(c),
+            _ => None,
+        });
+        assert_eq!(dave.unwrap().private_cursor, Some(Seq(2)));
+        assert_eq!(dave.unwrap().join_seq, Seq(2));
+        assert!(own.iter().any(
+            |e| matches!(e, ChangelogEntry::Thread(ThreadEntry::Left(k)) if k.user_id.as_str() == "carol")
         ));
     }
 }

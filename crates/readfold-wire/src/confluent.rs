@@ -37,6 +37,21 @@ pub fn output_subjects(out: &OutputTopics) -> Vec<(String, &'static str)> {
         ),
         (subject(&out.member_state, "key"), codec::CURSOR_KEY_AVSC),
         (subject(&out.member_state, "value"), codec::MEMBER_STATE_AVSC),
+        (subject(&out.thread_cursors, "key"), codec::THREAD_CURSOR_KEY_AVSC),
+        (
+            subject(&out.thread_cursors, "value"),
+            codec::THREAD_CURSOR_UPDATE_AVSC,
+        ),
+        (
+            subject(&out.user_thread_cursors, "key"),
+            codec::USER_THREAD_CURSOR_KEY_AVSC,
+        ),
+        (
+            subject(&out.user_thread_cursors, "value"),
+            codec::THREAD_CURSOR_UPDATE_AVSC,
+        ),
+        (subject(&out.thread_state, "key"), codec::THREAD_CURSOR_KEY_AVSC),
+        (subject(&out.thread_state, "value"), codec::THREAD_STATE_AVSC),
         (subject(&out.dlq, "key"), DEAD_LETTER_KEY_AVSC),
         (subject(&out.dlq, "value"), DEAD_LETTER_AVSC),
     ]
@@ -57,6 +72,9 @@ impl Framing {
             &out.read_cursors,
             &out.user_read_cursors,
             &out.member_state,
+            &out.thread_cursors,
+            &out.user_thread_cursors,
+            &out.thread_state,
             &out.dlq,
         ] {
             let id = |part: &str| {
@@ -82,6 +100,9 @@ impl Framing {
             by_conversation: ids(&out.read_cursors),
             by_user: ids(&out.user_read_cursors),
             member_state: ids(&out.member_state),
+            thread_by_conversation: ids(&out.thread_cursors),
+            thread_by_user: ids(&out.user_thread_cursors),
+            thread_state: ids(&out.thread_state),
         }
     }
 
@@ -241,11 +262,15 @@ mod tests {
 
     fn out() -> OutputTopics {
         OutputTopics {
+            thread_cursors: "chat.thread-cursors".into(),
+            thread_state: "chat.read-thread-state".into(),
+            user_thread_cursors: "chat.user-thread-cursors".into(),
             read_cursors: "c".into(),
             user_read_cursors: "u".into(),
             member_state: "m".into(),
             dlq: "d".into(),
             layout: OutputLayout {
+                user_thread_cursors_partitions: 4,
                 user_read_cursors_partitions: 1,
                 dlq_partitions: 1,
             },
@@ -382,12 +407,17 @@ mod tests {
             ],
         };
         let framed = framing().frame(record);
+        // The ids `framing` gave the DLQ's subjects.
+        let id = |subject: &str| {
+            let at = output_subjects(&out()).iter().position(|(s, _)| s == subject);
+            100 + at.expect("a subject") as u32
+        };
         assert_eq!(
             unframe(framed.key.as_ref().unwrap()),
-            Some((106, b"C".as_slice()))
+            Some((id("d-key"), b"C".as_slice()))
         );
         let value = framed.value.unwrap();
-        assert_eq!(unframe(&value).unwrap().0, 107);
+        assert_eq!(unframe(&value).unwrap().0, id("d-value"));
         let json = describe_dead_letter(&value).unwrap();
         assert_eq!(json["reason"], "decode_error");
         assert_eq!(json["source_partition"], 3);

@@ -79,11 +79,15 @@ mod tests {
 
     fn out() -> OutputTopics {
         OutputTopics {
+            thread_cursors: "chat.thread-cursors".into(),
+            thread_state: "chat.read-thread-state".into(),
+            user_thread_cursors: "chat.user-thread-cursors".into(),
             read_cursors: "chat.read-cursors".into(),
             user_read_cursors: "chat.user-read-cursors".into(),
             member_state: "chat.member-state".into(),
             dlq: "dlq".into(),
             layout: OutputLayout {
+                user_thread_cursors_partitions: 4,
                 user_read_cursors_partitions: 5,
                 dlq_partitions: 2,
             },

@@ -40,7 +40,9 @@ impl Changelog {
         .expect("changelog reader");
         let mut log = Changelog::default();
         for (_, entry) in reader.entries(None).expect("read the changelog") {
-            let key = entry.key();
+            let Some(key) = entry.key() else {
+                continue;
+            };
             let id = (key.conversation_id.to_string(), key.user_id.to_string());
             match &entry {
                 ChangelogEntry::Upsert(u) | ChangelogEntry::Own(OwnUpdate { update: u, .. }) => {
@@ -49,7 +51,7 @@ impl Changelog {
                 ChangelogEntry::Left(_) => {
                     log.delivered.remove(&id);
                 }
-                ChangelogEntry::State(_) => {}
+                ChangelogEntry::State(_) | ChangelogEntry::Thread(_) => {}
             }
             let value = match entry {
                 ChangelogEntry::Upsert(u) => Some((u.cursor.get() as i64, u.join_seq.get() as i64)),
@@ -77,7 +79,7 @@ impl Changelog {
                     log.own.insert(id.clone(), None);
                     None
                 }
-                ChangelogEntry::State(_) => continue,
+                ChangelogEntry::State(_) | ChangelogEntry::Thread(_) => continue,
             };
             log.history.entry(id).or_default().push(value);
         }

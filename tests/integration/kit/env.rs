@@ -106,6 +106,15 @@ impl TestEnv {
                 format!("{prefix}.user-read-cursors"),
             ),
             ("READFOLD__TOPICS__MEMBER_STATE", format!("{prefix}.member-state")),
+            (
+                "READFOLD__TOPICS__THREAD_CURSORS",
+                format!("{prefix}.thread-cursors"),
+            ),
+            (
+                "READFOLD__TOPICS__USER_THREAD_CURSORS",
+                format!("{prefix}.user-thread-cursors"),
+            ),
+            ("READFOLD__TOPICS__THREAD_STATE", format!("{prefix}.thread-state")),
             ("READFOLD__TOPICS__DLQ", format!("{prefix}.dlq")),
             ("READFOLD__BADGE__GROUP_ID", format!("{prefix}-badges")),
             ("READFOLD__BADGE__USER_BADGES", format!("{prefix}.user-badges")),

@@ -1155,8 +1155,9 @@ impl PartitionState {
         }
         self.dirty.members = 0;
         for (number, root) in self.thread_dirty.take() {
-            if let Some(threads) = &mut self.conversations.value_mut(number).threads {
-                threads.clear_dirty(root);
+            let conv = self.conversations.value_mut(number);
+            if let Some(threads) = &mut conv.threads {
+                threads.clear_dirty(root, &conv.members, &self.extras);
             }
         }
     }
@@ -1177,6 +1178,37 @@ impl PartitionState {
     /// Thread followers changed since the last flush.
     pub fn thread_dirty_len(&self) -> usize {
         self.thread_dirty.len()
+    }
+
+    /// Whether a thread follower or a thread's replies changed since the
+    /// last flush.
+    pub fn has_thread_changes(&self) -> bool {
+        !self.thread_dirty.threads().is_empty()
+    }
+
+    /// Marks thread follower `key` changed again with `outputs`, for a
+    /// flush that took its change and failed (as [`PartitionState::redirty`]).
+    pub fn redirty_thread(&mut self, key: &ThreadKey, outputs: Outputs) {
+        let (Some(number), Some(user)) = (
+            self.conversations.find(&key.conversation_id),
+            self.users.find(&key.user_id),
+        ) else {
+            return;
+        };
+        if let Some(threads) = &mut self.conversations.value_mut(number).threads {
+            threads.redirty_follower(&mut self.thread_dirty, number, key.thread, user, outputs);
+        }
+    }
+
+    /// Marks thread `root`'s own state changed again, for a flush that took
+    /// it and failed.
+    pub fn redirty_thread_state(&mut self, conversation: &ConversationId, root: Seq) {
+        let Some(number) = self.conversations.find(conversation) else {
+            return;
+        };
+        if let Some(threads) = &mut self.conversations.value_mut(number).threads {
+            threads.redirty_state(&mut self.thread_dirty, number, root);
+        }
     }
 
     /// Threads held, and follower entries over all of them.

@@ -432,38 +432,56 @@ fn reference_join(
     }
 }
 
-/// Compacted topics, as a restore reads them: the latest record per key.
+/// The changelog topics as logs, record by record in order. Compaction
+/// may leave any of a key's records before its latest, so a restore is
+/// checked both from the whole logs and from their latest records.
 #[derive(Default)]
-struct Compacted {
-    public: BTreeMap<CursorKey, Change>,
-    member_states: BTreeMap<CursorKey, Change>,
-    thread_cursors: BTreeMap<ThreadKey, ThreadChange>,
-    thread_followers: BTreeMap<ThreadKey, ThreadChange>,
-    thread_states: BTreeMap<(ConversationId, Seq), ThreadStateChange>,
+struct Topics {
+    public: Vec<Change>,
+    member_states: Vec<Change>,
+    thread_cursors: Vec<ThreadChange>,
+    thread_followers: Vec<ThreadChange>,
+    thread_states: Vec<ThreadStateChange>,
 }
 
-impl Compacted {
+/// `log` with only each key's latest record, in the order of those.
+fn compacted<T: Clone, K: Ord>(log: &[T], key: impl Fn(&T) -> K) -> Vec<T> {
+    let latest: BTreeMap<K, usize> = log.iter().enumerate().map(|(i, r)| (key(r), i)).collect();
+    let mut kept: Vec<usize> = latest.into_values().collect();
+    kept.sort();
+    kept.into_iter().map(|i| log[i].clone()).collect()
+}
+
+impl Topics {
     fn take(&mut self, s: &mut PartitionState) {
         let (followers, states) = s.pending_thread_changes();
         for change in s.drain() {
             if change.outputs.public {
-                self.public.insert(change.key(), change.clone());
+                self.public.push(change.clone());
             }
             if change.outputs.state {
-                self.member_states.insert(change.key(), change);
+                self.member_states.push(change);
             }
         }
         for change in followers {
             if change.outputs.public {
-                self.thread_cursors.insert(change.key.clone(), change.clone());
+                self.thread_cursors.push(change.clone());
             }
             if change.outputs.state {
-                self.thread_followers.insert(change.key.clone(), change);
+                self.thread_followers.push(change);
             }
         }
-        for state in states {
-            self.thread_states
-                .insert((state.conversation_id.clone(), state.thread), state);
+        self.thread_states.extend(states);
+    }
+
+    /// The topics compacted down to each key's latest record.
+    fn compacted(&self) -> Topics {
+        Topics {
+            public: compacted(&self.public, Change::key),
+            member_states: compacted(&self.member_states, Change::key),
+            thread_cursors: compacted(&self.thread_cursors, |c| c.key.clone()),
+            thread_followers: compacted(&self.thread_followers, |c| c.key.clone()),
+            thread_states: compacted(&self.thread_states, |s| (s.conversation_id.clone(), s.thread)),
         }
     }
 
@@ -471,22 +489,22 @@ impl Compacted {
     /// then thread cursors, follower state and thread state.
     fn restore(&self) -> PartitionState {
         let mut s = PartitionState::new();
-        for change in self.public.values() {
+        for change in &self.public {
             match change.public_update() {
                 Some(u) => s.restore_update(&u),
                 None => s.restore_tombstone(&change.key),
             }
         }
-        for change in self.member_states.values() {
+        for change in &self.member_states {
             s.restore_state(&change.state_update());
         }
-        for c in self.thread_cursors.values().filter(|c| c.present) {
+        for c in self.thread_cursors.iter().filter(|c| c.present) {
             s.restore_thread_cursor(&c.key, c.cursor, c.latest_seq, c.updated_at);
         }
-        for c in self.thread_followers.values() {
+        for c in &self.thread_followers {
             s.restore_thread_follower(&c.key, c.cursor, c.private_cursor, c.updated_at);
         }
-        for state in self.thread_states.values() {
+        for state in &self.thread_states {
             s.restore_thread_state(state);
         }
         s
@@ -535,7 +553,7 @@ proptest! {
         flush_every in 1usize..8,
     ) {
         let mut live = PartitionState::new();
-        let mut topics = Compacted::default();
+        let mut topics = Topics::default();
         let mut published: HashMap<ThreadKey, Seq> = HashMap::new();
         for (i, record) in delivered.iter().enumerate() {
             apply(&mut live, record);
@@ -549,7 +567,7 @@ proptest! {
             }
         }
         topics.take(&mut live);
-        let restored = topics.restore();
-        prop_assert_eq!(threads_snapshot(&restored), threads_snapshot(&live));
+        prop_assert_eq!(threads_snapshot(&topics.compacted().restore()), threads_snapshot(&live));
+        prop_assert_eq!(threads_snapshot(&topics.restore()), threads_snapshot(&live), "from the whole logs");
     }
 }

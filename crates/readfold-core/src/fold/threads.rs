@@ -383,15 +383,50 @@ impl Threads {
         (self.by_root.len(), followers)
     }
 
-    /// Clears the dirty flags of thread `root` after a flush.
-    pub(super) fn clear_dirty(&mut self, root: Seq) {
+    /// Marks follower `user` of thread `root` dirty again, if held.
+    pub(super) fn redirty_follower(
+        &mut self,
+        dirty: &mut ThreadDirty,
+        number: u32,
+        root: Seq,
+        user: u32,
+        outputs: Outputs,
+    ) {
+        let Some(thread) = self.by_root.get_mut(&root) else {
+            return;
+        };
+        if let Ok(position) = thread.follower_position(user) {
+            dirty.mark_follower(number, root, thread, position, outputs);
+        }
+    }
+
+    /// Marks thread `root`'s own state dirty again, if held.
+    pub(super) fn redirty_state(&mut self, dirty: &mut ThreadDirty, number: u32, root: Seq) {
         if let Some(thread) = self.by_root.get_mut(&root) {
-            thread.state_dirty = false;
-            thread.listed_dirty = false;
-            thread
-                .followers
-                .iter_mut()
-                .for_each(|f| f.dirty = Outputs::default());
+            dirty.mark_state(number, root, thread);
+        }
+    }
+
+    /// Clears the dirty flags of thread `root` after a flush. A present
+    /// follower just published keeps the floor their records carried
+    /// (`join_seq - 1`) as their own cursor: a restore that replays those
+    /// records holds it too, even after they leave.
+    pub(super) fn clear_dirty(&mut self, root: Seq, members: &Members, extras: &Extras) {
+        let Some(thread) = self.by_root.get_mut(&root) else {
+            return;
+        };
+        thread.state_dirty = false;
+        thread.listed_dirty = false;
+        for i in 0..thread.followers.len() {
+            let f = &thread.followers[i];
+            if f.dirty.any() {
+                let (version, left) = membership(members, extras, f.user);
+                if !left {
+                    let floor = Seq(thread.join_seq(version).get() - 1);
+                    advance(&mut thread.followers[i].cursor, floor);
+                }
+            }
+            thread.followers[i].dirty = Outputs::default();
         }
     }
 

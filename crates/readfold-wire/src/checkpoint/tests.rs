@@ -14,11 +14,15 @@ use crate::changelog::{
 
 fn topics() -> OutputTopics {
     OutputTopics {
+        thread_cursors: "chat.thread-cursors".into(),
+        thread_state: "chat.read-thread-state".into(),
+        user_thread_cursors: "chat.user-thread-cursors".into(),
         read_cursors: "public".into(),
         user_read_cursors: "own".into(),
         member_state: "state".into(),
         dlq: "dlq".into(),
         layout: OutputLayout {
+            user_thread_cursors_partitions: 4,
             user_read_cursors_partitions: 1,
             dlq_partitions: 1,
         },

@@ -86,7 +86,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// `["null", long]`.
-    fn optional_long(&mut self) -> Option<Option<i64>> {
+    pub(super) fn optional_long(&mut self) -> Option<Option<i64>> {
         Some(match self.index(2)? {
             0 => None,
             _ => Some(self.long()?),
@@ -111,7 +111,7 @@ impl<'a> Cursor<'a> {
 
     /// An array's items, block by block as Avro writes them (a negative
     /// count is followed by the block's size in bytes).
-    fn array<T>(&mut self, mut item: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
+    pub(super) fn array<T>(&mut self, mut item: impl FnMut(&mut Self) -> Option<T>) -> Option<Vec<T>> {
         let mut items = Vec::new();
         loop {
             let count = self.long()?;

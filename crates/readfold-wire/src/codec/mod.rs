@@ -10,6 +10,7 @@ pub(crate) mod fast_encode;
 mod records;
 #[cfg(test)]
 mod tests;
+mod threads;
 
 use std::io::Read;
 use std::str::FromStr;
@@ -27,6 +28,12 @@ pub use records::{
     ConversationEventRecord, ConversationEventView, CursorKeyRecord, CursorUpdateRecord, EventRecord,
     EventView, MemberStateRecord, ReadAction, ReadReportRecord, ReadReportView, UserCursorKeyRecord,
 };
+pub use threads::{
+    decode_thread_cursor, decode_thread_key, decode_thread_state, decode_user_thread_key,
+    encode_thread_cursor, encode_thread_key, encode_thread_state, encode_user_thread_key, ThreadCursorRecord,
+    ThreadKeyRecord, ThreadMarkRecord, ThreadStateRecord,
+};
+pub(crate) use threads::{write_thread_cursor, write_thread_key, write_thread_state, write_user_thread_key};
 
 /// Largest single allocation the Avro decoder may make for one field, so a
 /// corrupt length prefix cannot make it reserve gigabytes. (Before the
@@ -42,6 +49,10 @@ pub struct Schemas {
     pub user_cursor_key: Schema,
     pub cursor_update: Schema,
     pub member_state: Schema,
+    pub thread_cursor_key: Schema,
+    pub user_thread_cursor_key: Schema,
+    pub thread_cursor_update: Schema,
+    pub thread_state: Schema,
     /// Earlier versions of evolved schemas, newest first: records written
     /// with them still decode, with the added fields at their defaults.
     pub read_report_history: Vec<Schema>,
@@ -56,6 +67,10 @@ pub const CURSOR_KEY_AVSC: &str = include_str!("../../../../schemas/CursorKey.av
 pub const USER_CURSOR_KEY_AVSC: &str = include_str!("../../../../schemas/UserCursorKey.avsc");
 pub const CURSOR_UPDATE_AVSC: &str = include_str!("../../../../schemas/CursorUpdate.avsc");
 pub const MEMBER_STATE_AVSC: &str = include_str!("../../../../schemas/MemberState.avsc");
+pub const THREAD_CURSOR_KEY_AVSC: &str = include_str!("../../../../schemas/ThreadCursorKey.avsc");
+pub const USER_THREAD_CURSOR_KEY_AVSC: &str = include_str!("../../../../schemas/UserThreadCursorKey.avsc");
+pub const THREAD_CURSOR_UPDATE_AVSC: &str = include_str!("../../../../schemas/ThreadCursorUpdate.avsc");
+pub const THREAD_STATE_AVSC: &str = include_str!("../../../../schemas/ThreadState.avsc");
 /// Earlier versions of the evolved schemas, kept to read what their
 /// producers wrote.
 pub const READ_REPORT_V1_0_AVSC: &str = include_str!("../../../../schemas/history/ReadReport.v1.avsc");
@@ -85,6 +100,10 @@ pub fn schemas() -> &'static Schemas {
             user_cursor_key: parse("UserCursorKey", USER_CURSOR_KEY_AVSC),
             cursor_update: parse("CursorUpdate", CURSOR_UPDATE_AVSC),
             member_state: parse("MemberState", MEMBER_STATE_AVSC),
+            thread_cursor_key: parse("ThreadCursorKey", THREAD_CURSOR_KEY_AVSC),
+            user_thread_cursor_key: parse("UserThreadCursorKey", USER_THREAD_CURSOR_KEY_AVSC),
+            thread_cursor_update: parse("ThreadCursorUpdate", THREAD_CURSOR_UPDATE_AVSC),
+            thread_state: parse("ThreadState", THREAD_STATE_AVSC),
             read_report_history: vec![
                 parse("history/ReadReport.v1.2", READ_REPORT_V1_2_AVSC),
                 parse("history/ReadReport.v1.1", READ_REPORT_V1_1_AVSC),
