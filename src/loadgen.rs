@@ -67,6 +67,10 @@ pub struct LoadgenArgs {
     /// Share of sends in groups that come with a join or a departure.
     #[arg(long, default_value_t = WorkloadSpec::default().membership_share)]
     pub membership_share: f64,
+    /// Share of sends in groups that are replies in a thread of a recent
+    /// message (thread-heavy workloads).
+    #[arg(long, default_value_t = WorkloadSpec::default().reply_share)]
+    pub reply_share: f64,
     /// Put before every conversation and user id (runs that must not meet).
     #[arg(long, default_value_t = WorkloadSpec::default().prefix)]
     pub prefix: String,
@@ -98,6 +102,7 @@ impl LoadgenArgs {
                 private_share: self.private_share,
                 delivered_share: self.delivered_share,
                 membership_share: self.membership_share,
+                reply_share: self.reply_share,
                 prefix: self.prefix.clone(),
             },
             rate: self.rate,
@@ -115,7 +120,7 @@ pub async fn loadgen(config: &Config, args: LoadgenArgs) -> Result<()> {
     let summary = readfold_loadgen::run(&options, &producer).await?;
     let c = summary.counts;
     eprintln!(
-        "loadgen: {} records in {:.1} s ({:.0}/s offered {:.0}/s, at most {} behind) to {} and {}: {} sends, {} reads ({} private), {} duplicates from a second device, {} stale, {} deliveries, {} joins, {} leaves",
+        "loadgen: {} records in {:.1} s ({:.0}/s offered {:.0}/s, at most {} behind) to {} and {}: {} sends ({} replies in threads), {} reads ({} private, {} in threads), {} duplicates from a second device, {} stale, {} deliveries, {} joins, {} leaves",
         summary.records,
         summary.elapsed.as_secs_f64(),
         summary.achieved_rate(),
@@ -124,8 +129,10 @@ pub async fn loadgen(config: &Config, args: LoadgenArgs) -> Result<()> {
         config.topics.read_reports,
         config.topics.conversation_events,
         c.sends,
+        c.replies,
         c.reads,
         c.private,
+        c.thread_reads,
         c.duplicates,
         c.stale,
         c.deliveries,

@@ -19,6 +19,8 @@ pub fn role_of(config: &Config, topic: &str) -> Option<TopicRole> {
         (&t.conversation_events, TopicRole::ConversationEvents),
         (&t.read_cursors, TopicRole::ReadCursors),
         (&t.user_read_cursors, TopicRole::UserReadCursors),
+        (&t.thread_cursors, TopicRole::ThreadCursors),
+        (&t.user_thread_cursors, TopicRole::UserThreadCursors),
         (&t.dlq, TopicRole::DeadLetters),
     ]
     .into_iter()

@@ -4,7 +4,11 @@
 
 use std::time::Instant;
 
-use readfold_core::fold::{ConversationEvent, DeliveryReport, EventKind, Input, PartitionState, ReadReport};
+use std::collections::HashMap;
+
+use readfold_core::fold::{
+    ConversationEvent, DeliveryReport, EventKind, Input, PartitionState, ReadReport, ThreadReadReport,
+};
 use readfold_core::{ConversationId, Seq, UserId};
 
 /// The workload's shape.
@@ -26,6 +30,11 @@ pub struct Args {
     /// message (0..=1).
     #[arg(long, default_value_t = 0.0)]
     pub delivery_share: f64,
+    /// Share of the group's reports that are in threads (0..=1): reads of
+    /// the threads of its last five messages, and one reply for every nine
+    /// reads.
+    #[arg(long, default_value_t = 0.0)]
+    pub thread_share: f64,
 }
 
 /// Workload shape.
@@ -38,6 +47,8 @@ pub struct Workload {
     pub flush_every: u64,
     /// In 1/1000ths: reports that are deliveries.
     pub delivery_permille: u64,
+    /// In 1/1000ths: the group's reports that are in threads.
+    pub thread_permille: u64,
     /// `redis.conversations_per_call`: how the flushes' Redis calls are
     /// counted.
     pub conversations_per_call: usize,
@@ -53,6 +64,7 @@ impl Workload {
             direct_chats: args.direct_chats.max(1),
             flush_every: args.flush_every.max(1),
             delivery_permille: (args.delivery_share.clamp(0.0, 1.0) * 1000.0).round() as u64,
+            thread_permille: (args.thread_share.clamp(0.0, 1.0) * 1000.0).round() as u64,
             conversations_per_call,
         }
     }
@@ -68,6 +80,12 @@ pub struct Figures {
     pub grouped: Grouped,
     pub flushes: u64,
     pub cursor_updates: u64,
+    /// Thread followers' changes published, and of the reports, those in
+    /// threads.
+    pub thread_updates: u64,
+    pub thread_reports: u64,
+    /// Threads and follower entries held at the end.
+    pub threads: (usize, usize),
     pub redis_calls: u64,
     pub elapsed_secs: f64,
     pub cursors: usize,
@@ -101,6 +119,8 @@ pub fn run(w: Workload) -> Figures {
     let mut group_latest = 0u64;
     let mut chat_latest = vec![0u64; chats.len()];
     let (mut flushes, mut cursor_updates, mut redis_calls) = (0u64, 0u64, 0u64);
+    let (mut thread_updates, mut thread_reports) = (0u64, 0u64);
+    let mut thread_latest: HashMap<u64, u64> = HashMap::new();
     // The inputs of one flush window are made before the clock runs, as a
     // decoder would hand them over: the figure is the fold's and the
     // flush's, not the generator's.
@@ -128,6 +148,38 @@ pub fn run(w: Workload) -> Figures {
                     }));
                 }
                 let reader = &members[(rng.next() % w.group_members) as usize];
+                // With no thread share no number is drawn: the workload is
+                // then the one of builds before threads.
+                if w.thread_permille > 0 && rng.next() % 1000 < w.thread_permille && group_latest > 0 {
+                    thread_reports += 1;
+                    let root = group_latest.saturating_sub(rng.next() % 5).max(1);
+                    let latest = thread_latest.entry(root).or_insert(0);
+                    if *latest == 0 || rng.next().is_multiple_of(10) {
+                        *latest += 1;
+                        window.push(Input::Event(ConversationEvent {
+                            conversation_id: group.clone(),
+                            seq: Seq(group_latest),
+                            at: i as i64,
+                            kind: EventKind::ReplySent {
+                                thread: Seq(root),
+                                thread_seq: Seq(*latest),
+                                sender_id: reader.clone(),
+                                mentions: Vec::new(),
+                                starter_id: Some(members[0].clone()),
+                            },
+                        }));
+                        continue;
+                    }
+                    window.push(Input::ThreadRead(ThreadReadReport {
+                        conversation_id: group.clone(),
+                        thread: Seq(root),
+                        user_id: reader.clone(),
+                        seq: Seq(latest.saturating_sub(rng.next() % 2).max(1)),
+                        reported_at: i as i64,
+                        private: false,
+                    }));
+                    continue;
+                }
                 if rng.next() % 1000 < w.delivery_permille {
                     window.push(delivery(&group, reader, group_latest.max(1), i));
                     continue;
@@ -165,9 +217,12 @@ pub fn run(w: Workload) -> Figures {
         for input in &window {
             state.apply(input);
         }
+        let (threads, thread_states) = state.pending_thread_changes();
         let changes = state.drain();
         elapsed += started.elapsed();
         encoded += encode(&changes);
+        encoded += encode_threads(&threads, &thread_states);
+        thread_updates += threads.len() as u64;
         let grouping = Instant::now();
         let conversations = readfold_core::flush::group_by_conversation(&changes);
         grouped.changes += changes.len() as u64;
@@ -183,6 +238,9 @@ pub fn run(w: Workload) -> Figures {
         grouped,
         flushes,
         cursor_updates,
+        thread_updates,
+        thread_reports,
+        threads: state.thread_counts(),
         redis_calls,
         elapsed_secs: elapsed.as_secs_f64(),
         cursors: state.cursor_count(),
@@ -249,6 +307,33 @@ fn encode(changes: &[readfold_core::fold::Change]) -> Encoded {
     }
 }
 
+/// Encodes a flush's thread changes as the processor does.
+fn encode_threads(
+    changes: &[readfold_core::fold::ThreadChange],
+    states: &[readfold_core::fold::ThreadStateChange],
+) -> Encoded {
+    use readfold_wire::changelog::{ChangelogFrames, EncodedRecords, OutputLayout};
+    let layout = OutputLayout {
+        user_thread_cursors_partitions: 6,
+        user_read_cursors_partitions: 6,
+        dlq_partitions: 6,
+    };
+    let started = Instant::now();
+    let mut encoded = EncodedRecords::with_capacity(changes.len());
+    for change in changes {
+        encoded.push_thread_change(change, 0, &layout, &ChangelogFrames::default());
+    }
+    for state in states {
+        encoded.push_thread_state(state, 0, &ChangelogFrames::default());
+    }
+    std::hint::black_box(&encoded);
+    Encoded {
+        changes: (changes.len() + states.len()) as u64,
+        records: encoded.len() as u64,
+        secs: started.elapsed().as_secs_f64(),
+    }
+}
+
 /// Changelog records decoded per second (key and value), the restore's
 /// inner loop.
 pub fn decode_rate(records: u64) -> f64 {
@@ -287,12 +372,13 @@ pub fn decode_rate(records: u64) -> f64 {
 pub fn print(w: Workload, f: Figures) {
     let per = |n: u64| n as f64 / f.reports as f64;
     println!(
-        "workload: {} reports, half to one {}-member group, half to {} 1:1 chats; a flush every {} reports; {:.1}% deliveries",
+        "workload: {} reports, half to one {}-member group, half to {} 1:1 chats; a flush every {} reports; {:.1}% deliveries; {:.1}% of the group's in threads",
         w.reports,
         w.group_members,
         w.direct_chats,
         w.flush_every,
-        w.delivery_permille as f64 / 10.0
+        w.delivery_permille as f64 / 10.0,
+        w.thread_permille as f64 / 10.0
     );
     println!(
         "fold (pure, one core):            {:>12.0} reports/s   (fold and flush planning; the inputs are made outside the clock)",
@@ -316,6 +402,15 @@ pub fn print(w: Workload, f: Figures) {
         decode_rate(200_000)
     );
     println!("flushes:                          {:>12}", f.flushes);
+    if f.thread_reports > 0 {
+        println!(
+            "thread reports, replies:          {:>12}   ({} threads, {} thread cursors held; {:.4} thread cursor updates per thread report)",
+            f.thread_reports,
+            f.threads.0,
+            f.threads.1,
+            f.thread_updates as f64 / f.thread_reports as f64
+        );
+    }
     println!("cursors held:                     {:>12}", f.cursors);
     println!(
         "Redis script calls per report:    {:>12.4}   (seed design: 1 EVAL per report; ratio {:.1}x fewer)",
@@ -338,10 +433,13 @@ mod tests {
             direct_chats: 100,
             flush_every: 500,
             delivery_permille: 300,
+            thread_permille: 300,
             conversations_per_call: 64,
         };
         let f = run(w);
         assert!(f.cursor_updates <= f.reports);
+        // A reply publishes its sender and, the first time, the starter.
+        assert!(f.thread_reports > 0 && f.thread_updates <= 2 * f.thread_reports);
         assert!(f.redis_calls <= f.cursor_updates);
         assert_eq!(f.flushes, 20);
     }

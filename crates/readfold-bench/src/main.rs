@@ -198,7 +198,11 @@ fn run(bench: Bench, config: Config) -> Result<()> {
             checkpoint::print_checkpoint_codec(&checkpoint::checkpoint_codec(args.cursors));
         }
         Bench::Restore(args) => {
-            restore::print_restore(runtime.block_on(restore::restore(&config, args.cursors))?);
+            restore::print_restore(runtime.block_on(restore::restore(
+                &config,
+                args.cursors,
+                args.thread_cursors,
+            ))?);
         }
         Bench::Pipeline(args) => {
             pipeline::print_pipeline(&runtime.block_on(pipeline::pipeline(&config, args.reports))?);

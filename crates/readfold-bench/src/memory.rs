@@ -1,11 +1,15 @@
 //! `readfold-bench memory --cursors N`: resident memory per cursor of one
-//! partition's state holding N cursors, in the shapes a partition takes.
-//! No I/O. Each shape is built in a process of its own (this binary again,
-//! with the hidden `memory-shape`), so that memory freed by one shape does
-//! not hide the growth of the next; each figure is the growth of resident
-//! memory the state causes, divided by its cursors.
+//! partition's state holding N cursors, in the shapes a partition takes,
+//! and per thread and per thread follower over such a state. No I/O. Each
+//! shape is built in a process of its own (this binary again, with the
+//! hidden `memory-shape`), so that memory freed by one shape does not hide
+//! the growth of the next; each figure is the growth of resident memory the
+//! state (or its threads) causes, divided by its cursors (or threads, or
+//! followers).
 
-use readfold_core::fold::{ConversationEvent, CursorUpdate, EventKind, PartitionState, ReadReport};
+use readfold_core::fold::{
+    ConversationEvent, CursorUpdate, EventKind, PartitionState, ReadReport, ThreadReadReport,
+};
 use readfold_core::{ConversationId, Seq, UserId};
 
 use crate::child::resident_bytes;
@@ -32,8 +36,10 @@ pub struct ShapeArgs {
 /// One shape's figure.
 pub struct MemoryRow {
     pub shape: &'static str,
-    pub cursors: usize,
-    pub bytes_per_cursor: f64,
+    /// Cursors, threads or followers held.
+    pub units: usize,
+    pub unit: &'static str,
+    pub bytes_per_unit: f64,
 }
 
 /// How the state is built.
@@ -57,13 +63,35 @@ const SHAPES: [(&str, u64, Build); 4] = [
     ("folded live (joins, reads), 1:1 chats", 2, Build::Folded),
 ];
 
+/// Thread shapes, over a restored state of 100-member conversations: the
+/// unit they count, threads per conversation and followers per thread (the
+/// sender of its one reply, and members who read it).
+const THREAD_SHAPES: [(&str, &str, u64, u64); 2] = [
+    (
+        "threads of one reply (its sender follows), 10 per group",
+        "threads",
+        10,
+        1,
+    ),
+    (
+        "followers of threads read by 50 members, 1 per group",
+        "followers",
+        1,
+        50,
+    ),
+];
+
 /// Every user is in about this many of the state's conversations.
 const CONVERSATIONS_PER_USER: u64 = 10;
 
 pub fn memory(cursors: u64) -> Result<Vec<MemoryRow>> {
     let exe = std::env::current_exe().map_err(Error::io("cannot find this executable"))?;
     let mut rows = Vec::new();
-    for (i, &(shape, _, _)) in SHAPES.iter().enumerate() {
+    let shapes = SHAPES
+        .iter()
+        .map(|s| (s.0, "cursors"))
+        .chain(THREAD_SHAPES.iter().map(|s| (s.0, s.1)));
+    for (i, (shape, unit)) in shapes.enumerate() {
         let output = std::process::Command::new(&exe)
             .args(["memory-shape", "--cursors", &cursors.to_string()])
             .args(["--shape", &i.to_string()])
@@ -83,8 +111,9 @@ pub fn memory(cursors: u64) -> Result<Vec<MemoryRow>> {
         };
         rows.push(MemoryRow {
             shape,
-            cursors: held as usize,
-            bytes_per_cursor: bytes,
+            units: held as usize,
+            unit,
+            bytes_per_unit: bytes,
         });
     }
     Ok(rows)
@@ -93,6 +122,11 @@ pub fn memory(cursors: u64) -> Result<Vec<MemoryRow>> {
 /// Builds shape `index` of [`SHAPES`] in this process; returns "cursors
 /// bytes-per-cursor" for [`memory`] to read.
 pub fn memory_shape(cursors: u64, index: usize) -> String {
+    if let Some(&(_, _, threads, followers)) =
+        index.checked_sub(SHAPES.len()).and_then(|i| THREAD_SHAPES.get(i))
+    {
+        return thread_shape(cursors, threads, followers);
+    }
     let Some(&(_, members, build)) = SHAPES.get(index) else {
         return format!("no shape {index}");
     };
@@ -159,12 +193,68 @@ pub fn build_state(cursors: u64, members: u64, build: Build) -> PartitionState {
     state
 }
 
+/// Over a restored state of `cursors` cursors in 100-member groups:
+/// `threads` threads per group, each with one reply and `followers`
+/// members reading it. Returns "units bytes-per-unit": per thread when
+/// each has one follower, per follower otherwise.
+fn thread_shape(cursors: u64, threads: u64, followers: u64) -> String {
+    let members = 100;
+    let mut state = build_state(cursors, members, Build::Restored);
+    let before = resident_bytes();
+    let conversations: Vec<_> = state.conversations().map(|(id, _)| id.clone()).collect();
+    let mut made = 0u64;
+    for (c, conversation_id) in conversations.iter().enumerate() {
+        let members: Vec<UserId> = state
+            .conversation(conversation_id)
+            .expect("held")
+            .members()
+            .map(|(u, _)| u.clone())
+            .collect();
+        for t in 0..threads {
+            let root = Seq(t + 1);
+            state.apply_event(&ConversationEvent {
+                conversation_id: conversation_id.clone(),
+                seq: Seq(1000),
+                at: 1_700_000_000_000,
+                kind: EventKind::ReplySent {
+                    thread: root,
+                    thread_seq: Seq(1),
+                    sender_id: members[(c + t as usize) % members.len()].clone(),
+                    mentions: Vec::new(),
+                    starter_id: None,
+                },
+            });
+            for user_id in members.iter().skip(1).take(followers.saturating_sub(1) as usize) {
+                state.apply_thread_read(&ThreadReadReport {
+                    conversation_id: conversation_id.clone(),
+                    thread: root,
+                    user_id: user_id.clone(),
+                    seq: Seq(1),
+                    reported_at: 1_700_000_000_001,
+                    private: false,
+                });
+            }
+            made += 1;
+        }
+        if (c + 1) % 50 == 0 {
+            state.mark_flushed();
+        }
+    }
+    state.mark_flushed();
+    let grown = resident_bytes().saturating_sub(before) as f64;
+    let (_, follows) = state.thread_counts();
+    match followers {
+        1 => format!("{made} {}", grown / made.max(1) as f64),
+        _ => format!("{follows} {}", grown / follows.max(1) as f64),
+    }
+}
+
 pub fn print_memory(rows: &[MemoryRow]) {
     println!("memory per cursor (resident growth; users each in ~{CONVERSATIONS_PER_USER} conversations):");
     for r in rows {
         println!(
-            "  {:<58} {:>10} cursors {:>8.1} bytes",
-            r.shape, r.cursors, r.bytes_per_cursor
+            "  {:<58} {:>10} {:<9} {:>8.1} bytes",
+            r.shape, r.units, r.unit, r.bytes_per_unit
         );
     }
 }

@@ -26,6 +26,13 @@
 //!   default), right after the send.
 //! - **Membership.** `membership_share` of the sends in groups come with a
 //!   departure of a member or a new member joining at the latest seq.
+//! - **Threads.** `reply_share` of the sends in groups are replies in the
+//!   thread of one of the conversation's last 20 messages, by a random
+//!   member. The reply's sender, the root's sender and whoever reads the
+//!   thread follow it; after a reply each other follower reads it with
+//!   probability `online_share` (after a group's read delay), and now and
+//!   then a member who does not follow it opens it. Thread reads carry the
+//!   same noise as the conversation's.
 //!
 //! The same seed and the same sequence of `now` values give the same
 //! records.
@@ -58,6 +65,7 @@ pub struct WorkloadSpec {
     pub private_share: f64,
     pub delivered_share: f64,
     pub membership_share: f64,
+    pub reply_share: f64,
     /// Put before every conversation and user id, so that runs on shared
     /// topics never collide.
     pub prefix: String,
@@ -81,6 +89,7 @@ impl Default for WorkloadSpec {
             private_share: 0.02,
             delivered_share: 0.0,
             membership_share: 0.02,
+            reply_share: 0.0,
             prefix: String::new(),
         }
     }
@@ -103,6 +112,7 @@ impl WorkloadSpec {
         share("private_share", self.private_share)?;
         share("delivered_share", self.delivered_share)?;
         share("membership_share", self.membership_share)?;
+        share("reply_share", self.reply_share)?;
         if self.conversations == 0 {
             return Err(Error::Spec("conversations must be at least 1".into()));
         }
@@ -151,7 +161,24 @@ struct Conversation {
     /// Users who left; they never rejoin (a join and a leave of one user at
     /// one seq would have no order).
     departed: Vec<u32>,
+    /// The last messages' (seq, sender), the roots replies pick from.
+    recent: VecDeque<(u32, u32)>,
+    /// Threads by root seq.
+    threads: HashMap<u32, ThreadLoad>,
 }
+
+/// One thread of a conversation.
+#[derive(Debug, Default)]
+struct ThreadLoad {
+    latest: u32,
+    /// Users who follow it, and whether a read of theirs is due.
+    followers: HashMap<u32, bool>,
+    /// The highest thread seq each follower reported.
+    reported: HashMap<u32, u32>,
+}
+
+/// Roots a reply picks from: the conversation's last messages.
+const RECENT_ROOTS: usize = 20;
 
 /// Counts of what was generated, by kind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -164,6 +191,10 @@ pub struct Counts {
     pub deliveries: u64,
     pub joins: u64,
     pub leaves: u64,
+    /// Of `sends`: replies in threads.
+    pub replies: u64,
+    /// Of `reads` and `stale`: reads in threads.
+    pub thread_reads: u64,
 }
 
 impl Counts {
@@ -179,8 +210,8 @@ pub struct Workload {
     conversations: Vec<Conversation>,
     /// Cumulative send weights by conversation.
     activity: Vec<f64>,
-    /// Reads due: (due ms, conversation, member user).
-    reads: BinaryHeap<Reverse<(i64, u32, u32)>>,
+    /// Reads due: (due ms, conversation, member user, thread root or 0).
+    reads: BinaryHeap<Reverse<(i64, u32, u32, u32)>>,
     /// Records an action made beyond the one returned (joins, duplicates).
     queued: VecDeque<Generated>,
     counts: Counts,
@@ -209,6 +240,8 @@ impl Workload {
                     members: Vec::new(),
                     index: HashMap::new(),
                     departed: Vec::new(),
+                    recent: VecDeque::new(),
+                    threads: HashMap::new(),
                 }
             })
             .collect();
@@ -251,10 +284,14 @@ impl Workload {
             // of their share, the next pending read comes, early if need be.
             let sends_ahead =
                 (self.counts.sends as f64) >= self.spec.send_share * self.counts.records() as f64;
-            let read_due = self.reads.peek().is_some_and(|Reverse((due, _, _))| *due <= now);
+            let read_due = self.reads.peek().is_some_and(|Reverse((due, ..))| *due <= now);
             if (read_due || sends_ahead) && !self.reads.is_empty() {
-                let Reverse((_, c, user)) = self.reads.pop().expect("peeked");
-                if let Some(record) = self.read(c, user, now) {
+                let Reverse((_, c, user, root)) = self.reads.pop().expect("peeked");
+                let read = match root {
+                    0 => self.read(c, user, now),
+                    _ => self.thread_read(c, root, user, now),
+                };
+                if let Some(record) = read {
                     return record;
                 }
             } else {
@@ -274,6 +311,16 @@ impl Workload {
         }
         if self.conversations[c as usize].size > 2 && self.random.chance(self.spec.membership_share) {
             self.change_membership(c, now);
+        }
+        let group = self.conversations[c as usize].size > 2;
+        if group
+            && !self.conversations[c as usize].recent.is_empty()
+            && self.random.chance(self.spec.reply_share)
+        {
+            // Joins and departures go first.
+            let reply = self.reply(c, now);
+            self.queued.push_back(reply);
+            return self.queued.pop_front().expect("just pushed");
         }
         let conv = &mut self.conversations[c as usize];
         conv.latest += 1;
@@ -298,7 +345,11 @@ impl Workload {
             }
             m.read_pending = true;
             let due = now + self.random.exponential(mean) as i64;
-            self.reads.push(Reverse((due, c, m.user)));
+            self.reads.push(Reverse((due, c, m.user, 0)));
+        }
+        conv.recent.push_back((seq, sender_id));
+        if conv.recent.len() > RECENT_ROOTS {
+            conv.recent.pop_front();
         }
         self.counts.sends += 1;
         let record = Generated::Event(ConversationEventRecord {
@@ -321,6 +372,109 @@ impl Workload {
             self.queued.push_back(delivery);
         }
         self.queued.pop_front().expect("just pushed")
+    }
+
+    /// A reply in the thread of one of the conversation's last messages.
+    fn reply(&mut self, c: u32, now: i64) -> Generated {
+        let conv = &mut self.conversations[c as usize];
+        let (root, starter) = conv.recent[self.random.below(conv.recent.len() as u64) as usize];
+        let sender = conv.members[self.random.below(conv.members.len() as u64) as usize].user;
+        let latest = conv.latest;
+        let thread = conv.threads.entry(root).or_default();
+        thread.latest += 1;
+        let thread_seq = thread.latest;
+        thread.reported.insert(sender, thread_seq);
+        thread.followers.entry(sender).or_insert(false);
+        thread.followers.entry(starter).or_insert(false);
+        // A member who does not follow it opens it now and then.
+        let opener = conv.members[self.random.below(conv.members.len() as u64) as usize].user;
+        if self.random.chance(0.3) {
+            thread.followers.entry(opener).or_insert(false);
+        }
+        let mut due = Vec::new();
+        for (&user, pending) in thread.followers.iter_mut() {
+            if user == sender || *pending || !self.random.chance(self.spec.online_share) {
+                continue;
+            }
+            *pending = true;
+            due.push(user);
+        }
+        for user in due {
+            let at = now + self.random.exponential(self.spec.group_read_delay_ms) as i64;
+            self.reads.push(Reverse((at, c, user, root)));
+        }
+        self.counts.sends += 1;
+        self.counts.replies += 1;
+        Generated::Event(ConversationEventRecord {
+            conversation_id: self.conversation_id(c),
+            seq: latest as i64,
+            at: now,
+            event: EventRecord::MessageSent {
+                sender_id: self.user_id(sender),
+                mentions: Vec::new(),
+                mention_all: false,
+                thread: root as i64,
+                thread_seq: thread_seq as i64,
+                starter_id: Some(self.user_id(starter)),
+            },
+        })
+    }
+
+    /// A due thread read by `user`, if they are still a member.
+    fn thread_read(&mut self, c: u32, root: u32, user: u32, now: i64) -> Option<Generated> {
+        let conv = &mut self.conversations[c as usize];
+        conv.index.get(&user)?;
+        let thread = conv.threads.get_mut(&root)?;
+        thread.followers.insert(user, false);
+        let reported = thread.reported.entry(user).or_insert(0);
+        let stale = *reported > 1 && self.random.chance(self.spec.stale_share);
+        let seq = if stale {
+            1 + self.random.below(*reported as u64 - 1) as u32
+        } else {
+            *reported = thread.latest;
+            thread.latest
+        };
+        let private = !stale && self.random.chance(self.spec.private_share);
+        let duplicate = !stale && self.random.chance(self.spec.duplicate_share);
+        let report = ReadReportRecord {
+            conversation_id: self.conversation_id(c),
+            user_id: self.user_id(user),
+            seq: seq as i64,
+            device_id: Some(format!("d{}", user % 3)),
+            reported_at: now,
+            private,
+            action: ReadAction::Read,
+            muted_until: None,
+            thread: root as i64,
+        };
+        self.counts.thread_reads += 1;
+        self.count_read(stale, private, duplicate, &report, user);
+        Some(Generated::Report(report))
+    }
+
+    /// Counts a read and queues its duplicate from the user's other device.
+    fn count_read(
+        &mut self,
+        stale: bool,
+        private: bool,
+        duplicate: bool,
+        report: &ReadReportRecord,
+        user: u32,
+    ) {
+        if stale {
+            self.counts.stale += 1;
+        } else {
+            self.counts.reads += 1;
+        }
+        if private {
+            self.counts.private += 1;
+        }
+        if duplicate {
+            self.counts.duplicates += 1;
+            let mut again = report.clone();
+            again.device_id = Some(format!("d{}", user % 3 + 1));
+            self.queued.push_back(Generated::Report(again));
+        }
     }
 
     fn delivery(&mut self, c: u32, user: u32, seq: u32, now: i64) -> Generated {
@@ -452,21 +606,7 @@ impl Workload {
             private,
             action: ReadAction::Read,
         };
-        if stale {
-            self.counts.stale += 1;
-        } else {
-            self.counts.reads += 1;
-        }
-        if private {
-            self.counts.private += 1;
-        }
-        if duplicate {
-            // The same read from the user's other device.
-            self.counts.duplicates += 1;
-            let mut again = report.clone();
-            again.device_id = Some(format!("d{}", user % 3 + 1));
-            self.queued.push_back(Generated::Report(again));
-        }
+        self.count_read(stale, private, duplicate, &report, user);
         Some(Generated::Report(report))
     }
 }
@@ -597,6 +737,70 @@ mod tests {
         }
         // Counted when queued: the last message's may still be queued.
         assert!(deliveries <= counts.deliveries && counts.deliveries - deliveries < 50);
+    }
+
+    /// Replies name a recent message of their conversation and number
+    /// their thread 1, 2, 3, ...; thread reads come from members and never
+    /// pass the thread's latest reply.
+    #[test]
+    fn replies_and_thread_reads_are_consistent() {
+        let spec = WorkloadSpec {
+            conversations: 300,
+            max_group: 60,
+            reply_share: 0.4,
+            ..WorkloadSpec::default()
+        };
+        let (records, counts) = run(spec, 100_000);
+        assert!(counts.replies > 0 && counts.thread_reads > 0, "{counts:?}");
+        let mut latest: HashMap<String, i64> = HashMap::new();
+        let mut threads: HashMap<(String, i64), i64> = HashMap::new();
+        let mut members: HashMap<String, HashSet<String>> = HashMap::new();
+        let mut thread_reads = 0;
+        for record in &records {
+            match record {
+                Generated::Event(e) => {
+                    let present = members.entry(e.conversation_id.clone()).or_default();
+                    match &e.event {
+                        EventRecord::MessageSent { thread: 0, .. } => {
+                            latest.insert(e.conversation_id.clone(), e.seq);
+                        }
+                        EventRecord::MessageSent {
+                            thread,
+                            thread_seq,
+                            sender_id,
+                            ..
+                        } => {
+                            assert_eq!(
+                                e.seq, latest[&e.conversation_id],
+                                "a reply carries the latest seq"
+                            );
+                            assert!(1 <= *thread && *thread <= e.seq);
+                            assert!(present.contains(sender_id));
+                            let last = threads.entry((e.conversation_id.clone(), *thread)).or_default();
+                            assert_eq!(*thread_seq, *last + 1, "thread seqs go up by one");
+                            *last = *thread_seq;
+                        }
+                        EventRecord::MemberJoined { user_id } => {
+                            present.insert(user_id.clone());
+                        }
+                        EventRecord::MemberLeft { user_id } => {
+                            present.remove(user_id);
+                        }
+                    }
+                }
+                Generated::Report(r) if r.thread > 0 => {
+                    thread_reads += 1;
+                    assert!(members[&r.conversation_id].contains(&r.user_id), "{r:?}");
+                    let known = threads[&(r.conversation_id.clone(), r.thread)];
+                    assert!(1 <= r.seq && r.seq <= known, "{r:?}");
+                }
+                Generated::Report(_) => {}
+            }
+        }
+        assert!(thread_reads > 0);
+        // Of all sends, 1:1 chats' (which never reply in a thread) too.
+        let replies = counts.replies as f64 / counts.sends as f64;
+        assert!((0.1..0.4).contains(&replies), "reply share of sends {replies}");
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub enum TopicRole {
     ConversationEvents,
     ReadCursors,
     UserReadCursors,
+    ThreadCursors,
+    UserThreadCursors,
     DeadLetters,
 }
 
@@ -57,6 +59,19 @@ pub fn describe(
             key.map_or(Value::Null, |k| decoded(codec::decode_user_cursor_key(strip(k)))),
             value.map_or(Value::Null, |v| decoded(codec::decode_cursor_update(strip(v)))),
         ),
+        TopicRole::ThreadCursors | TopicRole::UserThreadCursors => {
+            let key = key.map(strip).map(|k| match role {
+                TopicRole::ThreadCursors => codec::decode_thread_key(k),
+                _ => codec::decode_user_thread_key(k),
+            });
+            let shape = |schema| codec::DecodeError::Shape(schema);
+            (
+                key.map_or(Value::Null, |k| decoded(k.ok_or(shape("ThreadCursorKey")))),
+                value.map_or(Value::Null, |v| {
+                    decoded(codec::decode_thread_cursor(strip(v)).ok_or(shape("ThreadCursorUpdate")))
+                }),
+            )
+        }
         TopicRole::DeadLetters => match value.and_then(crate::confluent::describe_dead_letter) {
             // Written for a schema registry: the original bytes are inside.
             Some(dead_letter) => (dead_letter["key"].clone(), dead_letter),
@@ -111,6 +126,44 @@ mod tests {
         assert_eq!(line["value"]["cursor"], 3);
         let tomb = describe(TopicRole::ReadCursors, WireFormat::Auto, Some(&key), None, &[]);
         assert!(tomb["value"].is_null());
+    }
+
+    #[test]
+    fn describes_thread_records() {
+        use crate::codec::{ThreadCursorRecord, ThreadKeyRecord};
+        let key = ThreadKeyRecord {
+            conversation_id: "G".into(),
+            thread: 7,
+            user_id: "u".into(),
+        };
+        let value = codec::encode_thread_cursor(&ThreadCursorRecord {
+            conversation_id: "G".into(),
+            thread: 7,
+            user_id: "u".into(),
+            cursor: 2,
+            join_seq: 1,
+            latest_seq: 3,
+            updated_at: 0,
+            private_cursor: Some(3),
+        });
+        let line = describe(
+            TopicRole::UserThreadCursors,
+            WireFormat::Auto,
+            Some(&codec::encode_user_thread_key(&key)),
+            Some(&value),
+            &[],
+        );
+        assert_eq!(line["key"]["thread"], 7);
+        assert_eq!(line["value"]["private_cursor"], 3);
+        let line = describe(
+            TopicRole::ThreadCursors,
+            WireFormat::Auto,
+            Some(&codec::encode_thread_key(&key)),
+            None,
+            &[],
+        );
+        assert_eq!(line["key"]["user_id"], "u");
+        assert!(line["value"].is_null());
     }
 
     #[test]

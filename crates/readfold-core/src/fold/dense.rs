@@ -59,6 +59,7 @@ impl<K: Hash + Eq + Clone, V> DenseMap<K, V> {
         (i, true)
     }
 
+    #[cfg(test)]
     pub(crate) fn get(&self, key: &K) -> Option<&V> {
         self.find(key).map(|i| &self.entries[i as usize].1)
     }

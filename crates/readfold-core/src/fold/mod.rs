@@ -36,6 +36,7 @@ mod tests;
 mod thread_tests;
 mod threads;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use dense::DenseMap;
@@ -320,8 +321,6 @@ struct Conversation {
     /// Highest seq seen in any input; may lag behind cursors.
     latest_seq: Seq,
     members: Members,
-    /// Only conversations with a thread hold any.
-    threads: Option<Box<Threads>>,
 }
 
 /// One conversation of a [`PartitionState`], for reading.
@@ -330,6 +329,7 @@ pub struct ConversationRef<'a> {
     users: &'a UserTable,
     extras: &'a Extras,
     conversation: &'a Conversation,
+    threads: Option<&'a Threads>,
 }
 
 impl<'a> ConversationRef<'a> {
@@ -376,7 +376,7 @@ impl<'a> ConversationRef<'a> {
     /// The conversation's threads.
     pub fn threads(&self) -> ThreadsRef<'a> {
         ThreadsRef {
-            threads: self.conversation.threads.as_deref(),
+            threads: self.threads,
             members: &self.conversation.members,
             users: self.users,
             extras: self.extras,
@@ -545,6 +545,10 @@ pub struct PartitionState {
     users: UserTable,
     extras: Extras,
     dirty: DirtySet,
+    /// The threads of the conversations that have any, by number: a map
+    /// of its own, so that a conversation without threads (every 1:1 chat)
+    /// pays nothing for them.
+    threads: HashMap<u32, Threads, foldhash::fast::RandomState>,
     /// Threads with a changed follower or state since the last flush.
     thread_dirty: ThreadDirty,
     /// Conversations not yet taken in from a store (see `stored.rs`).
@@ -712,26 +716,12 @@ impl PartitionState {
     }
 
     pub fn conversation(&self, id: &ConversationId) -> Option<ConversationRef<'_>> {
-        let conversation = self.conversations.get(id)?;
-        Some(ConversationRef {
-            users: &self.users,
-            extras: &self.extras,
-            conversation,
-        })
+        Some(self.conversation_at(self.conversations.find(id)?))
     }
 
     pub fn conversations(&self) -> impl Iterator<Item = (&ConversationId, ConversationRef<'_>)> {
-        let (users, extras) = (&self.users, &self.extras);
-        self.conversations.iter().map(move |(id, conversation)| {
-            (
-                id,
-                ConversationRef {
-                    users,
-                    extras,
-                    conversation,
-                },
-            )
-        })
+        (0..self.conversation_count())
+            .map(|number| (self.conversations.key(number), self.conversation_at(number)))
     }
 
     /// Gives back the room that growth left unused, for a state that is
@@ -967,10 +957,10 @@ impl PartitionState {
                 }
                 // Applied (not an older or replayed event): the member's
                 // join point moved in every thread, or they left them all.
-                if outputs.state && conv.threads.is_some() {
+                if outputs.state && self.threads.contains_key(&number) {
                     ThreadsOf {
                         number,
-                        threads: &mut conv.threads,
+                        threads: &mut self.threads,
                         members: &conv.members,
                         users,
                         extras,
@@ -1068,13 +1058,7 @@ impl PartitionState {
             }
             replaced.members.release(&mut self.extras);
         }
-        // Threads are restored from records of their own.
-        let threads = replaced.threads.take();
-        *replaced = Conversation {
-            latest_seq,
-            members,
-            threads,
-        };
+        *replaced = Conversation { latest_seq, members };
     }
 
     /// Applies a public changelog tombstone (restore): the member has left.
@@ -1155,9 +1139,9 @@ impl PartitionState {
         }
         self.dirty.members = 0;
         for (number, root) in self.thread_dirty.take() {
-            let conv = self.conversations.value_mut(number);
-            if let Some(threads) = &mut conv.threads {
-                threads.clear_dirty(root, &conv.members, &self.extras);
+            if let Some(threads) = self.threads.get_mut(&number) {
+                let members = &self.conversations.value(number).members;
+                threads.clear_dirty(root, members, &self.extras);
             }
         }
     }
@@ -1195,7 +1179,7 @@ impl PartitionState {
         ) else {
             return;
         };
-        if let Some(threads) = &mut self.conversations.value_mut(number).threads {
+        if let Some(threads) = self.threads.get_mut(&number) {
             threads.redirty_follower(&mut self.thread_dirty, number, key.thread, user, outputs);
         }
     }
@@ -1206,16 +1190,16 @@ impl PartitionState {
         let Some(number) = self.conversations.find(conversation) else {
             return;
         };
-        if let Some(threads) = &mut self.conversations.value_mut(number).threads {
+        if let Some(threads) = self.threads.get_mut(&number) {
             threads.redirty_state(&mut self.thread_dirty, number, root);
         }
     }
 
     /// Threads held, and follower entries over all of them.
     pub fn thread_counts(&self) -> (usize, usize) {
-        self.conversations
-            .iter()
-            .filter_map(|(_, c)| c.threads.as_ref().map(|t| t.counts()))
+        self.threads
+            .values()
+            .map(Threads::counts)
             .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
     }
 
@@ -1242,10 +1226,7 @@ impl PartitionState {
     /// Applies a thread's state record (restore).
     pub fn restore_thread_state(&mut self, state: &ThreadStateChange) {
         let number = self.conversation_number(&state.conversation_id);
-        let conv = self.conversations.value_mut(number);
-        conv.threads
-            .get_or_insert_with(Default::default)
-            .restore_state(state);
+        self.threads.entry(number).or_default().restore_state(state);
     }
 
     /// The threads of `key`'s conversation, created if none, and the
@@ -1253,17 +1234,15 @@ impl PartitionState {
     fn restored_threads(&mut self, key: &ThreadKey) -> (&mut Threads, u32) {
         let number = self.conversation_number(&key.conversation_id);
         let user = self.users.intern(&key.user_id);
-        let conv = self.conversations.value_mut(number);
-        (conv.threads.get_or_insert_with(Default::default), user)
+        (self.threads.entry(number).or_default(), user)
     }
 
     /// The thread fold's view of conversation `number`.
     fn threads_of(&mut self, number: u32) -> ThreadsOf<'_> {
-        let conv = self.conversations.value_mut(number);
         ThreadsOf {
             number,
-            threads: &mut conv.threads,
-            members: &conv.members,
+            threads: &mut self.threads,
+            members: &self.conversations.value(number).members,
             users: &mut self.users,
             extras: &self.extras,
             dirty: &mut self.thread_dirty,
@@ -1276,6 +1255,7 @@ impl PartitionState {
             users: &self.users,
             extras: &self.extras,
             conversation: self.conversations.value(number),
+            threads: self.threads.get(&number),
         }
     }
 

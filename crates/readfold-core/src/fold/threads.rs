@@ -272,7 +272,8 @@ pub(super) struct Reply<'a> {
 /// conversation.
 pub(super) struct ThreadsOf<'a> {
     pub number: u32,
-    pub threads: &'a mut Option<Box<Threads>>,
+    /// Every conversation's threads, by number.
+    pub threads: &'a mut HashMap<u32, Threads, foldhash::fast::RandomState>,
     pub members: &'a Members,
     pub users: &'a mut UserTable,
     pub extras: &'a Extras,
@@ -284,7 +285,7 @@ impl ThreadsOf<'_> {
     /// became a follower.
     pub(super) fn read(&mut self, report: &ThreadReadReport) -> bool {
         let user = self.users.intern(&report.user_id);
-        let threads = self.threads.get_or_insert_with(Default::default);
+        let threads = self.threads.entry(self.number).or_default();
         let thread = threads.by_root.entry(report.thread).or_default();
         let (position, created) = thread.follower(user, report.reported_at);
         let follower = &mut thread.followers[position];
@@ -318,7 +319,7 @@ impl ThreadsOf<'_> {
             })
             .collect();
         let (number, dirty) = (self.number, &mut *self.dirty);
-        let threads = self.threads.get_or_insert_with(Default::default);
+        let threads = self.threads.entry(number).or_default();
         let high = *threads
             .membership_high
             .get_or_insert_with(|| members.iter().filter_map(|s| s.load(extras).membership).max());
@@ -357,7 +358,7 @@ impl ThreadsOf<'_> {
     /// every thread may have moved, and a departure hides them (their
     /// cursors then live only in the thread-state records).
     pub(super) fn membership_changed(&mut self, user: &UserId, version: MembershipVersion, left: bool) {
-        let Some(threads) = self.threads.as_mut() else {
+        let Some(threads) = self.threads.get_mut(&self.number) else {
             return;
         };
         if let Some(high) = &mut threads.membership_high {

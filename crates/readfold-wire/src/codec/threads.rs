@@ -8,7 +8,7 @@ use super::fast_encode::Writer;
 
 /// `readfold.v1.ThreadCursorKey` (and `UserThreadCursorKey`, the same
 /// triple written user first).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct ThreadKeyRecord {
     pub conversation_id: String,
     pub thread: i64,
@@ -16,7 +16,7 @@ pub struct ThreadKeyRecord {
 }
 
 /// `readfold.v1.ThreadCursorUpdate`.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ThreadCursorRecord {
     pub conversation_id: String,
     pub thread: i64,
