@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::kit::*;
 
 /// Starts `readfold serve` on a free port and waits until it answers.
-async fn spawn_serve(env: &TestEnv, extra: &[(&str, &str)]) -> (Processor, String) {
+pub(crate) async fn spawn_serve(env: &TestEnv, extra: &[(&str, &str)]) -> (Processor, String) {
     let addr = free_local_addr();
     let mut vars = vec![("READFOLD__SERVE__LISTEN", addr.as_str())];
     vars.extend_from_slice(extra);

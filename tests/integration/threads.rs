@@ -14,7 +14,12 @@ use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, Rea
 use crate::kit::checks::assert_all_input_committed;
 use crate::kit::env::TestEnv;
 use crate::kit::reference::{assert_matches, Reference};
-use crate::kit::services::{now_ms, Rng};
+use crate::kit::services::{now_ms, redis_url, Rng};
+use crate::kit::stores::redis_store;
+use crate::serve::spawn_serve;
+use readfold_core::fold::thread_own_unread;
+use readfold_serve::client::HttpClient;
+use serde_json::{json, Value};
 
 /// (conversation, thread, user).
 type ThreadKey = (String, u64, String);
@@ -245,6 +250,112 @@ async fn thread_cursors_survive_sigkills_and_agree_with_the_fold() {
     assert_matches(&log, &reference);
     assert!(last.terminate(Duration::from_secs(30)), "{}", last.log_text());
     assert_all_input_committed(&env);
+    // Redis holds each thread as its readers see it, and each follower's
+    // own state.
+    let redis = redis_store(&redis_url(), &env.config.redis.key_prefix).await;
+    for ((conversation, root), view) in threads_of([&reference.state]) {
+        let got = redis.read_thread(&conversation, root).await.unwrap();
+        assert_eq!(
+            got,
+            Some(view.conversation_view()),
+            "Redis thread {conversation:?} {root}"
+        );
+    }
+    let mut own = BTreeMap::new();
+    for user in (0..6).map(|u| format!("u{u}").parse().unwrap()) {
+        for t in redis.read_user_threads(&user).await.unwrap() {
+            let key = (t.conversation_id.to_string(), t.thread.get(), user.to_string());
+            own.insert(key, t.private_cursor.map(|p| p.get()));
+        }
+    }
+    let want_own_private: BTreeMap<ThreadKey, Option<u64>> = want_own
+        .iter()
+        .map(|(k, v)| (k.clone(), v.and_then(|(_, _, private)| private)))
+        .collect();
+    assert_eq!(own, want_own_private, "Redis per-user threads");
+    // The query API answers from Redis as the read model does.
+    let (mut serve, addr) = spawn_serve(&env, &[]).await;
+    let mut client = HttpClient::new(addr);
+    let threads = threads_of([&reference.state]);
+    for ((conversation, root), view) in threads.iter().take(12) {
+        let want = view.conversation_view();
+        let path = format!("/v1/conversations/{conversation}/threads/{root}");
+        let got: Value = client.get(&path).await.unwrap().json().unwrap();
+        let followers: Vec<Value> = want
+            .members
+            .iter()
+            .map(|(u, m)| json!({ "user_id": u.as_str(), "cursor": m.cursor.get(), "join_seq": m.join_seq.get() }))
+            .collect();
+        assert_eq!(got["followers"], json!(followers), "{path}");
+        assert_eq!(got["latest_seq"], want.latest_seq.get(), "{path}");
+        let replies: Vec<Value> = (1..=want.latest_seq.get())
+            .map(|s| json!({ "seq": s, "sender": "u0" }))
+            .collect();
+        let counts: Value = client
+            .post_json(&format!("{path}/read-counts"), &json!({ "messages": replies }))
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+        for (i, count) in counts["counts"].as_array().unwrap().iter().enumerate() {
+            let seq = Seq(i as u64 + 1);
+            assert_eq!(
+                count["read_count"],
+                want.read_count(seq, &"u0".parse().unwrap()),
+                "{path} reply {seq}"
+            );
+        }
+        let readers: Value = client
+            .get(&format!("{path}/replies/1/readers?sender=u0&limit=100"))
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+        let (page, _) = want.readers_page(Seq(1), &"u0".parse().unwrap(), None, 100);
+        let page: Vec<&str> = page.iter().map(|u| u.as_str()).collect();
+        assert_eq!(readers["readers"], json!(page), "{path} readers of reply 1");
+    }
+    for u in 0..6 {
+        let user = format!("u{u}");
+        let got: Value = client
+            .get(&format!("/v1/users/{user}/threads"))
+            .await
+            .unwrap()
+            .json()
+            .unwrap();
+        let mut want_threads = Vec::new();
+        let mut sums: BTreeMap<String, u64> = BTreeMap::new();
+        for ((conversation, root), view) in &threads {
+            let Some((_, f)) = view
+                .followers
+                .iter()
+                .find(|(id, f)| id.as_str() == user && f.present)
+            else {
+                continue;
+            };
+            let unread = thread_own_unread(view.latest_seq, f.cursor, f.private_cursor);
+            *sums.entry(conversation.to_string()).or_default() += unread;
+            want_threads.push(json!({
+                "conversation_id": conversation.as_str(),
+                "thread": root.get(),
+                "latest_seq": view.latest_seq.get(),
+                "cursor": f.cursor.get(),
+                "private_cursor": f.private_cursor.get(),
+                "unread": unread,
+            }));
+        }
+        let want_sums: Vec<Value> = sums
+            .iter()
+            .map(|(c, n)| json!({ "conversation_id": c, "thread_unread": n }))
+            .collect();
+        assert_eq!(got["threads"], json!(want_threads), "{user}'s threads");
+        assert_eq!(
+            got["conversations"],
+            json!(want_sums),
+            "{user}'s thread unread per conversation"
+        );
+    }
+    assert!(serve.terminate(Duration::from_secs(10)), "{}", serve.log_text());
     // A restore from the changelogs alone holds the fold's threads whole.
     let restorer = Restorer::new(&env.config.kafka, topics, env.config.input.max_id_bytes).unwrap();
     let partitions: Vec<i32> = (0..env.partitions).collect();
@@ -257,4 +368,80 @@ async fn thread_cursors_survive_sigkills_and_agree_with_the_fold() {
     for (key, view) in &want {
         assert_eq!(got.get(key), Some(view), "thread {key:?} restored");
     }
+}
+
+/// A follower's Redis values are ordered by the member's epoch: a stale
+/// write never lowers a cursor nor brings back a departed follower, and
+/// every order of the same writes ends the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thread_cursors_in_redis_do_not_depend_on_write_order() {
+    use readfold_core::fold::{Outputs, ThreadChange, ThreadKey};
+    let _services = crate::kit::services::shared_services().await;
+    // u's history in thread 7 of G: reads in epoch 1, a departure (epoch 2),
+    // a rejoin after reply 4 (epoch 3) and a read there.
+    let change = |cursor: u64, private: u64, join: u64, epoch: u64, present: bool| ThreadChange {
+        key: ThreadKey {
+            conversation_id: "G".parse().unwrap(),
+            thread: Seq(7),
+            user_id: "u".parse().unwrap(),
+        },
+        cursor: Seq(cursor),
+        private_cursor: Seq(private),
+        join_seq: Seq(join),
+        latest_seq: Seq(cursor.max(2)),
+        present,
+        epoch,
+        updated_at: 0,
+        outputs: Outputs {
+            public: true,
+            state: true,
+        },
+    };
+    let history = [
+        change(1, 0, 1, 1, true),
+        change(3, 2, 1, 1, true),
+        change(3, 2, 1, 2, false),
+        change(5, 4, 4, 3, true),
+        change(6, 4, 4, 3, true),
+    ];
+    let mut ends = Vec::new();
+    for order in [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3], [1, 4, 0, 3, 2]] {
+        let prefix = crate::kit::services::unique("threads-order");
+        let redis = redis_store(&redis_url(), &prefix).await;
+        for i in order {
+            redis.merge_threads([&history[i]]).await.unwrap();
+        }
+        let view = redis
+            .read_thread(&"G".parse().unwrap(), Seq(7))
+            .await
+            .unwrap()
+            .unwrap();
+        let own = redis.read_user_threads(&"u".parse().unwrap()).await.unwrap();
+        ends.push((view, own));
+        redis.delete_all().await.unwrap();
+    }
+    let (view, own) = &ends[0];
+    assert_eq!(view.latest_seq, Seq(6));
+    let u = &view.members[&"u".parse::<readfold_core::UserId>().unwrap()];
+    assert_eq!((u.cursor, u.join_seq), (Seq(6), Seq(4)), "the rejoin's epoch");
+    assert_eq!(own[0].private_cursor, Some(Seq(4)));
+    assert!(ends.iter().all(|end| end == &ends[0]), "{ends:?}");
+    // A departure of a later epoch hides them again, and an older write
+    // does not bring them back.
+    let prefix = crate::kit::services::unique("threads-order");
+    let redis = redis_store(&redis_url(), &prefix).await;
+    redis
+        .merge_threads([&history[4], &change(6, 4, 4, 4, false)])
+        .await
+        .unwrap();
+    redis.merge_threads([&history[3]]).await.unwrap();
+    let view = redis
+        .read_thread(&"G".parse().unwrap(), Seq(7))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(view.members.is_empty(), "departed");
+    let own = redis.read_user_threads(&"u".parse().unwrap()).await.unwrap();
+    assert_eq!(own[0].private_cursor, None, "departed on their own devices too");
+    redis.delete_all().await.unwrap();
 }

@@ -451,6 +451,11 @@ impl Stores {
             )
             .await?;
         }
+        if let (false, Some(redis)) = (plan.thread_changes.is_empty(), &self.redis) {
+            redis
+                .merge_threads(plan.thread_changes.iter().map(|(_, c)| c))
+                .await?;
+        }
         if let (Some(_), Some(cql)) = (&plan.snapshot, &self.cql) {
             let changes = || plan.snapshot_changes();
             timed_write(

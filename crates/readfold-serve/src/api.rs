@@ -88,10 +88,14 @@ pub fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(member_cursor))
         .routes(routes!(unread))
         .routes(routes!(badge))
+        .routes(routes!(crate::threads::get_thread))
+        .routes(routes!(crate::threads::thread_read_counts))
+        .routes(routes!(crate::threads::reply_readers))
+        .routes(routes!(crate::threads::followed_threads))
 }
 
 /// Records the endpoint's latency and status.
-async fn timed<T>(
+pub(crate) async fn timed<T>(
     endpoint: &'static str,
     work: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
@@ -102,19 +106,24 @@ async fn timed<T>(
     result
 }
 
-fn conversation_id(raw: &str, limits: &ApiLimits) -> Result<ConversationId, ApiError> {
+pub(crate) fn conversation_id(raw: &str, limits: &ApiLimits) -> Result<ConversationId, ApiError> {
     ConversationId::parse(raw, limits.max_id_bytes)
         .map_err(|e| ApiError::bad_request("invalid_path", format!("conversation_id: {e}")))
 }
 
-fn user_id(raw: &str, what: &str, code: &'static str, limits: &ApiLimits) -> Result<UserId, ApiError> {
+pub(crate) fn user_id(
+    raw: &str,
+    what: &str,
+    code: &'static str,
+    limits: &ApiLimits,
+) -> Result<UserId, ApiError> {
     UserId::parse(raw, limits.max_id_bytes).map_err(|e| ApiError::bad_request(code, format!("{what}: {e}")))
 }
 
 /// A conversation the caller may see: with access control on, one they are
 /// a present member of (a conversation that does not exist is answered the
 /// same way, so that existence does not leak).
-async fn visible_conversation(
+pub(crate) async fn visible_conversation(
     state: &AppState,
     caller: &Caller,
     id: &ConversationId,
@@ -151,7 +160,7 @@ fn wants_fresh(headers: &HeaderMap) -> bool {
 }
 
 /// A conversation the caller may see, and the store it came from.
-struct Visible(Cached, Source);
+pub(crate) struct Visible(Cached, Source);
 
 impl Visible {
     fn view(&self) -> &ConversationView {

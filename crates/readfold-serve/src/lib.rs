@@ -18,6 +18,7 @@ pub mod error;
 pub mod extract;
 pub mod source;
 pub mod telemetry;
+pub mod threads;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -3,9 +3,10 @@
 //! changelog topics are never read on a request path.
 
 use readfold_core::badge::Badge;
+use readfold_core::ConversationId;
 use readfold_core::{ConversationView, MemberCursor, OwnCursor, Seq, UserId};
 use readfold_store::cql::CqlStore;
-use readfold_store::redis::{MemberView, PrivateState, RedisStore};
+use readfold_store::redis::{FollowedThread, MemberView, PrivateState, RedisStore};
 use serde::Serialize;
 
 use crate::telemetry;
@@ -79,6 +80,49 @@ impl ReadSource {
             telemetry::store_failed("redis");
             Unavailable(e.to_string())
         })
+    }
+
+    /// A thread as its conversation's members see it, from Redis (CQL
+    /// does not hold threads yet).
+    pub async fn thread(
+        &self,
+        conversation: &ConversationId,
+        thread: Seq,
+    ) -> Result<(Option<ConversationView>, Source), Unavailable> {
+        let Some(redis) = &self.redis else {
+            return Ok(counted(None, Source::None));
+        };
+        match redis.read_thread(conversation, thread).await {
+            Ok(view) => {
+                let source = if view.is_some() {
+                    Source::Redis
+                } else {
+                    Source::None
+                };
+                Ok(counted(view, source))
+            }
+            Err(e) => {
+                telemetry::store_failed("redis");
+                Err(Unavailable(e.to_string()))
+            }
+        }
+    }
+
+    /// The threads `user` follows, with their cursors, from Redis.
+    pub async fn followed_threads(
+        &self,
+        user: &UserId,
+    ) -> Result<(Vec<FollowedThread>, Source), Unavailable> {
+        let Some(redis) = &self.redis else {
+            return Ok(counted(Vec::new(), Source::None));
+        };
+        match redis.read_followed_threads(user).await {
+            Ok(threads) => Ok(counted(threads, Source::Redis)),
+            Err(e) => {
+                telemetry::store_failed("redis");
+                Err(Unavailable(e.to_string()))
+            }
+        }
     }
 
     /// A conversation as other members see it.

@@ -77,6 +77,8 @@ pub struct ThreadChange {
     pub latest_seq: Seq,
     /// False once the member left the conversation: a tombstone publicly.
     pub present: bool,
+    /// The member's membership epoch (see [`ThreadFollower::epoch`]).
+    pub epoch: u64,
     pub updated_at: i64,
     pub outputs: Outputs,
 }
@@ -192,16 +194,28 @@ pub(super) struct Threads {
     membership_high: Option<Option<MembershipVersion>>,
 }
 
-/// A member's membership, as the conversation holds it: the version and
-/// whether they left. `None` for a member not held.
-fn membership(members: &Members, extras: &Extras, user: u32) -> (Option<MembershipVersion>, bool) {
+/// A member's membership, as the conversation holds it.
+#[derive(Clone, Copy, Default)]
+struct Membership {
+    version: Option<MembershipVersion>,
+    left: bool,
+    /// Membership events applied (see `Member::epoch`).
+    epoch: u64,
+}
+
+/// `user`'s membership; the default for a member not held.
+fn membership(members: &Members, extras: &Extras, user: u32) -> Membership {
     members
         .get(user)
         .map(|slot| {
             let member = slot.load(extras);
-            (member.membership, member.left)
+            Membership {
+                version: member.membership,
+                left: member.left,
+                epoch: member.epoch,
+            }
         })
-        .unwrap_or((None, false))
+        .unwrap_or_default()
 }
 
 /// The list of threads with a dirty follower or state, each once.
@@ -314,8 +328,8 @@ impl ThreadsOf<'_> {
             .iter()
             .filter_map(|u| self.users.find(u))
             .filter(|&u| {
-                let (version, left) = membership(members, extras, u);
-                !left && version.is_some_and(|v| v <= reply.version)
+                let m = membership(members, extras, u);
+                !m.left && m.version.is_some_and(|v| v <= reply.version)
             })
             .collect();
         let (number, dirty) = (self.number, &mut *self.dirty);
@@ -421,9 +435,9 @@ impl Threads {
         for i in 0..thread.followers.len() {
             let f = &thread.followers[i];
             if f.dirty.any() {
-                let (version, left) = membership(members, extras, f.user);
-                if !left {
-                    let floor = Seq(thread.join_seq(version).get() - 1);
+                let m = membership(members, extras, f.user);
+                if !m.left {
+                    let floor = Seq(thread.join_seq(m.version).get() - 1);
                     advance(&mut thread.followers[i].cursor, floor);
                 }
             }
@@ -498,6 +512,9 @@ pub struct ThreadFollower {
     pub join_seq: Seq,
     /// Whether the member is in the conversation.
     pub present: bool,
+    /// The member's membership epoch, which orders departures and rejoins
+    /// in the stores (as a conversation's cursors are ordered).
+    pub epoch: u64,
 }
 
 impl ThreadView {
@@ -552,7 +569,7 @@ impl<'a> ThreadsRef<'a> {
     }
 
     fn follower(&self, thread: &Thread, f: &Follower) -> ThreadFollower {
-        let (version, left) = membership(self.members, self.extras, f.user);
+        let Membership { version, left, epoch } = membership(self.members, self.extras, f.user);
         let join_seq = thread.join_seq(version);
         // A departed member's entry keeps its own cursor (the thread-state
         // record carries it): their join point is then a rejoin's to set.
@@ -562,6 +579,7 @@ impl<'a> ThreadsRef<'a> {
             private_cursor: f.private_cursor,
             join_seq,
             present: !left,
+            epoch,
         }
     }
 
@@ -603,6 +621,7 @@ impl<'a> ThreadsRef<'a> {
             join_seq: view.join_seq,
             latest_seq: thread.latest,
             present: view.present,
+            epoch: view.epoch,
             updated_at: f.updated_at,
             // A hidden follower's cursor lives only in the thread-state
             // record: the public one is a tombstone.

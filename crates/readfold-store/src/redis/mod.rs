@@ -21,10 +21,13 @@
 //!   order-independently (see [`crate::mentions`]);
 //! - `P:user:{U}:mute`    hash conversation -> `<at>:<until>` of the latest
 //!   mute or unmute (until `i64::MAX`: until unmuted; `i64::MIN`: unmuted).
+//!
+//! Threads have keys of their own in the same slots (see `threads.rs`).
 
 mod badge;
 mod config;
 mod read;
+mod threads;
 mod write;
 
 use std::time::Duration;
@@ -36,6 +39,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 pub use badge::badge_key;
 pub use config::RedisConfig;
 pub use read::{MemberView, PrivateState, UserViews};
+pub use threads::{FollowedThread, UserThread, MERGE_THREADS_SCRIPT, MERGE_THREAD_PRIVATE_SCRIPT};
 pub use write::{calls, MERGE_PRIVATE_SCRIPT, MERGE_SCRIPT};
 
 use crate::error::{Error, Result};
@@ -89,6 +93,8 @@ pub struct RedisStore {
     script: redis::Script,
     private_script: redis::Script,
     badge_script: redis::Script,
+    thread_script: redis::Script,
+    thread_private_script: redis::Script,
     prefix: String,
     conversations_per_call: usize,
 }
@@ -111,6 +117,8 @@ impl RedisStore {
             script: redis::Script::new(MERGE_SCRIPT),
             private_script: redis::Script::new(MERGE_PRIVATE_SCRIPT),
             badge_script: redis::Script::new(badge::WRITE_BADGES_SCRIPT),
+            thread_script: redis::Script::new(MERGE_THREADS_SCRIPT),
+            thread_private_script: redis::Script::new(MERGE_THREAD_PRIVATE_SCRIPT),
             prefix: config.key_prefix.clone(),
             conversations_per_call: config.conversations_per_call,
         })

@@ -7,6 +7,7 @@ use readfold_core::flush::{ConversationBatch, MemberWrite, UserBatch};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use super::badge::WRITE_BADGES_SCRIPT;
+use super::threads::{MERGE_THREADS_SCRIPT, MERGE_THREAD_PRIVATE_SCRIPT};
 use super::{keys, user_keys, RedisStore, KEYS_PER_CONVERSATION};
 use crate::error::{Error, Result};
 
@@ -18,7 +19,13 @@ pub const MERGE_PRIVATE_SCRIPT: &str = include_str!("merge_private.lua");
 impl RedisStore {
     pub(super) async fn load_script(&self) -> Result<()> {
         let mut conn = self.conn.clone();
-        for script in [MERGE_SCRIPT, MERGE_PRIVATE_SCRIPT, WRITE_BADGES_SCRIPT] {
+        for script in [
+            MERGE_SCRIPT,
+            MERGE_PRIVATE_SCRIPT,
+            WRITE_BADGES_SCRIPT,
+            MERGE_THREADS_SCRIPT,
+            MERGE_THREAD_PRIVATE_SCRIPT,
+        ] {
             let _: String = redis::cmd("SCRIPT")
                 .arg("LOAD")
                 .arg(script)
