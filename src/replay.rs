@@ -11,7 +11,8 @@ use crate::error::Result;
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
-    /// cursors, read-counts (needs --conversation) or latency.
+    /// cursors, read-counts (needs --conversation), latency or
+    /// thread-cursors.
     #[arg(long, default_value = "cursors")]
     pub table: TableKind,
     /// jsonl, csv or parquet.
@@ -38,7 +39,8 @@ pub struct ReplayArgs {
     #[arg(long = "conversation", value_name = "ID")]
     pub conversations: Vec<String>,
     /// Add each member's private cursor, unread mark and own unread count
-    /// to the cursors table (and list members seen only privately).
+    /// to the cursors table (and list members seen only privately); each
+    /// follower's private cursor and own unread to the thread-cursors table.
     #[arg(long)]
     pub include_private: bool,
     /// The latency table's memory bound: messages not yet read by every

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use readfold_core::fold::{EventKind, Input, PartitionState};
+use readfold_core::fold::{thread_own_unread, EventKind, Input, PartitionState};
 use readfold_core::{ConversationId, Seq, UserId};
 
 use readfold_wire::changelog::ChangelogError;
@@ -212,6 +212,44 @@ impl Replayer {
         })
     }
 
+    /// One row per thread follower, in (conversation, thread, user) order;
+    /// departed followers too (`present` false, nothing unread).
+    pub fn thread_rows(&self, include_private: bool) -> impl Iterator<Item = Vec<Value>> + '_ {
+        let mut conversations: Vec<_> = self.state.conversations().collect();
+        conversations.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        conversations.into_iter().flat_map(move |(id, conversation)| {
+            let threads = conversation.threads();
+            let views: Vec<_> = threads
+                .roots()
+                .into_iter()
+                .filter_map(|root| Some((root, threads.thread(root)?)))
+                .collect();
+            views.into_iter().flat_map(move |(root, view)| {
+                let latest = view.latest_seq;
+                view.followers.into_iter().map(move |(user, f)| {
+                    let present = |n: u64| if f.present { n as i64 } else { 0 };
+                    let mut row = vec![
+                        Value::Str(id.to_string()),
+                        Value::Int(root.get() as i64),
+                        Value::Str(user.to_string()),
+                        Value::Int(f.cursor.get() as i64),
+                        Value::Int(f.join_seq.get() as i64),
+                        Value::Bool(f.present),
+                        Value::Int(latest.get() as i64),
+                        Value::Int(present(latest.get().saturating_sub(f.cursor.get()))),
+                    ];
+                    if include_private {
+                        row.extend([
+                            Value::Int(f.private_cursor.get() as i64),
+                            Value::Int(present(thread_own_unread(latest, f.cursor, f.private_cursor))),
+                        ]);
+                    }
+                    row
+                })
+            })
+        })
+    }
+
     /// One row per message seen sent in the chosen conversations, in
     /// (conversation, seq) order: its read count and possible readers at the
     /// end point, by the read model.
@@ -284,6 +322,46 @@ mod tests {
             ]
         );
         assert_eq!(r.stats().other_conversations, 1);
+    }
+
+    /// The thread of message 1: B replies twice, D (who joined after
+    /// message 2, so after reply 1 too) reads both, C reads privately.
+    #[test]
+    fn thread_rows_list_each_follower_with_their_join_point() {
+        use crate::test_inputs::{replied, thread_read};
+        let mut r = seed(TableKind::ThreadCursors);
+        for input in [
+            replied("g", 1, 1, "B", 1, 15),
+            replied("g", 1, 2, "B", 3, 31),
+            thread_read("g", 1, "D", 2, false),
+            thread_read("g", 1, "C", 2, true),
+        ] {
+            r.apply(&input);
+        }
+        let rows: Vec<_> = r.thread_rows(true).collect();
+        let row = |user: &str, cursor, join, unread, private, own| {
+            vec![
+                Value::Str("g".into()),
+                Value::Int(1),
+                Value::Str(user.into()),
+                Value::Int(cursor),
+                Value::Int(join),
+                Value::Bool(true),
+                Value::Int(2),
+                Value::Int(unread),
+                Value::Int(private),
+                Value::Int(own),
+            ]
+        };
+        assert_eq!(
+            rows,
+            [
+                row("B", 2, 1, 0, 0, 0),
+                row("C", 0, 1, 2, 2, 0),
+                row("D", 2, 2, 0, 0, 0)
+            ]
+        );
+        assert_eq!(r.thread_rows(false).next().unwrap().len(), 8);
     }
 
     #[test]

@@ -114,7 +114,7 @@ pub fn replay(
     }
     if options.from_changelog && options.table != TableKind::Cursors {
         return Err(Error::Usage(
-            "--from-changelog gives the cursors table only: read counts and latency need the messages, which only the input topics carry".into(),
+            "--from-changelog gives the cursors table only: read counts and latency need the messages, and thread cursors the replies, which only the input topics carry".into(),
         ));
     }
     let (out, partial) = open_output(options.output.as_deref(), options.format)?;
@@ -122,6 +122,7 @@ pub fn replay(
         TableKind::Cursors => "cursors",
         TableKind::ReadCounts => "read_counts",
         TableKind::Latency => "read_latency",
+        TableKind::ThreadCursors => "thread_cursors",
     };
     let mut sink = output::sink(
         options.format,
@@ -146,7 +147,8 @@ pub fn replay(
     // is a max or a versioned last-writer-wins), so they are folded as
     // fetched; the latency and read-count tables, and a restore from the
     // changelogs (public records before member state), need the one order.
-    let arrival = if options.table == TableKind::Cursors && !options.from_changelog {
+    let as_fetched = matches!(options.table, TableKind::Cursors | TableKind::ThreadCursors);
+    let arrival = if as_fetched && !options.from_changelog {
         Arrival::AsFetched
     } else {
         Arrival::PerPartition
@@ -197,6 +199,7 @@ pub fn replay(
         TableKind::Cursors => write_all(&mut replayer.cursor_rows(options.include_private))?,
         TableKind::ReadCounts => write_all(&mut replayer.read_count_rows().into_iter())?,
         TableKind::Latency => write_all(&mut replayer.finish_latency().iter().map(|r| r.values()))?,
+        TableKind::ThreadCursors => write_all(&mut replayer.thread_rows(options.include_private))?,
     }
     sink.finish()?;
     if let Some((partial, path)) = partial {

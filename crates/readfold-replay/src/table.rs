@@ -15,6 +15,8 @@ pub enum TableKind {
     ReadCounts,
     /// One row per message: time to first, median and last read.
     Latency,
+    /// One row per (conversation, thread, follower) at the end point.
+    ThreadCursors,
 }
 
 impl FromStr for TableKind {
@@ -25,7 +27,10 @@ impl FromStr for TableKind {
             "cursors" => Ok(TableKind::Cursors),
             "read-counts" => Ok(TableKind::ReadCounts),
             "latency" => Ok(TableKind::Latency),
-            _ => Err(format!("{raw:?} is not a table: cursors, read-counts or latency")),
+            "thread-cursors" => Ok(TableKind::ThreadCursors),
+            _ => Err(format!(
+                "{raw:?} is not a table: cursors, read-counts, latency or thread-cursors"
+            )),
         }
     }
 }
@@ -87,6 +92,26 @@ const CURSOR_COLUMNS: [Column; 7] = [
     col("unread", Kind::Int),
 ];
 
+const THREAD_COLUMNS: [Column; 8] = [
+    col("conversation", Kind::Str),
+    // The root message's seq; cursors, join_seq and latest_seq count replies.
+    col("thread", Kind::Int),
+    col("user", Kind::Str),
+    col("cursor", Kind::Int),
+    col("join_seq", Kind::Int),
+    // false: the member left the conversation.
+    col("present", Kind::Bool),
+    col("latest_seq", Kind::Int),
+    // max(0, latest_seq - cursor), by the public cursor.
+    col("unread", Kind::Int),
+];
+
+const THREAD_PRIVATE_COLUMNS: [Column; 2] = [
+    col("private_cursor", Kind::Int),
+    // The follower's own count: both cursors.
+    col("own_unread", Kind::Int),
+];
+
 const PRIVATE_COLUMNS: [Column; 3] = [
     col("private_cursor", Kind::Int),
     col("marked_unread", Kind::Bool),
@@ -124,6 +149,12 @@ pub fn columns(table: TableKind, include_private: bool) -> Vec<Column> {
             CURSOR_COLUMNS.iter().chain(&PRIVATE_COLUMNS).copied().collect()
         }
         TableKind::Cursors => CURSOR_COLUMNS.to_vec(),
+        TableKind::ThreadCursors if include_private => THREAD_COLUMNS
+            .iter()
+            .chain(&THREAD_PRIVATE_COLUMNS)
+            .copied()
+            .collect(),
+        TableKind::ThreadCursors => THREAD_COLUMNS.to_vec(),
         TableKind::ReadCounts => READ_COUNT_COLUMNS.to_vec(),
         TableKind::Latency => LATENCY_COLUMNS.to_vec(),
     }
@@ -156,7 +187,8 @@ mod tests {
         assert!("counts"
             .parse::<TableKind>()
             .unwrap_err()
-            .contains("cursors, read-counts or latency"));
+            .contains("cursors, read-counts, latency or thread-cursors"));
+        assert_eq!("thread-cursors".parse(), Ok(TableKind::ThreadCursors));
     }
 
     #[test]
