@@ -494,6 +494,30 @@ pub async fn receivers(
     .await
 }
 
+/// A page's sender, `after` and size, checked.
+pub(crate) fn page_params(
+    query: &ReadersQuery,
+    limits: &ApiLimits,
+) -> Result<(UserId, Option<UserId>, usize), ApiError> {
+    let sender = user_id(&query.sender, "query parameter `sender`", "invalid_query", limits)?;
+    let after = query
+        .after
+        .as_deref()
+        .map(|a| user_id(a, "query parameter `after`", "invalid_query", limits))
+        .transpose()?;
+    let limit = query.limit.unwrap_or(limits.default_page);
+    if limit == 0 || limit > limits.max_page {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            format!(
+                "query parameter `limit`: {limit} is outside 1..={} (serve.max_page)",
+                limits.max_page
+            ),
+        ));
+    }
+    Ok((sender, after, limit))
+}
+
 /// One page of who-read or who-received: the page, the whole count, the
 /// next page's `after` and the store that answered.
 async fn reached_page(
@@ -506,27 +530,7 @@ async fn reached_page(
     reached: Reached,
 ) -> Result<(Vec<String>, usize, Option<String>, Source), ApiError> {
     let id = conversation_id(conversation, &state.limits)?;
-    let sender = user_id(
-        &query.sender,
-        "query parameter `sender`",
-        "invalid_query",
-        &state.limits,
-    )?;
-    let after = query
-        .after
-        .as_deref()
-        .map(|a| user_id(a, "query parameter `after`", "invalid_query", &state.limits))
-        .transpose()?;
-    let limit = query.limit.unwrap_or(state.limits.default_page);
-    if limit == 0 || limit > state.limits.max_page {
-        return Err(ApiError::bad_request(
-            "invalid_query",
-            format!(
-                "query parameter `limit`: {limit} is outside 1..={} (serve.max_page)",
-                state.limits.max_page
-            ),
-        ));
-    }
+    let (sender, after, limit) = page_params(query, &state.limits)?;
     let visible = visible_conversation(state, caller, &id, headers).await?;
     let (view, source) = (visible.view(), visible.1);
     let (page, next) = view.reached_page(reached, Seq(seq), &sender, after.as_ref(), limit);

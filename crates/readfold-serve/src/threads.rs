@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use crate::api::{
-    conversation_id, timed, user_id, visible_conversation, AppState, MessageDto, ReadCountsRequest,
-    ReadersQuery,
+    conversation_id, page_params, timed, user_id, visible_conversation, AppState, MessageDto,
+    ReadCountsRequest, ReadersQuery,
 };
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorBody};
@@ -251,27 +251,7 @@ pub async fn reply_readers(
     ApiQuery(query): ApiQuery<ReadersQuery>,
 ) -> Result<Json<ReplyReadersPage>, ApiError> {
     timed("reply_readers", async {
-        let sender = user_id(
-            &query.sender,
-            "query parameter `sender`",
-            "invalid_query",
-            &state.limits,
-        )?;
-        let after = query
-            .after
-            .as_deref()
-            .map(|a| user_id(a, "query parameter `after`", "invalid_query", &state.limits))
-            .transpose()?;
-        let limit = query.limit.unwrap_or(state.limits.default_page);
-        if limit == 0 || limit > state.limits.max_page {
-            return Err(ApiError::bad_request(
-                "invalid_query",
-                format!(
-                    "query parameter `limit`: {limit} is outside 1..={} (serve.max_page)",
-                    state.limits.max_page
-                ),
-            ));
-        }
+        let (sender, after, limit) = page_params(&query, &state.limits)?;
         let (view, source) = visible_thread(&state, &caller, &headers, &conversation, thread).await?;
         let (page, next) = view.readers_page(Seq(seq), &sender, after.as_ref(), limit);
         Ok(Json(ReplyReadersPage {

@@ -476,7 +476,7 @@ fn restore_brings_back_private_cursors_marks_and_membership() {
 // ---- properties -------------------------------------------------------
 
 #[derive(Clone, Debug)]
-enum Record {
+pub(super) enum Record {
     /// A record of the read-reports topic: a read (public or private) or a mark.
     Report(Input),
     Event(ConversationEvent),
@@ -566,7 +566,17 @@ fn arb_event_log() -> impl Strategy<Value = Vec<ConversationEvent>> {
 /// Interleaves the two inputs (each keeps its own order, as a Kafka partition
 /// does) and re-delivers some records later, as an at-least-once replay would.
 fn arb_delivery() -> impl Strategy<Value = (Vec<Record>, Vec<Record>)> {
-    (prop::collection::vec(arb_report(), 0..60), arb_event_log()).prop_flat_map(|(reports, events)| {
+    delivered(prop::collection::vec(arb_report(), 0..60), arb_event_log())
+}
+
+/// The reference order of `reports` and `events` (every event, then every
+/// report), and a delivery of them: interleaved, each input in its own
+/// order, some records delivered again later.
+pub(super) fn delivered(
+    reports: impl Strategy<Value = Vec<Input>>,
+    events: impl Strategy<Value = Vec<ConversationEvent>>,
+) -> impl Strategy<Value = (Vec<Record>, Vec<Record>)> {
+    (reports, events).prop_flat_map(|(reports, events)| {
         let reference: Vec<Record> = events
             .iter()
             .cloned()
@@ -612,14 +622,14 @@ fn arb_delivery() -> impl Strategy<Value = (Vec<Record>, Vec<Record>)> {
     })
 }
 
-fn apply(state: &mut PartitionState, record: &Record) {
+pub(super) fn apply(state: &mut PartitionState, record: &Record) {
     match record {
         Record::Report(r) => state.apply(r),
         Record::Event(e) => state.apply_event(e),
     };
 }
 
-fn fold_all(records: &[Record]) -> PartitionState {
+pub(super) fn fold_all(records: &[Record]) -> PartitionState {
     let mut s = PartitionState::new();
     records.iter().for_each(|r| apply(&mut s, r));
     s

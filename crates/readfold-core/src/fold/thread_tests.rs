@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;
 
+use super::tests::{apply, delivered, fold_all, Record};
 use super::*;
 
 fn conv(s: &str) -> ConversationId {
@@ -228,12 +229,6 @@ const CONVS: [&str; 2] = ["c1", "c2"];
 const USERS: [&str; 4] = ["a", "b", "c", "d"];
 const ROOTS: u64 = 3;
 
-#[derive(Clone, Debug)]
-enum Record {
-    Report(Input),
-    Event(ConversationEvent),
-}
-
 fn arb_report() -> impl Strategy<Value = Input> {
     (0..CONVS.len(), 0..USERS.len(), 1u64..12, 1..=ROOTS, 0u8..6).prop_map(|(c, u, seq, root, kind)| {
         let (c, u) = (CONVS[c], USERS[u]);
@@ -305,63 +300,10 @@ fn arb_event_log() -> impl Strategy<Value = Vec<ConversationEvent>> {
     })
 }
 
-/// Interleaves the inputs (each in its own order) and re-delivers some
-/// records later, as at-least-once delivery would.
+/// The thread inputs, interleaved and re-delivered as the conversation
+/// tests deliver theirs.
 fn arb_delivery() -> impl Strategy<Value = (Vec<Record>, Vec<Record>)> {
-    (prop::collection::vec(arb_report(), 0..60), arb_event_log()).prop_flat_map(|(reports, events)| {
-        let reference: Vec<Record> = events
-            .iter()
-            .cloned()
-            .map(Record::Event)
-            .chain(reports.iter().cloned().map(Record::Report))
-            .collect();
-        let n = reports.len() + events.len();
-        (
-            Just(reports),
-            Just(events),
-            prop::collection::vec(any::<bool>(), n),
-            prop::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>()), 0..8),
-            Just(reference),
-        )
-            .prop_map(|(reports, events, picks, dups, reference)| {
-                let (mut r, mut e) = (reports.into_iter(), events.into_iter());
-                let mut merged = Vec::new();
-                for take_report in picks {
-                    let next = if take_report {
-                        r.next().map(Record::Report)
-                    } else {
-                        None
-                    };
-                    merged.extend(
-                        next.or_else(|| e.next().map(Record::Event))
-                            .or_else(|| r.next().map(Record::Report)),
-                    );
-                }
-                for (from, to) in dups {
-                    if merged.is_empty() {
-                        break;
-                    }
-                    let i = from.index(merged.len());
-                    let j = i + 1 + to.index(merged.len() - i);
-                    let dup = merged[i].clone();
-                    merged.insert(j.min(merged.len()), dup);
-                }
-                (reference, merged)
-            })
-    })
-}
-
-fn apply(state: &mut PartitionState, record: &Record) {
-    match record {
-        Record::Report(r) => state.apply(r),
-        Record::Event(e) => state.apply_event(e),
-    };
-}
-
-fn fold_all(records: &[Record]) -> PartitionState {
-    let mut s = PartitionState::new();
-    records.iter().for_each(|r| apply(&mut s, r));
-    s
+    delivered(prop::collection::vec(arb_report(), 0..60), arb_event_log())
 }
 
 type ThreadSnapshot = BTreeMap<(ConversationId, Seq), ThreadView>;
