@@ -21,7 +21,7 @@ use readfold_core::{ConversationId, CursorKey, IdError, Mute, Seq, UserId};
 use crate::codec::{
     self, write_cursor_update, write_key, write_member_state, write_thread_cursor, write_thread_key,
     write_thread_state, write_user_thread_key, CursorUpdateFields, DecodeError, MemberStateFields,
-    ThreadCursorRecord, ThreadMarkRecord, ThreadStateRecord, Writer,
+    ThreadCursorFields, ThreadMarkRecord, ThreadStateFields, Writer,
 };
 use crate::confluent::strip_changelog_frame;
 
@@ -270,10 +270,10 @@ impl EncodedRecords {
         let key = &change.key;
         let (conversation_id, user_id) = (key.conversation_id.as_str(), key.user_id.as_str());
         let thread = key.thread.get() as i64;
-        let record = |private_cursor| ThreadCursorRecord {
-            conversation_id: conversation_id.to_owned(),
+        let fields = |private_cursor| ThreadCursorFields {
+            conversation_id,
             thread,
-            user_id: user_id.to_owned(),
+            user_id,
             cursor: change.cursor.get() as i64,
             join_seq: change.join_seq.get() as i64,
             latest_seq: change.latest_seq.get() as i64,
@@ -281,7 +281,7 @@ impl EncodedRecords {
             private_cursor,
         };
         if change.outputs.public {
-            let value = change.present.then(|| record(None));
+            let value = change.present.then(|| fields(None));
             self.push(
                 ChangelogKind::ThreadByConversation,
                 input_partition,
@@ -292,7 +292,7 @@ impl EncodedRecords {
         }
         let own = change
             .present
-            .then(|| record(Some(change.private_cursor.get() as i64)));
+            .then(|| fields(Some(change.private_cursor.get() as i64)));
         self.push(
             ChangelogKind::ThreadByUser,
             partition_for_key(user_id.as_bytes(), layout.user_thread_cursors_partitions),
@@ -301,19 +301,22 @@ impl EncodedRecords {
             own.map(|v| move |w: &mut Writer| write_thread_cursor(w, &v)),
         );
         if change.outputs.state {
-            let value = ThreadStateRecord {
-                conversation_id: conversation_id.to_owned(),
-                thread,
-                user_id: user_id.to_owned(),
-                cursor: change.cursor.get() as i64,
-                private_cursor: change.private_cursor.get() as i64,
-                updated_at: change.updated_at,
-                latest_seq: change.latest_seq.get() as i64,
-                last_reply_seq: None,
-                last_reply_at: None,
-                marks: Vec::new(),
-            };
-            self.push_thread_state_record(input_partition, frames, &value);
+            self.push_thread_state_fields(
+                input_partition,
+                frames,
+                &ThreadStateFields {
+                    conversation_id,
+                    thread,
+                    user_id,
+                    cursor: change.cursor.get() as i64,
+                    private_cursor: change.private_cursor.get() as i64,
+                    updated_at: change.updated_at,
+                    latest_seq: change.latest_seq.get() as i64,
+                    last_reply_seq: None,
+                    last_reply_at: None,
+                    marks: &[],
+                },
+            );
         }
     }
 
@@ -324,40 +327,44 @@ impl EncodedRecords {
         input_partition: i32,
         frames: &ChangelogFrames,
     ) {
-        let value = ThreadStateRecord {
-            conversation_id: state.conversation_id.as_str().to_owned(),
-            thread: state.thread.get() as i64,
-            user_id: String::new(),
-            cursor: 0,
-            private_cursor: 0,
-            updated_at: state.last_reply.map_or(0, |v| v.at),
-            latest_seq: state.latest_seq.get() as i64,
-            last_reply_seq: state.last_reply.map(|v| v.seq.get() as i64),
-            last_reply_at: state.last_reply.map(|v| v.at),
-            marks: state
-                .marks
-                .iter()
-                .map(|m| ThreadMarkRecord {
-                    thread_seq: m.thread_seq.get() as i64,
-                    seq: m.version.seq.get() as i64,
-                    at: m.version.at,
-                })
-                .collect(),
-        };
-        self.push_thread_state_record(input_partition, frames, &value);
+        let marks: Vec<ThreadMarkRecord> = state
+            .marks
+            .iter()
+            .map(|m| ThreadMarkRecord {
+                thread_seq: m.thread_seq.get() as i64,
+                seq: m.version.seq.get() as i64,
+                at: m.version.at,
+            })
+            .collect();
+        self.push_thread_state_fields(
+            input_partition,
+            frames,
+            &ThreadStateFields {
+                conversation_id: state.conversation_id.as_str(),
+                thread: state.thread.get() as i64,
+                user_id: "",
+                cursor: 0,
+                private_cursor: 0,
+                updated_at: state.last_reply.map_or(0, |v| v.at),
+                latest_seq: state.latest_seq.get() as i64,
+                last_reply_seq: state.last_reply.map(|v| v.seq.get() as i64),
+                last_reply_at: state.last_reply.map(|v| v.at),
+                marks: &marks,
+            },
+        );
     }
 
-    fn push_thread_state_record(
+    fn push_thread_state_fields(
         &mut self,
         partition: i32,
         frames: &ChangelogFrames,
-        value: &ThreadStateRecord,
+        value: &ThreadStateFields<'_>,
     ) {
         self.push(
             ChangelogKind::ThreadState,
             partition,
             frames,
-            |w| write_thread_key(w, &value.conversation_id, value.thread, &value.user_id),
+            |w| write_thread_key(w, value.conversation_id, value.thread, value.user_id),
             Some(|w: &mut Writer| write_thread_state(w, value)),
         );
     }

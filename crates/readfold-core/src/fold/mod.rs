@@ -1159,11 +1159,6 @@ impl PartitionState {
         (followers, states)
     }
 
-    /// Thread followers changed since the last flush.
-    pub fn thread_dirty_len(&self) -> usize {
-        self.thread_dirty.len()
-    }
-
     /// Whether a thread follower or a thread's replies changed since the
     /// last flush.
     pub fn has_thread_changes(&self) -> bool {

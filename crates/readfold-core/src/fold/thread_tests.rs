@@ -220,7 +220,7 @@ fn a_private_thread_read_clears_own_unread_only() {
     assert_eq!((b.outputs.public, b.outputs.state), (false, true));
     s.mark_flushed();
     assert_eq!(s.pending_thread_changes(), (Vec::new(), Vec::new()));
-    assert_eq!(s.thread_dirty_len(), 0);
+    assert!(!s.has_thread_changes());
 }
 
 // ---- properties -------------------------------------------------------

@@ -83,22 +83,6 @@ pub struct ThreadChange {
     pub outputs: Outputs,
 }
 
-impl ThreadChange {
-    /// The follower as other members see them, if present.
-    pub fn present_cursor(&self) -> Option<MemberCursor> {
-        self.present.then_some(MemberCursor {
-            cursor: self.cursor,
-            delivered: self.cursor,
-            join_seq: self.join_seq,
-        })
-    }
-
-    /// The follower's own unread: replies above both cursors.
-    pub fn unread(&self) -> u64 {
-        own_unread(self.latest_seq, self.cursor, self.private_cursor)
-    }
-}
-
 /// unread in a thread as the follower's own devices count it.
 pub fn own_unread(latest: Seq, cursor: Seq, private_cursor: Seq) -> u64 {
     latest.get().saturating_sub(cursor.max(private_cursor).get())
@@ -222,7 +206,6 @@ fn membership(members: &Members, extras: &Extras, user: u32) -> Membership {
 #[derive(Clone, Debug, Default)]
 pub(super) struct ThreadDirty {
     threads: Vec<(u32, Seq)>,
-    followers: usize,
     untracked: bool,
 }
 
@@ -232,10 +215,6 @@ impl ThreadDirty {
             untracked: true,
             ..Self::default()
         }
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.followers
     }
 
     fn mark_follower(
@@ -250,9 +229,6 @@ impl ThreadDirty {
             return;
         }
         let follower = &mut thread.followers[position];
-        if !follower.dirty.any() {
-            self.followers += 1;
-        }
         follower.dirty = follower.dirty.union(outputs);
         self.list(number, root, thread);
     }
@@ -667,7 +643,6 @@ impl ThreadDirty {
     /// Takes the dirty list; the caller clears each thread's flags
     /// ([`Threads::clear_dirty`]).
     pub(super) fn take(&mut self) -> Vec<(u32, Seq)> {
-        self.followers = 0;
         std::mem::take(&mut self.threads)
     }
 

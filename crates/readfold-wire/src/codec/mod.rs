@@ -30,8 +30,8 @@ pub use records::{
 };
 pub use threads::{
     decode_thread_cursor, decode_thread_key, decode_thread_state, decode_user_thread_key,
-    encode_thread_cursor, encode_thread_key, encode_thread_state, encode_user_thread_key, ThreadCursorRecord,
-    ThreadKeyRecord, ThreadMarkRecord, ThreadStateRecord,
+    encode_thread_cursor, encode_thread_key, encode_thread_state, encode_user_thread_key, ThreadCursorFields,
+    ThreadCursorRecord, ThreadKeyRecord, ThreadMarkRecord, ThreadStateFields, ThreadStateRecord,
 };
 pub(crate) use threads::{write_thread_cursor, write_thread_key, write_thread_state, write_user_thread_key};
 

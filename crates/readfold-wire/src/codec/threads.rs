@@ -53,6 +53,68 @@ pub struct ThreadStateRecord {
     pub marks: Vec<ThreadMarkRecord>,
 }
 
+/// A `ThreadCursorUpdate` whose ids are borrowed: what a flush encodes
+/// straight from the fold's changes, with no `String` per record.
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadCursorFields<'a> {
+    pub conversation_id: &'a str,
+    pub thread: i64,
+    pub user_id: &'a str,
+    pub cursor: i64,
+    pub join_seq: i64,
+    pub latest_seq: i64,
+    pub updated_at: i64,
+    pub private_cursor: Option<i64>,
+}
+
+impl<'a> ThreadCursorFields<'a> {
+    pub fn of(r: &'a ThreadCursorRecord) -> Self {
+        ThreadCursorFields {
+            conversation_id: &r.conversation_id,
+            thread: r.thread,
+            user_id: &r.user_id,
+            cursor: r.cursor,
+            join_seq: r.join_seq,
+            latest_seq: r.latest_seq,
+            updated_at: r.updated_at,
+            private_cursor: r.private_cursor,
+        }
+    }
+}
+
+/// A `ThreadState` whose ids and marks are borrowed.
+#[derive(Clone, Copy, Debug)]
+pub struct ThreadStateFields<'a> {
+    pub conversation_id: &'a str,
+    pub thread: i64,
+    /// Empty: the thread's own record.
+    pub user_id: &'a str,
+    pub cursor: i64,
+    pub private_cursor: i64,
+    pub updated_at: i64,
+    pub latest_seq: i64,
+    pub last_reply_seq: Option<i64>,
+    pub last_reply_at: Option<i64>,
+    pub marks: &'a [ThreadMarkRecord],
+}
+
+impl<'a> ThreadStateFields<'a> {
+    pub fn of(r: &'a ThreadStateRecord) -> Self {
+        ThreadStateFields {
+            conversation_id: &r.conversation_id,
+            thread: r.thread,
+            user_id: &r.user_id,
+            cursor: r.cursor,
+            private_cursor: r.private_cursor,
+            updated_at: r.updated_at,
+            latest_seq: r.latest_seq,
+            last_reply_seq: r.last_reply_seq,
+            last_reply_at: r.last_reply_at,
+            marks: &r.marks,
+        }
+    }
+}
+
 /// A thread key, conversation first (`ThreadCursorKey`).
 pub(crate) fn write_thread_key(w: &mut Writer, conversation_id: &str, thread: i64, user_id: &str) {
     w.string(conversation_id).long(thread).string(user_id);
@@ -63,8 +125,8 @@ pub(crate) fn write_user_thread_key(w: &mut Writer, user_id: &str, conversation_
     w.string(user_id).string(conversation_id).long(thread);
 }
 
-pub(crate) fn write_thread_cursor(w: &mut Writer, r: &ThreadCursorRecord) {
-    write_thread_key(w, &r.conversation_id, r.thread, &r.user_id);
+pub(crate) fn write_thread_cursor(w: &mut Writer, r: &ThreadCursorFields<'_>) {
+    write_thread_key(w, r.conversation_id, r.thread, r.user_id);
     w.long(r.cursor)
         .long(r.join_seq)
         .long(r.latest_seq)
@@ -75,8 +137,8 @@ pub(crate) fn write_thread_cursor(w: &mut Writer, r: &ThreadCursorRecord) {
     };
 }
 
-pub(crate) fn write_thread_state(w: &mut Writer, r: &ThreadStateRecord) {
-    write_thread_key(w, &r.conversation_id, r.thread, &r.user_id);
+pub(crate) fn write_thread_state(w: &mut Writer, r: &ThreadStateFields<'_>) {
+    write_thread_key(w, r.conversation_id, r.thread, r.user_id);
     w.long(r.cursor)
         .long(r.private_cursor)
         .long(r.updated_at)
@@ -89,7 +151,7 @@ pub(crate) fn write_thread_state(w: &mut Writer, r: &ThreadStateRecord) {
     }
     if !r.marks.is_empty() {
         w.long(r.marks.len() as i64);
-        for m in &r.marks {
+        for m in r.marks {
             w.long(m.thread_seq).long(m.seq).long(m.at);
         }
     }
@@ -110,13 +172,13 @@ pub fn encode_user_thread_key(key: &ThreadKeyRecord) -> Vec<u8> {
 
 pub fn encode_thread_cursor(record: &ThreadCursorRecord) -> Vec<u8> {
     let mut w = Writer::with_capacity(48);
-    write_thread_cursor(&mut w, record);
+    write_thread_cursor(&mut w, &ThreadCursorFields::of(record));
     w.done()
 }
 
 pub fn encode_thread_state(record: &ThreadStateRecord) -> Vec<u8> {
     let mut w = Writer::with_capacity(64);
-    write_thread_state(&mut w, record);
+    write_thread_state(&mut w, &ThreadStateFields::of(record));
     w.done()
 }
 
