@@ -148,8 +148,8 @@ pub fn run(w: Workload) -> Figures {
                     }));
                 }
                 let reader = &members[(rng.next() % w.group_members) as usize];
-                // With no thread share no number is drawn: the workload is
-                // then the one of builds before threads.
+                // With no thread share no number is drawn, so a seed gives
+                // the same conversation workload with or without threads.
                 if w.thread_permille > 0 && rng.next() % 1000 < w.thread_permille && group_latest > 0 {
                     thread_reports += 1;
                     let root = group_latest.saturating_sub(rng.next() % 5).max(1);
