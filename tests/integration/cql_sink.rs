@@ -115,7 +115,15 @@ async fn schema_is_created_idempotently() {
     assert_eq!(first.write(&[sink_batch("C", 3, &[("u", 3)])]).await.unwrap(), 1);
     // Connecting again finds everything in place and keeps the data.
     let second = writer(&cql_config(&ks)).await;
-    let all = ["conversations", "cursors", "snapshot_marks", "user_cursors"];
+    let all = [
+        "conversations",
+        "cursors",
+        "snapshot_marks",
+        "thread_cursors",
+        "threads",
+        "user_cursors",
+        "user_threads",
+    ];
     assert_eq!(table_names(&second, &ks).await, all);
     assert_eq!(cursors(&second, "C").await["u"], 3);
     // A keyspace that lacks one of them gets it back, the rest kept (a

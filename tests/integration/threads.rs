@@ -15,10 +15,12 @@ use crate::kit::checks::assert_all_input_committed;
 use crate::kit::env::TestEnv;
 use crate::kit::reference::{assert_matches, Reference};
 use crate::kit::services::{now_ms, redis_url, Rng};
-use crate::kit::stores::redis_store;
+use crate::kit::stores::{cql_config, redis_store};
 use crate::serve::spawn_serve;
 use readfold_core::fold::thread_own_unread;
 use readfold_serve::client::HttpClient;
+use readfold_store::cql::CqlStore;
+use readfold_store::redis::FollowedThread;
 use serde_json::{json, Value};
 
 /// (conversation, thread, user).
@@ -273,10 +275,57 @@ async fn thread_cursors_survive_sigkills_and_agree_with_the_fold() {
         .map(|(k, v)| (k.clone(), v.and_then(|(_, _, private)| private)))
         .collect();
     assert_eq!(own, want_own_private, "Redis per-user threads");
-    // The query API answers from Redis as the read model does.
+    // So does CQL, written by the snapshots (the graceful stop wrote every
+    // thread published).
+    let cql = CqlStore::connect(&cql_config(&env.config.cql.keyspace))
+        .await
+        .expect("connect to the CQL server");
+    for ((conversation, root), view) in threads_of([&reference.state]) {
+        let got = cql.thread(&conversation, root).await.unwrap();
+        assert_eq!(
+            got,
+            Some(view.conversation_view()),
+            "CQL thread {conversation:?} {root}"
+        );
+    }
+    for user in (0..6).map(|u| format!("u{u}").parse().unwrap()) {
+        let mut redis_threads = redis.read_followed_threads(&user).await.unwrap();
+        let mut cql_threads = cql.followed_threads(&user).await.unwrap();
+        let order = |t: &FollowedThread| (t.conversation_id.clone(), t.thread);
+        redis_threads.sort_by_key(order);
+        cql_threads.sort_by_key(order);
+        assert_eq!(cql_threads, redis_threads, "{user}'s followed threads in CQL");
+    }
+    // The query API answers from Redis as the read model does, and from
+    // CQL once Redis holds nothing.
     let (mut serve, addr) = spawn_serve(&env, &[]).await;
     let mut client = HttpClient::new(addr);
     let threads = threads_of([&reference.state]);
+    assert_thread_answers(&mut client, &threads, "redis").await;
+    redis.delete_all().await.unwrap();
+    assert_thread_answers(&mut client, &threads, "cql").await;
+    assert!(serve.terminate(Duration::from_secs(10)), "{}", serve.log_text());
+    // A restore from the changelogs alone holds the fold's threads whole.
+    let restorer = Restorer::new(&env.config.kafka, topics, env.config.input.max_id_bytes).unwrap();
+    let partitions: Vec<i32> = (0..env.partitions).collect();
+    let (restored, _) = tokio::task::spawn_blocking(move || restorer.restore_many(&partitions))
+        .await
+        .unwrap()
+        .unwrap();
+    let (got, want) = (threads_of(restored.values()), threads_of([&reference.state]));
+    assert_eq!(got.len(), want.len(), "threads restored");
+    for (key, view) in &want {
+        assert_eq!(got.get(key), Some(view), "thread {key:?} restored");
+    }
+}
+
+/// The query API's four thread endpoints answer as the read model does,
+/// from `source`.
+async fn assert_thread_answers(
+    client: &mut HttpClient,
+    threads: &BTreeMap<(ConversationId, Seq), ThreadView>,
+    source: &str,
+) {
     for ((conversation, root), view) in threads.iter().take(12) {
         let want = view.conversation_view();
         let path = format!("/v1/conversations/{conversation}/threads/{root}");
@@ -287,6 +336,7 @@ async fn thread_cursors_survive_sigkills_and_agree_with_the_fold() {
             .map(|(u, m)| json!({ "user_id": u.as_str(), "cursor": m.cursor.get(), "join_seq": m.join_seq.get() }))
             .collect();
         assert_eq!(got["followers"], json!(followers), "{path}");
+        assert_eq!(got["source"], source, "{path}");
         assert_eq!(got["latest_seq"], want.latest_seq.get(), "{path}");
         let replies: Vec<Value> = (1..=want.latest_seq.get())
             .map(|s| json!({ "seq": s, "sender": "u0" }))
@@ -325,7 +375,7 @@ async fn thread_cursors_survive_sigkills_and_agree_with_the_fold() {
             .unwrap();
         let mut want_threads = Vec::new();
         let mut sums: BTreeMap<String, u64> = BTreeMap::new();
-        for ((conversation, root), view) in &threads {
+        for ((conversation, root), view) in threads {
             let Some((_, f)) = view
                 .followers
                 .iter()
@@ -349,39 +399,46 @@ async fn thread_cursors_survive_sigkills_and_agree_with_the_fold() {
             .map(|(c, n)| json!({ "conversation_id": c, "thread_unread": n }))
             .collect();
         assert_eq!(got["threads"], json!(want_threads), "{user}'s threads");
+        if !want_threads.is_empty() {
+            assert_eq!(got["source"], source, "{user}'s threads");
+        }
         assert_eq!(
             got["conversations"],
             json!(want_sums),
             "{user}'s thread unread per conversation"
         );
     }
-    assert!(serve.terminate(Duration::from_secs(10)), "{}", serve.log_text());
-    // A restore from the changelogs alone holds the fold's threads whole.
-    let restorer = Restorer::new(&env.config.kafka, topics, env.config.input.max_id_bytes).unwrap();
-    let partitions: Vec<i32> = (0..env.partitions).collect();
-    let (restored, _) = tokio::task::spawn_blocking(move || restorer.restore_many(&partitions))
-        .await
-        .unwrap()
-        .unwrap();
-    let (got, want) = (threads_of(restored.values()), threads_of([&reference.state]));
-    assert_eq!(got.len(), want.len(), "threads restored");
-    for (key, view) in &want {
-        assert_eq!(got.get(key), Some(view), "thread {key:?} restored");
-    }
 }
 
-/// A follower's Redis values are ordered by the member's epoch: a stale
-/// write never lowers a cursor nor brings back a departed follower, and
-/// every order of the same writes ends the same.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thread_cursors_in_redis_do_not_depend_on_write_order() {
+/// u's history in thread 7 of `conversation`: reads in epoch 1, a
+/// departure (epoch 2), a rejoin after reply 4 (epoch 3) and a read there.
+fn follower_history(conversation: &str) -> [readfold_core::fold::ThreadChange; 5] {
+    let change = |cursor, private, join, epoch, present| {
+        follower_change(conversation, cursor, private, join, epoch, present)
+    };
+    [
+        change(1, 0, 1, 1, true),
+        change(3, 2, 1, 1, true),
+        change(3, 2, 1, 2, false),
+        change(5, 4, 4, 3, true),
+        change(6, 4, 4, 3, true),
+    ]
+}
+
+const WRITE_ORDERS: [[usize; 5]; 4] = [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3], [1, 4, 0, 3, 2]];
+
+fn follower_change(
+    conversation: &str,
+    cursor: u64,
+    private: u64,
+    join: u64,
+    epoch: u64,
+    present: bool,
+) -> readfold_core::fold::ThreadChange {
     use readfold_core::fold::{Outputs, ThreadChange, ThreadKey};
-    let _services = crate::kit::services::shared_services().await;
-    // u's history in thread 7 of G: reads in epoch 1, a departure (epoch 2),
-    // a rejoin after reply 4 (epoch 3) and a read there.
-    let change = |cursor: u64, private: u64, join: u64, epoch: u64, present: bool| ThreadChange {
+    ThreadChange {
         key: ThreadKey {
-            conversation_id: "G".parse().unwrap(),
+            conversation_id: conversation.parse().unwrap(),
             thread: Seq(7),
             user_id: "u".parse().unwrap(),
         },
@@ -396,16 +453,70 @@ async fn thread_cursors_in_redis_do_not_depend_on_write_order() {
             public: true,
             state: true,
         },
-    };
-    let history = [
-        change(1, 0, 1, 1, true),
-        change(3, 2, 1, 1, true),
-        change(3, 2, 1, 2, false),
-        change(5, 4, 4, 3, true),
-        change(6, 4, 4, 3, true),
-    ];
+    }
+}
+
+/// The same in CQL: a follower's rows are ordered by their write
+/// timestamps (epoch, then cursor), whatever the order of the writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thread_cursors_in_cql_do_not_depend_on_write_order() {
+    let _services = crate::kit::services::shared_services().await;
+    let keyspace = crate::kit::keyspace_name(&crate::kit::services::unique("it_cql_thread_order"));
+    let cql = CqlStore::connect_writer(&cql_config(&keyspace)).await.unwrap();
+    let user: readfold_core::UserId = "u".parse().unwrap();
+    for (i, order) in WRITE_ORDERS.iter().enumerate() {
+        let conversation = format!("G{i}");
+        let history = follower_history(&conversation);
+        for &at in order {
+            cql.merge_threads([&history[at]]).await.unwrap();
+        }
+        let view = cql
+            .thread(&conversation.parse().unwrap(), Seq(7))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(view.latest_seq, Seq(6), "order {order:?}");
+        let u = &view.members[&user];
+        assert_eq!(
+            (u.cursor, u.join_seq),
+            (Seq(6), Seq(4)),
+            "the rejoin's epoch, order {order:?}"
+        );
+    }
+    let followed = cql.followed_threads(&user).await.unwrap();
+    assert_eq!(followed.len(), WRITE_ORDERS.len());
+    assert!(
+        followed
+            .iter()
+            .all(|t| (t.cursor, t.private_cursor, t.latest_seq, t.unread()) == (Seq(6), Seq(4), Seq(6), 0)),
+        "{followed:?}"
+    );
+    // A departure of a later epoch hides them again, and an older write
+    // does not bring them back.
+    cql.merge_threads([&follower_change("G0", 6, 4, 4, 4, false)])
+        .await
+        .unwrap();
+    cql.merge_threads([&follower_history("G0")[3]]).await.unwrap();
+    let view = cql.thread(&"G0".parse().unwrap(), Seq(7)).await.unwrap().unwrap();
+    assert!(view.members.is_empty(), "departed");
+    let followed = cql.followed_threads(&user).await.unwrap();
+    assert!(
+        followed.iter().all(|t| t.conversation_id.as_str() != "G0"),
+        "departed on their own devices too"
+    );
+}
+
+/// A follower's Redis values are ordered by the member's epoch: a stale
+/// write never lowers a cursor nor brings back a departed follower, and
+/// every order of the same writes ends the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thread_cursors_in_redis_do_not_depend_on_write_order() {
+    let _services = crate::kit::services::shared_services().await;
+    let change =
+        |cursor, private, join, epoch, present| follower_change("G", cursor, private, join, epoch, present);
+    let history = follower_history("G");
     let mut ends = Vec::new();
-    for order in [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [2, 0, 4, 1, 3], [1, 4, 0, 3, 2]] {
+    for order in WRITE_ORDERS {
         let prefix = crate::kit::services::unique("threads-order");
         let redis = redis_store(&redis_url(), &prefix).await;
         for i in order {

@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::domain::{ConversationId, CursorKey, Seq, UserId};
-use crate::fold::{Change, InputKind, MemberAt, PartitionState, ThreadChange, ThreadStateChange, UnreadMark};
+use crate::fold::{
+    Change, InputKind, MemberAt, PartitionState, ThreadAt, ThreadChange, ThreadStateChange, UnreadMark,
+};
 use crate::read_model::Mute;
 
 /// One input partition's state and what its next flush must publish. `D` is
@@ -29,6 +31,11 @@ pub struct PartitionSlot<D> {
     pub unsnapshotted: HashSet<MemberAt>,
     /// The current snapshot pass's members not yet written.
     pub snapshotting: Vec<MemberAt>,
+    /// Threads published since the current pass began, and the current
+    /// pass's threads not yet written: snapshots write a thread whole
+    /// (memory grows with participation, so threads are few).
+    pub unsnapshotted_threads: HashSet<ThreadAt>,
+    pub snapshotting_threads: Vec<ThreadAt>,
     /// Restored conversations a snapshot has yet to write whole.
     pub resnapshot: Option<Resnapshot>,
     /// Which restore made this slot, unique in the process: members'
@@ -71,6 +78,12 @@ impl<D> PartitionSlot<D> {
     /// A slot for a partition just restored, with what the next snapshots
     /// owe of it.
     pub fn restored(state: PartitionState, due: SnapshotDue) -> Self {
+        // Restores read the thread topics whole whatever else they start
+        // from, and nothing says which threads CQL lacks: all are owed.
+        let unsnapshotted_threads = match due {
+            SnapshotDue::Nothing => HashSet::new(),
+            _ => state.thread_ats().into_iter().collect(),
+        };
         let (unsnapshotted, resnapshot) = match due {
             SnapshotDue::Nothing => (HashSet::new(), None),
             SnapshotDue::Everything => {
@@ -90,6 +103,8 @@ impl<D> PartitionSlot<D> {
             dead_letters: Vec::new(),
             unsnapshotted,
             snapshotting: Vec::new(),
+            unsnapshotted_threads,
+            snapshotting_threads: Vec::new(),
             resnapshot,
             restore: RESTORES.fetch_add(1, Ordering::Relaxed),
         }
@@ -101,10 +116,13 @@ impl<D> PartitionSlot<D> {
         self.owes_published() == 0 && self.resnapshot.is_none()
     }
 
-    /// Published members the snapshots owe: the current pass's left, and
-    /// the next pass's.
+    /// Published members (and threads) the snapshots owe: the current
+    /// pass's left, and the next pass's.
     pub fn owes_published(&self) -> usize {
-        self.unsnapshotted.len() + self.snapshotting.len()
+        self.unsnapshotted.len()
+            + self.snapshotting.len()
+            + self.unsnapshotted_threads.len()
+            + self.snapshotting_threads.len()
     }
 
     /// Keys the next snapshots owe (restored ones counted as restored).
@@ -150,12 +168,17 @@ pub struct FlushPlan<D> {
     /// thread whose replies moved, with their input partition.
     pub thread_changes: Vec<(i32, ThreadChange)>,
     pub thread_states: Vec<(i32, ThreadStateChange)>,
+    /// The threads of `thread_changes` and `thread_states`, in their
+    /// slots' numbers: the next snapshot pass's once committed.
+    pub threads_published: Vec<(i32, ThreadAt)>,
     /// A snapshot's rows for CQL: the whole current state (public, and
     /// private where there is any) of every key published since the last
     /// snapshot. Whole, because a flush may have published only part of a
     /// key's state (a private change) that CQL has not seen. `None` in a
     /// flush.
     pub snapshot: Option<Vec<Change>>,
+    /// A snapshot's threads for CQL: every follower of each, whole.
+    pub thread_snapshot: Vec<ThreadChange>,
     /// Rejected records, with their input partition.
     pub dead_letters: Vec<(i32, D)>,
     /// (input, partition, next offset) to commit with the transaction.
@@ -163,6 +186,8 @@ pub struct FlushPlan<D> {
     /// The members a snapshot took from each partition's `snapshotting`
     /// (with the slot's `restore`), given back if it fails.
     pub snapshotted: Vec<(i32, u64, Vec<MemberAt>)>,
+    /// The same for threads.
+    pub snapshotted_threads: Vec<(i32, u64, Vec<ThreadAt>)>,
     /// Whether this snapshot began a pass (see [`begin_snapshot`]).
     pub opens_pass: bool,
     /// Each partition's `resnapshot` before the snapshot took its share
@@ -179,10 +204,13 @@ impl<D> FlushPlan<D> {
             changes: Vec::new(),
             thread_changes: Vec::new(),
             thread_states: Vec::new(),
+            threads_published: Vec::new(),
             snapshot: None,
+            thread_snapshot: Vec::new(),
             dead_letters: Vec::new(),
             offsets: Vec::new(),
             snapshotted: Vec::new(),
+            snapshotted_threads: Vec::new(),
             opens_pass: false,
             resnapshot: Vec::new(),
         }
@@ -223,6 +251,8 @@ pub fn begin<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>) -> FlushPlan<D> {
         plan.partitions.push(partition);
         plan.restore_of.insert(partition, slot.restore);
         // Taken before the drain, which clears them too.
+        plan.threads_published
+            .extend(slot.state.dirty_threads().map(|at| (partition, at)));
         let (threads, thread_states) = slot.state.pending_thread_changes();
         plan.thread_changes
             .extend(threads.into_iter().map(|change| (partition, change)));
@@ -265,6 +295,9 @@ pub fn begin_snapshot<D>(
         for slot in slots.values_mut() {
             // Taken, not drained: a catch-up's set gives its memory back.
             slot.snapshotting.extend(std::mem::take(&mut slot.unsnapshotted));
+            slot.snapshotting_threads
+                .extend(std::mem::take(&mut slot.unsnapshotted_threads));
+            slot.snapshotting_threads.sort_unstable();
             // By conversation, so that a share holds whole conversations,
             // which CQL takes as one batch each: in the set's order a
             // 100-member group's keys spread over dozens of shares and
@@ -274,12 +307,30 @@ pub fn begin_snapshot<D>(
     }
     let (mut published, mut restored) = (published_keys, restored_keys);
     for (&partition, slot) in slots.iter_mut() {
+        // Whole threads, while the share's budget lasts.
+        if published > 0 && !slot.snapshotting_threads.is_empty() {
+            let mut taken = Vec::new();
+            while let Some(at) = slot.snapshotting_threads.pop() {
+                let followers = slot.state.thread_snapshot(at, &mut plan.thread_snapshot);
+                taken.push(at);
+                published = published.saturating_sub(followers.max(1));
+                if published == 0 {
+                    break;
+                }
+            }
+            plan.snapshotted_threads.push((partition, slot.restore, taken));
+            if !plan.partitions.contains(&partition) {
+                plan.partitions.push(partition);
+            }
+        }
         let share = slot.snapshotting.len().min(published);
         let owed = slot.resnapshot.filter(|_| restored > 0);
         if share == 0 && owed.is_none() {
             continue;
         }
-        plan.partitions.push(partition);
+        if !plan.partitions.contains(&partition) {
+            plan.partitions.push(partition);
+        }
         if share > 0 {
             let taken = slot.snapshotting.split_off(slot.snapshotting.len() - share);
             if slot.snapshotting.is_empty() {
@@ -311,7 +362,9 @@ pub fn begin_snapshot<D>(
 /// Whether no snapshot pass is under way: every share of the last one was
 /// written.
 pub fn pass_done<D>(slots: &BTreeMap<i32, PartitionSlot<D>>) -> bool {
-    slots.values().all(|s| s.snapshotting.is_empty())
+    slots
+        .values()
+        .all(|s| s.snapshotting.is_empty() && s.snapshotting_threads.is_empty())
 }
 
 /// After every store and the transaction acknowledged the plan. With
@@ -330,6 +383,14 @@ pub fn committed<D>(slots: &mut BTreeMap<i32, PartitionSlot<D>>, plan: &FlushPla
             .filter(|s| plan.restore_of.get(partition) == Some(&s.restore))
         {
             slot.unsnapshotted.insert(change.at);
+        }
+    }
+    for (partition, at) in &plan.threads_published {
+        if let Some(slot) = slots
+            .get_mut(partition)
+            .filter(|s| plan.restore_of.get(partition) == Some(&s.restore))
+        {
+            slot.unsnapshotted_threads.insert(*at);
         }
     }
 }
@@ -367,6 +428,11 @@ pub fn failed<D: Clone>(
     for (partition, restore, taken) in &plan.snapshotted {
         if let Some(slot) = slots.get_mut(partition).filter(|s| s.restore == *restore) {
             slot.snapshotting.extend_from_slice(taken);
+        }
+    }
+    for (partition, restore, taken) in &plan.snapshotted_threads {
+        if let Some(slot) = slots.get_mut(partition).filter(|s| s.restore == *restore) {
+            slot.snapshotting_threads.extend_from_slice(taken);
         }
     }
     for &(partition, restore, owed) in &plan.resnapshot {
@@ -962,6 +1028,70 @@ mod tests {
         };
         assert_eq!(outputs(&again), outputs(&first));
         assert_eq!(again.thread_states, first.thread_states);
+    }
+
+    #[test]
+    fn published_threads_are_snapshotted_whole_and_a_failed_share_is_given_back() {
+        use crate::fold::{ConversationEvent, EventKind, ThreadReadReport};
+        let mut slots: Slots = BTreeMap::new();
+        let slot = slots
+            .entry(0)
+            .or_insert_with(|| PartitionSlot::restored(PartitionState::new(), SnapshotDue::Everything));
+        for (thread, sender) in [(1, "u"), (2, "w")] {
+            slot.state.apply_event(&ConversationEvent {
+                conversation_id: "C".parse().unwrap(),
+                seq: Seq(2),
+                at: thread,
+                kind: EventKind::ReplySent {
+                    thread: Seq(thread as u64),
+                    thread_seq: Seq(1),
+                    sender_id: sender.parse().unwrap(),
+                    mentions: Vec::new(),
+                    starter_id: None,
+                },
+            });
+        }
+        let flush = begin(&mut slots);
+        committed(&mut slots, &flush, true);
+        assert_eq!(slots[&0].unsnapshotted_threads.len(), 2);
+        assert!(!slots[&0].in_cql(), "CQL owes the threads");
+        // Thread 1 moves again: only its reader's change is published, but
+        // the snapshot writes every follower of it.
+        slots
+            .get_mut(&0)
+            .unwrap()
+            .state
+            .apply_thread_read(&ThreadReadReport {
+                conversation_id: "C".parse().unwrap(),
+                thread: Seq(1),
+                user_id: "v".parse().unwrap(),
+                seq: Seq(1),
+                reported_at: 3,
+                private: false,
+            });
+        let flush = begin(&mut slots);
+        assert_eq!(flush.thread_changes.len(), 1);
+        committed(&mut slots, &flush, true);
+        // A budget of one follower takes one thread a share.
+        let first = begin_snapshot(&mut slots, 1, 0);
+        assert_eq!(first.thread_snapshot.len(), 1, "thread 2's one follower");
+        assert!(first
+            .thread_snapshot
+            .iter()
+            .all(|c| c.outputs.public && c.outputs.state));
+        assert!(first.opens_pass && !pass_done(&slots));
+        failed(&mut slots, &first, true);
+        let again = begin_snapshot(&mut slots, usize::MAX, 0);
+        let mut keys: Vec<_> = again
+            .thread_snapshot
+            .iter()
+            .map(|c| (c.key.thread.get(), c.key.user_id.to_string()))
+            .collect();
+        keys.sort();
+        assert_eq!(keys, [(1, "u".into()), (1, "v".into()), (2, "w".into())]);
+        committed(&mut slots, &again, true);
+        assert!(pass_done(&slots) && slots[&0].in_cql());
+        assert!(begin_snapshot(&mut slots, usize::MAX, usize::MAX).is_empty());
     }
 
     #[test]

@@ -189,7 +189,7 @@ impl Processor {
         }
         let settled = match outcome {
             Ok(()) if plan.snapshot.is_some() => {
-                let keys = plan.snapshot_changes().count();
+                let keys = plan.snapshot_changes().count() + plan.thread_snapshot.len();
                 telemetry::snapshot_written(elapsed, keys);
                 tracing::debug!(keys, elapsed_ms = elapsed.as_millis() as u64, "snapshot written");
                 self.snapshot_done();
@@ -243,10 +243,9 @@ impl Processor {
             return;
         }
         let waiting: usize = self.partitions.slots.values().map(|s| s.snapshot_backlog()).sum();
-        let writing = self
-            .snapshot_in_flight
-            .as_ref()
-            .map_or(0, |flight| flight.plan.snapshot_changes().count());
+        let writing = self.snapshot_in_flight.as_ref().map_or(0, |flight| {
+            flight.plan.snapshot_changes().count() + flight.plan.thread_snapshot.len()
+        });
         telemetry::snapshot_backlog(waiting + writing);
     }
 
@@ -464,6 +463,11 @@ impl Stores {
                 &group_by_user(changes()),
             )
             .await?;
+            if !plan.thread_snapshot.is_empty() {
+                cql.merge_threads(&plan.thread_snapshot).await.inspect_err(|_| {
+                    telemetry::sink_failed("cql");
+                })?;
+            }
         }
         Ok(())
     }

@@ -82,59 +82,52 @@ impl ReadSource {
         })
     }
 
-    /// A thread as its conversation's members see it, from Redis (CQL
-    /// does not hold threads yet).
+    /// A thread as its conversation's members see it: Redis, then CQL.
     pub async fn thread(
         &self,
         conversation: &ConversationId,
         thread: Seq,
     ) -> Result<(Option<ConversationView>, Source), Unavailable> {
-        let Some(redis) = &self.redis else {
-            return Ok(counted(None, Source::None));
-        };
-        match redis.read_thread(conversation, thread).await {
-            Ok(view) => {
-                let source = if view.is_some() {
-                    Source::Redis
-                } else {
-                    Source::None
-                };
-                Ok(counted(view, source))
-            }
-            Err(e) => {
-                telemetry::store_failed("redis");
-                Err(Unavailable(e.to_string()))
-            }
-        }
+        self.first_found(
+            |redis| async move { redis.read_thread(conversation, thread).await },
+            |cql| async move { cql.thread(conversation, thread).await },
+            Option::is_some,
+        )
+        .await
     }
 
-    /// The threads `user` follows, with their cursors, from Redis.
+    /// The threads `user` follows, with their cursors: Redis, then CQL
+    /// when Redis holds none.
     pub async fn followed_threads(
         &self,
         user: &UserId,
     ) -> Result<(Vec<FollowedThread>, Source), Unavailable> {
-        let Some(redis) = &self.redis else {
-            return Ok(counted(Vec::new(), Source::None));
-        };
-        match redis.read_followed_threads(user).await {
-            Ok(threads) => Ok(counted(threads, Source::Redis)),
-            Err(e) => {
-                telemetry::store_failed("redis");
-                Err(Unavailable(e.to_string()))
-            }
-        }
+        self.first_found(
+            |redis| async move { redis.read_followed_threads(user).await },
+            |cql| async move { cql.followed_threads(user).await },
+            |threads: &Vec<_>| !threads.is_empty(),
+        )
+        .await
     }
 
-    /// A conversation as other members see it.
-    pub async fn conversation(
-        &self,
-        conversation: &str,
-    ) -> Result<(Option<ConversationView>, Source), Unavailable> {
+    /// Redis's answer if it has one (`found`), else CQL's; the store that
+    /// failed is counted, and the answer is unavailable only when none
+    /// could answer.
+    async fn first_found<'a, T: Default, R, C>(
+        &'a self,
+        redis_read: impl FnOnce(&'a RedisStore) -> R,
+        cql_read: impl FnOnce(&'a CqlStore) -> C,
+        found: impl Fn(&T) -> bool,
+    ) -> Result<(T, Source), Unavailable>
+    where
+        R: std::future::Future<Output = readfold_store::Result<T>>,
+        C: std::future::Future<Output = readfold_store::Result<T>>,
+    {
         let mut failure = String::new();
         if let Some(redis) = &self.redis {
-            match redis.conversation(conversation).await {
-                Ok(Some(view)) => return Ok(counted(Some(view), Source::Redis)),
-                Ok(None) => {}
+            match redis_read(redis).await {
+                Ok(value) if found(&value) => return Ok(counted(value, Source::Redis)),
+                Ok(_) => {}
                 Err(e) => {
                     telemetry::store_failed("redis");
                     tracing::warn!(error = %e, "redis read failed; asking CQL");
@@ -143,22 +136,36 @@ impl ReadSource {
             }
         }
         if let Some(cql) = &self.cql {
-            match cql.conversation(conversation).await {
-                Ok(Some(view)) => return Ok(counted(Some(view), Source::Cql)),
-                Ok(None) => {}
+            match cql_read(cql).await {
+                Ok(value) if found(&value) => return Ok(counted(value, Source::Cql)),
+                Ok(_) => {}
                 Err(e) => {
                     telemetry::store_failed("cql");
-                    if !failure.is_empty() {
-                        return Err(Unavailable(format!("{failure}; {e}")));
-                    }
-                    return Err(Unavailable(e.to_string()));
+                    return Err(Unavailable(if failure.is_empty() {
+                        e.to_string()
+                    } else {
+                        format!("{failure}; {e}")
+                    }));
                 }
             }
         }
         if !failure.is_empty() && self.cql.is_none() {
             return Err(Unavailable(failure));
         }
-        Ok(counted(None, Source::None))
+        Ok(counted(T::default(), Source::None))
+    }
+
+    /// A conversation as other members see it.
+    pub async fn conversation(
+        &self,
+        conversation: &str,
+    ) -> Result<(Option<ConversationView>, Source), Unavailable> {
+        self.first_found(
+            |redis| async move { redis.conversation(conversation).await },
+            |cql| async move { cql.conversation(conversation).await },
+            Option::is_some,
+        )
+        .await
     }
 
     /// A user's own view of many conversations: Redis in one round trip,

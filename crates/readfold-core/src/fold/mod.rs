@@ -43,8 +43,8 @@ use dense::DenseMap;
 use members::{Extras, Members, Slot, UserTable};
 pub use stored::{StoredConversation, StoredConversations, StoredFault};
 pub use threads::{
-    own_unread as thread_own_unread, ThreadChange, ThreadFollower, ThreadKey, ThreadMark, ThreadReadReport,
-    ThreadStateChange, ThreadView, ThreadsRef,
+    own_unread as thread_own_unread, ThreadAt, ThreadChange, ThreadFollower, ThreadKey, ThreadMark,
+    ThreadReadReport, ThreadStateChange, ThreadView, ThreadsRef,
 };
 use threads::{Reply, ThreadDirty, Threads, ThreadsOf};
 
@@ -1157,6 +1157,42 @@ impl PartitionState {
                 .pending(id, root, &mut followers, &mut states);
         }
         (followers, states)
+    }
+
+    /// The threads with a change the next flush publishes.
+    pub fn dirty_threads(&self) -> impl Iterator<Item = ThreadAt> + '_ {
+        self.thread_dirty
+            .threads()
+            .iter()
+            .map(|&(conversation, thread)| ThreadAt { conversation, thread })
+    }
+
+    /// Every thread held.
+    pub fn thread_ats(&self) -> Vec<ThreadAt> {
+        let mut all: Vec<ThreadAt> = self
+            .threads
+            .iter()
+            .flat_map(|(&conversation, threads)| {
+                threads
+                    .roots()
+                    .map(move |thread| ThreadAt { conversation, thread })
+            })
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// Every follower of the thread held at `at`, whole (public and private
+    /// state, departed ones as departures), appended to `into`: what a CQL
+    /// snapshot writes of it. Returns how many.
+    pub fn thread_snapshot(&self, at: ThreadAt, into: &mut Vec<ThreadChange>) -> usize {
+        if at.conversation >= self.conversation_count() {
+            return 0;
+        }
+        let id = self.conversations.key(at.conversation);
+        self.conversation_at(at.conversation)
+            .threads()
+            .snapshot(id, at.thread, into)
     }
 
     /// Whether a thread follower or a thread's replies changed since the

@@ -54,6 +54,14 @@ pub struct ThreadKey {
     pub user_id: UserId,
 }
 
+/// A thread held by one state, by conversation number (see
+/// [`MemberAt`](super::MemberAt): numbers are the state's own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ThreadAt {
+    pub conversation: u32,
+    pub thread: Seq,
+}
+
 /// A reply that follows a membership change: members whose join is
 /// ordered at or before `version` can read replies from `thread_seq` on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -374,6 +382,11 @@ impl Threads {
         (self.by_root.len(), followers)
     }
 
+    /// The roots of the threads held, in no order.
+    pub(super) fn roots(&self) -> impl Iterator<Item = Seq> + '_ {
+        self.by_root.keys().copied()
+    }
+
     /// Marks follower `user` of thread `root` dirty again, if held.
     pub(super) fn redirty_follower(
         &mut self,
@@ -603,6 +616,24 @@ impl<'a> ThreadsRef<'a> {
             // record: the public one is a tombstone.
             outputs: if view.present { f.dirty } else { Outputs::BOTH },
         }
+    }
+
+    /// Every follower of thread `root` as a whole change (as a snapshot
+    /// writes it), appended; how many.
+    pub(super) fn snapshot(
+        &self,
+        conversation_id: &ConversationId,
+        root: Seq,
+        into: &mut Vec<ThreadChange>,
+    ) -> usize {
+        let Some(thread) = self.threads.and_then(|t| t.by_root.get(&root)) else {
+            return 0;
+        };
+        into.extend(thread.followers.iter().map(|f| ThreadChange {
+            outputs: Outputs::BOTH,
+            ..self.change(conversation_id, root, thread, f)
+        }));
+        thread.followers.len()
     }
 
     /// The dirty followers and state of thread `root`, appended.

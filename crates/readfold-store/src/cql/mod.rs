@@ -35,6 +35,7 @@ mod config;
 mod marks;
 mod read;
 mod schema;
+mod threads;
 pub mod write;
 
 use std::sync::Arc;
@@ -64,6 +65,11 @@ struct Statements {
     mark: PreparedStatement,
     mentions: PreparedStatement,
     mute: PreparedStatement,
+    thread_latest: PreparedStatement,
+    thread_cursor: PreparedStatement,
+    thread_departure: PreparedStatement,
+    user_thread: PreparedStatement,
+    user_thread_departure: PreparedStatement,
 }
 
 /// A session on the CQL cluster that holds the cursor snapshots. Clones
@@ -208,6 +214,27 @@ impl CqlStore {
                  WHERE user_id = ? AND conversation_id = ?"
             )),
         )?;
+        let (thread_latest, thread_cursor, thread_departure, user_thread, user_thread_departure) = tokio::try_join!(
+            prepare(format!(
+                "INSERT INTO {ks}.threads (conversation_id, thread, latest_seq) VALUES (?, ?, ?) USING TIMESTAMP ?"
+            )),
+            prepare(format!(
+                "INSERT INTO {ks}.thread_cursors (conversation_id, thread, user_id, cursor, join_seq, updated_at) \
+                 VALUES (?, ?, ?, ?, ?, ?) USING TIMESTAMP ?"
+            )),
+            prepare(format!(
+                "DELETE FROM {ks}.thread_cursors USING TIMESTAMP ? \
+                 WHERE conversation_id = ? AND thread = ? AND user_id = ?"
+            )),
+            prepare(format!(
+                "INSERT INTO {ks}.user_threads (user_id, conversation_id, thread, private_cursor) \
+                 VALUES (?, ?, ?, ?) USING TIMESTAMP ?"
+            )),
+            prepare(format!(
+                "DELETE FROM {ks}.user_threads USING TIMESTAMP ? \
+                 WHERE user_id = ? AND conversation_id = ? AND thread = ?"
+            )),
+        )?;
         let statements = Statements {
             cursor,
             departure,
@@ -216,6 +243,11 @@ impl CqlStore {
             mark,
             mentions,
             mute,
+            thread_latest,
+            thread_cursor,
+            thread_departure,
+            user_thread,
+            user_thread_departure,
         };
         store.statements = Some(Arc::new(statements));
         store.store_name = Some(format!("{}#{ids}", config.store_name()));
@@ -284,7 +316,7 @@ async fn table_ids(session: &Session, keyspace: &str) -> Result<String> {
         .map_err(Error::cql_result)?
     {
         let (table, id) = row.map_err(Error::cql_result)?;
-        if TABLES.contains(&table.as_str()) {
+        if NAMED_TABLES.contains(&table.as_str()) {
             let id = match id {
                 scylla::value::CqlValue::Uuid(id) => id.to_string(),
                 other => format!("{other:?}"),
@@ -302,7 +334,21 @@ const COLUMN_WAIT: Duration = Duration::from_millis(100);
 const COLUMN_WAITS: u32 = 50;
 
 /// The tables readfold creates and writes.
-const TABLES: [&str; 4] = ["conversations", "cursors", "snapshot_marks", "user_cursors"];
+const TABLES: [&str; 7] = [
+    "conversations",
+    "cursors",
+    "snapshot_marks",
+    "user_cursors",
+    "threads",
+    "thread_cursors",
+    "user_threads",
+];
+
+/// The tables whose ids name the store for local checkpoints. Not the
+/// thread tables: every restore owes CQL its threads whole anyway, and
+/// naming them would make checkpoints of versions without threads name
+/// another store.
+const NAMED_TABLES: [&str; 4] = ["conversations", "cursors", "snapshot_marks", "user_cursors"];
 
 impl CqlStore {
     /// How many warnings the server has returned with this store's writes

@@ -7,7 +7,7 @@ use scylla::errors::{DbError, ExecutionError, PrepareError, RequestAttemptError}
 use crate::error::{Error, Result};
 
 /// The schema, in creation order.
-pub fn schema(keyspace: &str, replication: &str) -> [String; 5] {
+pub fn schema(keyspace: &str, replication: &str) -> [String; 8] {
     [
         format!("CREATE KEYSPACE IF NOT EXISTS {keyspace} WITH replication = {replication}"),
         format!(
@@ -30,6 +30,22 @@ pub fn schema(keyspace: &str, replication: &str) -> [String; 5] {
         format!(
             "CREATE TABLE IF NOT EXISTS {keyspace}.snapshot_marks (group_id text, input_partition int, \
              mark text, PRIMARY KEY ((group_id), input_partition))"
+        ),
+        // Threads (see `threads`): each thread's latest reply, by
+        // conversation; its followers' cursors, one partition per thread;
+        // and what a user's own devices need, one partition per user.
+        format!(
+            "CREATE TABLE IF NOT EXISTS {keyspace}.threads (conversation_id text, thread bigint, \
+             latest_seq bigint, PRIMARY KEY ((conversation_id), thread))"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {keyspace}.thread_cursors (conversation_id text, thread bigint, \
+             user_id text, cursor bigint, join_seq bigint, updated_at timestamp, \
+             PRIMARY KEY ((conversation_id, thread), user_id))"
+        ),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {keyspace}.user_threads (user_id text, conversation_id text, \
+             thread bigint, private_cursor bigint, PRIMARY KEY ((user_id), conversation_id, thread))"
         ),
     ]
 }
@@ -146,7 +162,7 @@ mod tests {
 
     #[test]
     fn schema_names_the_keyspace() {
-        let [ks, cursors, conversations, user_cursors, marks] =
+        let [ks, cursors, conversations, user_cursors, marks, threads, thread_cursors, user_threads] =
             schema("k", "{'class': 'SimpleStrategy', 'replication_factor': 1}");
         assert!(ks.starts_with("CREATE KEYSPACE IF NOT EXISTS k WITH replication = {"));
         assert!(
@@ -170,5 +186,8 @@ mod tests {
         assert!(
             marks.contains("k.snapshot_marks") && marks.contains("PRIMARY KEY ((group_id), input_partition)")
         );
+        assert!(threads.contains("k.threads") && threads.contains("PRIMARY KEY ((conversation_id), thread)"));
+        assert!(thread_cursors.contains("PRIMARY KEY ((conversation_id, thread), user_id)"));
+        assert!(user_threads.contains("PRIMARY KEY ((user_id), conversation_id, thread)"));
     }
 }

@@ -111,19 +111,19 @@ impl CqlStore {
         for batch in batches {
             rows_by_partition.push(rows(batch, now)?);
         }
-        self.write_rows("cursors", rows_by_partition).await
+        self.write_rows(rows_by_partition).await
     }
 
     /// Max-merges a flush's private state, one partition per user. Returns
     /// the number of `user_cursors` rows written.
     pub async fn merge_private(&self, batches: &[UserBatch]) -> Result<u64> {
         let rows_by_partition = batches.iter().map(private_rows).collect::<Result<Vec<_>>>()?;
-        self.write_rows("user_cursors", rows_by_partition).await
+        self.write_rows(rows_by_partition).await
     }
 
-    /// Writes each partition's rows (of `table`, or of tables that share
+    /// Writes each partition's rows (of one table, or of tables that share
     /// its partition key) as batches: see [`pack`].
-    async fn write_rows(&self, table: &str, rows_by_partition: Vec<Vec<Row>>) -> Result<u64> {
+    pub(super) async fn write_rows(&self, rows_by_partition: Vec<Vec<Row>>) -> Result<u64> {
         let statements = self
             .statements
             .clone()
@@ -139,7 +139,7 @@ impl CqlStore {
             let replicas = ring
                 .as_deref()
                 .zip(rows.first())
-                .and_then(|(ring, row)| replicas(ring, &self.keyspace, table, row.partition_key()));
+                .and_then(|(ring, row)| replicas(ring, &self.keyspace, row.partition()));
             (replicas, rows)
         });
         let chunks = pack(keyed, limits, Row::estimated_bytes);
@@ -166,8 +166,18 @@ impl CqlStore {
 /// The replicas of a partition as the driver sees the ring: (host id,
 /// shard) of each. `None` if the driver cannot tell (no metadata for the
 /// table yet): that partition then gets batches of its own.
-fn replicas(ring: &ClusterState, keyspace: &str, table: &str, key: &str) -> Option<Vec<(u128, u32)>> {
-    let endpoints = ring.get_endpoints(keyspace, table, &(key,)).ok()?;
+fn replicas(
+    ring: &ClusterState,
+    keyspace: &str,
+    (table, key): (&str, PartitionKey<'_>),
+) -> Option<Vec<(u128, u32)>> {
+    let endpoints = match key {
+        PartitionKey::Text(key) => ring.get_endpoints(keyspace, table, &(key,)),
+        PartitionKey::Thread(conversation, thread) => {
+            ring.get_endpoints(keyspace, table, &(conversation, thread))
+        }
+    }
+    .ok()?;
     let replicas: Vec<_> = endpoints
         .iter()
         .map(|(node, shard)| (node.host_id.as_u128(), *shard))
@@ -193,6 +203,11 @@ async fn write_chunk(
             Row::Mark { .. } => &statements.mark,
             Row::Mentions { .. } => &statements.mentions,
             Row::Mute { .. } => &statements.mute,
+            Row::ThreadLatest { .. } => &statements.thread_latest,
+            Row::ThreadCursor { .. } => &statements.thread_cursor,
+            Row::ThreadDeparture { .. } => &statements.thread_departure,
+            Row::UserThread { .. } => &statements.user_thread,
+            Row::UserThreadDeparture { .. } => &statements.user_thread_departure,
         };
         counted += u64::from(row.counted());
         batch.append_statement(statement.clone());
@@ -215,9 +230,17 @@ fn joined(result: Option<std::result::Result<Result<u64>, tokio::task::JoinError
     }
 }
 
+/// A partition key's value: one text column, or a thread's
+/// (conversation_id, thread).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum PartitionKey<'a> {
+    Text(&'a str),
+    Thread(&'a str, i64),
+}
+
 /// One statement's values, in the order of its bind markers.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum Row {
+pub(super) enum Row {
     /// `cursors` insert: conversation_id, user_id, cursor, join_seq,
     /// updated_at, delivered, then the write timestamp.
     Cursor {
@@ -272,6 +295,49 @@ enum Row {
         conversation_id: ConversationId,
         mute: Mute,
     },
+    /// `threads`: conversation_id, thread, latest_seq, then the write
+    /// timestamp (= latest_seq).
+    ThreadLatest {
+        conversation_id: ConversationId,
+        thread: i64,
+        latest_seq: i64,
+    },
+    /// `thread_cursors` insert: conversation_id, thread, user_id, cursor,
+    /// join_seq, updated_at, then the write timestamp.
+    ThreadCursor {
+        conversation_id: ConversationId,
+        thread: i64,
+        user_id: UserId,
+        cursor: i64,
+        join_seq: i64,
+        updated_at: CqlTimestamp,
+        timestamp: i64,
+    },
+    /// `thread_cursors` delete of a departed follower: the timestamp, then
+    /// conversation_id, thread, user_id.
+    ThreadDeparture {
+        conversation_id: ConversationId,
+        thread: i64,
+        user_id: UserId,
+        timestamp: i64,
+    },
+    /// `user_threads` insert: user_id, conversation_id, thread,
+    /// private_cursor, then the write timestamp.
+    UserThread {
+        user_id: UserId,
+        conversation_id: ConversationId,
+        thread: i64,
+        private_cursor: i64,
+        timestamp: i64,
+    },
+    /// `user_threads` delete: the timestamp, then user_id,
+    /// conversation_id, thread.
+    UserThreadDeparture {
+        user_id: UserId,
+        conversation_id: ConversationId,
+        thread: i64,
+        timestamp: i64,
+    },
 }
 
 impl Row {
@@ -286,21 +352,49 @@ impl Row {
             Row::Mentions {
                 conversation_id, set, ..
             } => conversation_id.as_str().len() + CURSOR_ROW_OVERHEAD + MENTION_BYTES * set.len(),
-            Row::Conversation { .. } => CONVERSATION_ROW_BYTES,
+            Row::Conversation { .. } | Row::ThreadLatest { .. } => CONVERSATION_ROW_BYTES,
+            Row::ThreadCursor { user_id, .. } | Row::ThreadDeparture { user_id, .. } => {
+                user_id.as_str().len() + CURSOR_ROW_OVERHEAD
+            }
+            Row::UserThread { conversation_id, .. } | Row::UserThreadDeparture { conversation_id, .. } => {
+                conversation_id.as_str().len() + CURSOR_ROW_OVERHEAD
+            }
         }
     }
 
-    /// The partition key's value: the conversation, or for private state the
-    /// user.
-    fn partition_key(&self) -> &str {
+    /// The table (one of those sharing the partition key) and the
+    /// partition key's value: the conversation, a thread, or for private
+    /// state the user.
+    fn partition(&self) -> (&'static str, PartitionKey<'_>) {
         match self {
             Row::Cursor { conversation_id, .. }
             | Row::Departure { conversation_id, .. }
-            | Row::Conversation { conversation_id, .. } => conversation_id.as_str(),
+            | Row::Conversation { conversation_id, .. } => {
+                ("cursors", PartitionKey::Text(conversation_id.as_str()))
+            }
             Row::PrivateCursor { user_id, .. }
             | Row::Mark { user_id, .. }
             | Row::Mentions { user_id, .. }
-            | Row::Mute { user_id, .. } => user_id.as_str(),
+            | Row::Mute { user_id, .. } => ("user_cursors", PartitionKey::Text(user_id.as_str())),
+            Row::ThreadLatest { conversation_id, .. } => {
+                ("threads", PartitionKey::Text(conversation_id.as_str()))
+            }
+            Row::ThreadCursor {
+                conversation_id,
+                thread,
+                ..
+            }
+            | Row::ThreadDeparture {
+                conversation_id,
+                thread,
+                ..
+            } => (
+                "thread_cursors",
+                PartitionKey::Thread(conversation_id.as_str(), *thread),
+            ),
+            Row::UserThread { user_id, .. } | Row::UserThreadDeparture { user_id, .. } => {
+                ("user_threads", PartitionKey::Text(user_id.as_str()))
+            }
         }
     }
 
@@ -308,7 +402,11 @@ impl Row {
     fn counted(&self) -> bool {
         matches!(
             self,
-            Row::Cursor { .. } | Row::Departure { .. } | Row::PrivateCursor { .. }
+            Row::Cursor { .. }
+                | Row::Departure { .. }
+                | Row::PrivateCursor { .. }
+                | Row::ThreadCursor { .. }
+                | Row::ThreadDeparture { .. }
         )
     }
 }
@@ -382,6 +480,55 @@ impl SerializeRow for Row {
                 conversation_id.as_str(),
             )
                 .serialize(ctx, writer),
+            Row::ThreadLatest {
+                conversation_id,
+                thread,
+                latest_seq,
+            } => (conversation_id.as_str(), *thread, *latest_seq, *latest_seq).serialize(ctx, writer),
+            Row::ThreadCursor {
+                conversation_id,
+                thread,
+                user_id,
+                cursor,
+                join_seq,
+                updated_at,
+                timestamp,
+            } => (
+                conversation_id.as_str(),
+                *thread,
+                user_id.as_str(),
+                *cursor,
+                *join_seq,
+                *updated_at,
+                *timestamp,
+            )
+                .serialize(ctx, writer),
+            Row::ThreadDeparture {
+                conversation_id,
+                thread,
+                user_id,
+                timestamp,
+            } => (*timestamp, conversation_id.as_str(), *thread, user_id.as_str()).serialize(ctx, writer),
+            Row::UserThread {
+                user_id,
+                conversation_id,
+                thread,
+                private_cursor,
+                timestamp,
+            } => (
+                user_id.as_str(),
+                conversation_id.as_str(),
+                *thread,
+                *private_cursor,
+                *timestamp,
+            )
+                .serialize(ctx, writer),
+            Row::UserThreadDeparture {
+                user_id,
+                conversation_id,
+                thread,
+                timestamp,
+            } => (*timestamp, user_id.as_str(), conversation_id.as_str(), *thread).serialize(ctx, writer),
         }
     }
 
@@ -592,7 +739,7 @@ fn split<T>(items: Vec<T>, max_rows: usize, max_bytes: usize, size: impl Fn(&T) 
 }
 
 /// CQL `bigint` (and write timestamps) are signed.
-fn bigint(seq: Seq) -> Result<i64> {
+pub(super) fn bigint(seq: Seq) -> Result<i64> {
     i64::try_from(seq.get()).map_err(|_| Error::SeqOverflow(seq.get()))
 }
 
