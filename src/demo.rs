@@ -25,7 +25,7 @@ use readfold_processor::Processor;
 use readfold_serve::client::HttpClient;
 use readfold_store::cql::CqlStore;
 use readfold_store::redis::{keys, RedisStore};
-use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+use readfold_wire::changelog::{ChangelogEntry, ChangelogKind, ThreadEntry};
 use readfold_wire::codec::{ConversationEventRecord, EventRecord, ReadAction, ReadReportRecord};
 use readfold_wire::validate;
 use tokio::sync::watch;
@@ -84,6 +84,25 @@ enum Step {
     MarkAllRead {
         conv: usize,
         user: &'static str,
+    },
+    /// A reply in the thread of message `thread` (started by `starter`),
+    /// sent when the conversation's latest seq was `at_seq`.
+    Reply {
+        conv: usize,
+        sender: &'static str,
+        thread: i64,
+        thread_seq: i64,
+        starter: &'static str,
+        at_seq: i64,
+        text: &'static str,
+    },
+    /// A read in a thread, on one of the user's devices.
+    ReadThread {
+        conv: usize,
+        user: &'static str,
+        thread: i64,
+        seq: i64,
+        private: bool,
     },
 }
 
@@ -211,6 +230,31 @@ fn script() -> Vec<Step> {
             users: &["B"],
             all: false,
         },
+        Reply {
+            conv: 1,
+            sender: "B",
+            thread: 1,
+            thread_seq: 1,
+            starter: "A",
+            at_seq: 4,
+            text: "I'll take notes",
+        },
+        Reply {
+            conv: 1,
+            sender: "C",
+            thread: 1,
+            thread_seq: 2,
+            starter: "A",
+            at_seq: 4,
+            text: "me too",
+        },
+        ReadThread {
+            conv: 1,
+            user: "A",
+            thread: 1,
+            seq: 2,
+            private: true,
+        },
         Mute { conv: 1, user: "C" },
         Mention {
             conv: 1,
@@ -314,9 +358,12 @@ pub async fn demo(mut config: Config) -> Result<()> {
             | Step::Mention { conv, .. }
             | Step::Mute { conv, .. }
             | Step::MarkAllRead { conv, .. }
+            | Step::Reply { conv, .. }
+            | Step::ReadThread { conv, .. }
             | Step::Garbage { conv } => *conv,
         };
         let cid = &convs[conv];
+        let thread_step = matches!(step, Step::Reply { .. } | Step::ReadThread { .. });
         let line = match step {
             Step::Send {
                 sender, seq, text, ..
@@ -352,6 +399,56 @@ pub async fn demo(mut config: Config) -> Result<()> {
                 };
                 play_event(&producer, &mut expected, &config, cid, seq, base_at, sent).await?;
                 format!("{sender} sends #{seq} {text:?} (a mention)")
+            }
+            Step::Reply {
+                sender,
+                thread,
+                thread_seq,
+                starter,
+                at_seq,
+                text,
+                ..
+            } => {
+                let reply = EventRecord::MessageSent {
+                    starter_id: Some(names.id(starter)),
+                    thread,
+                    thread_seq,
+                    mention_all: false,
+                    mentions: Vec::new(),
+                    sender_id: names.id(sender),
+                };
+                play_event(&producer, &mut expected, &config, cid, at_seq, base_at, reply).await?;
+                format!(
+                    "{sender} replies in the thread of #{thread} (reply {thread_seq}) {text:?}: \
+                     {starter} started it, so {starter} follows it"
+                )
+            }
+            Step::ReadThread {
+                user,
+                thread,
+                seq,
+                private,
+                ..
+            } => {
+                let r = ReadReportRecord {
+                    thread,
+                    muted_until: None,
+                    conversation_id: cid.clone(),
+                    user_id: names.id(user),
+                    seq,
+                    device_id: None,
+                    reported_at: base_at,
+                    private,
+                    action: ReadAction::Read,
+                };
+                producer.report(&r).await?;
+                expected.apply(&validate::read_report(r, &config.input).map_err(Error::DemoScript)?);
+                format!(
+                    "{user} reads the thread of #{thread} up to reply {seq} on her phone{}: \
+                     every device of {user}'s learns it from {}",
+                    if private { " (privately)" } else { "" },
+                    config.topics.user_thread_cursors
+                )
             }
             Step::Mute { user, .. } => {
                 let r = ReadReportRecord {
@@ -461,6 +558,9 @@ pub async fn demo(mut config: Config) -> Result<()> {
             .wait_for(expected.clone(), Duration::from_secs(30))
             .await?;
         print_view(view.get(&convs[conv]), conv, &texts, &names);
+        if thread_step {
+            watcher.print_threads(&convs[conv], &names);
+        }
         let want = recount(&expected, rules, now_ms());
         let shown;
         (shown, badge_watcher) = wait_for_badges(badge_watcher.take(), want, Duration::from_secs(30)).await?;
@@ -512,6 +612,8 @@ async fn serve_page(config: &Config, group: &str) -> Result<()> {
         "\nThe push gateway's demo page: http://{addr}/demo/?conversation={group}-live&members=alice,bob,carol\n  \
          (a group chat whose members each hold a WebSocket: send, read, read privately, and watch \"N read\" and the \
          unread badges move)\n\
+         Threads, with alice on two devices (reply in a thread, read it on one device, watch the other's \
+         threads badge clear): http://{addr}/demo/?conversation={group}-threads&members=alice,bob&as=alice,alice,bob\n\
          A big group of 302 whose \"N read\" the gateway pushes as read counts: \
          http://{addr}/demo/?conversation={group}-big&members=alice,bob&crowd=300"
     );
@@ -630,7 +732,14 @@ struct ChangelogWatcher {
     seen: PartitionState,
     /// What the by-user changelog said so far: each member's own view.
     seen_own: BTreeMap<(String, UserId), OwnCursor>,
+    /// The by-user thread changelog: each follower's own view of a thread.
+    threads: ChangelogReader,
+    /// (conversation, thread, follower) -> their own view of the thread.
+    seen_threads: BTreeMap<(String, u64, UserId), SeenThread>,
 }
+
+/// (latest reply, cursor, private cursor) as a follower's devices see them.
+type SeenThread = (u64, u64, u64);
 
 impl ChangelogWatcher {
     fn new(config: &Config, convs: &[String], partitions: i32) -> Result<Self> {
@@ -645,6 +754,8 @@ impl ChangelogWatcher {
         };
         let public = reader(&config.topics.read_cursors, ChangelogKind::ByConversation)?;
         let own = reader(&config.topics.user_read_cursors, ChangelogKind::ByUser)?;
+        let threads = reader(&config.topics.user_thread_cursors, ChangelogKind::ThreadByUser)?;
+        threads.follow(None)?;
         let mut watched: Vec<i32> = convs
             .iter()
             .map(|c| partition_for_key(c.as_bytes(), partitions))
@@ -658,6 +769,8 @@ impl ChangelogWatcher {
             convs: convs.to_vec(),
             seen: PartitionState::new(),
             seen_own: BTreeMap::new(),
+            threads,
+            seen_threads: BTreeMap::new(),
         })
     }
 
@@ -699,6 +812,31 @@ impl ChangelogWatcher {
                     );
                 }
             }
+            for entry in self.threads.poll_entries(Duration::from_millis(50))? {
+                if !self.watches(&entry) {
+                    continue;
+                }
+                match entry {
+                    ChangelogEntry::Thread(ThreadEntry::Cursor(c)) => {
+                        let key = (
+                            c.key.conversation_id.to_string(),
+                            c.key.thread.get(),
+                            c.key.user_id,
+                        );
+                        let private = c.private_cursor.unwrap_or_default().get();
+                        self.seen_threads
+                            .insert(key, (c.latest_seq.get(), c.cursor.get(), private));
+                    }
+                    ChangelogEntry::Thread(ThreadEntry::Left(key)) => {
+                        self.seen_threads.remove(&(
+                            key.conversation_id.to_string(),
+                            key.thread.get(),
+                            key.user_id,
+                        ));
+                    }
+                    _ => {}
+                }
+            }
             let shown = self.shown(&self.seen, |c| {
                 self.seen_own
                     .iter()
@@ -725,12 +863,66 @@ impl ChangelogWatcher {
                             .all(|(u, o)| s.own.get(u).map(|x| x.read_up_to()) == Some(o.read_up_to()))
                 })
             });
-            if done {
+            if done && self.threads_as(expected) {
                 return Ok((self, shown));
             }
             if started.elapsed() > timeout {
                 return Err(Error::DemoTimeout(timeout));
             }
+        }
+    }
+
+    /// Whether every present follower's own view of each thread of the
+    /// demo conversations is as the script expects (how far they read).
+    fn threads_as(&self, expected: &PartitionState) -> bool {
+        self.convs.iter().all(|c| {
+            let Some(conv) = ConversationId::parse(c, usize::MAX)
+                .ok()
+                .and_then(|id| expected.conversation(&id))
+            else {
+                return true;
+            };
+            let threads = conv.threads();
+            threads.roots().into_iter().all(|root| {
+                let view = threads.thread(root).expect("a root's thread");
+                view.followers.iter().filter(|(_, f)| f.present).all(|(user, f)| {
+                    let key = (c.clone(), root.get(), user.clone());
+                    self.seen_threads.get(&key).is_some_and(|&(_, cursor, private)| {
+                        cursor.max(private) == f.cursor.max(f.private_cursor).get()
+                    })
+                })
+            })
+        })
+    }
+
+    /// Prints the threads of `conversation` as each follower's devices see
+    /// them: their unread replies, from the by-user thread changelog.
+    fn print_threads(&self, conversation: &str, names: &Names) {
+        let mut by_thread: BTreeMap<u64, Vec<(&UserId, SeenThread)>> = BTreeMap::new();
+        for ((c, thread, user), seen) in &self.seen_threads {
+            if c == conversation {
+                by_thread.entry(*thread).or_default().push((user, *seen));
+            }
+        }
+        for (thread, followers) in by_thread {
+            // A reply's record carries the thread's latest; the other
+            // followers' records may predate it.
+            let latest = followers.iter().map(|(_, (l, _, _))| *l).max().unwrap_or(0);
+            let unread: Vec<String> = followers
+                .iter()
+                .map(|(u, (_, cursor, private))| {
+                    format!(
+                        "{} {}",
+                        names.short(u.as_str()),
+                        latest.saturating_sub(*cursor.max(private))
+                    )
+                })
+                .collect();
+            println!(
+                "  thread of #{thread}: {latest} {}; unread replies per follower, on all their devices: {}",
+                if latest == 1 { "reply" } else { "replies" },
+                unread.join(", ")
+            );
         }
     }
 

@@ -16,6 +16,7 @@ mod dead_letters;
 mod faults;
 mod gateway;
 mod gateway_badges;
+mod gateway_threads;
 mod health;
 mod loadgen;
 mod pipeline;

@@ -29,6 +29,10 @@ pub struct DemoMessage {
     /// Whom the text mentions by name (`@bob`), and whether `@all`.
     mentions: Vec<String>,
     mention_all: bool,
+    /// A reply: the root message's seq and the reply's thread seq (0, 0
+    /// for a message of the conversation itself).
+    thread: u64,
+    thread_seq: u64,
 }
 
 /// The messages sent through the demo, per conversation: readfold never
@@ -97,9 +101,13 @@ struct Send {
     conversation: String,
     sender: String,
     text: String,
+    /// Reply in the thread of this message (its seq).
+    #[serde(default)]
+    thread: u64,
 }
 
-/// Sends a message: the next seq of the conversation.
+/// Sends a message: the next seq of the conversation; or a reply in a
+/// thread: the thread's next thread seq, at the conversation's latest seq.
 async fn send(
     State(g): State<Arc<Gateway>>,
     ApiJson(m): ApiJson<Send>,
@@ -115,28 +123,51 @@ async fn send(
     let message = {
         let mut all = g.demo.messages.lock().expect("demo lock");
         let list = all.entry(m.conversation.clone()).or_default();
-        let seq = list.last().map_or(0, |l| l.seq).max(stored) + 1;
+        let latest = list.iter().map(|l| l.seq).max().unwrap_or(0).max(stored);
         let text: String = m.text.chars().take(200).collect();
         let (mentions, mention_all) = mentions_in(&text, g.max_id_bytes);
+        let (seq, thread_seq) = if m.thread == 0 {
+            (latest + 1, 0)
+        } else {
+            if !list.iter().any(|l| l.thread == 0 && l.seq == m.thread) {
+                return Err(ApiError::bad_request(
+                    "invalid_field",
+                    format!("thread: no message {} sent through the demo", m.thread),
+                ));
+            }
+            let replies = list.iter().filter(|l| l.thread == m.thread).count() as u64;
+            (latest, replies + 1)
+        };
         let message = DemoMessage {
             seq,
             sender: m.sender.clone(),
             text,
             mentions,
             mention_all,
+            thread: m.thread,
+            thread_seq,
         };
         list.push(message.clone());
         message
     };
+    // The thread's starter follows it from its first reply.
+    let starter = (m.thread > 0)
+        .then(|| {
+            let all = g.demo.messages.lock().expect("demo lock");
+            all.get(&m.conversation)
+                .and_then(|l| l.iter().find(|l| l.thread == 0 && l.seq == m.thread))
+                .map(|root| root.sender.clone())
+        })
+        .flatten();
     g.producer
         .event(&ConversationEventRecord {
             conversation_id: m.conversation,
             seq: message.seq as i64,
             at: now_ms(),
             event: EventRecord::MessageSent {
-                starter_id: None,
-                thread: 0,
-                thread_seq: 0,
+                starter_id: starter,
+                thread: message.thread as i64,
+                thread_seq: message.thread_seq as i64,
                 mention_all: message.mention_all,
                 mentions: message.mentions.clone(),
                 sender_id: m.sender,

@@ -16,11 +16,11 @@ use readfold_kafka::reader::TopicReader;
 use readfold_kafka::{KafkaConfig, TopicsConfig};
 use readfold_trace::{kafka_attributes, OpenSpan, SpanContext, SpanKind, Status, Tracer};
 use readfold_wire::badge::decode_user_badge;
-use readfold_wire::changelog::{ChangelogEntry, ChangelogKind};
+use readfold_wire::changelog::{ChangelogEntry, ChangelogKind, ThreadEntry};
 use readfold_wire::codec::{decode_conversation_event_view, Decoded, EventRecord, EventView, WireFormat};
 use readfold_wire::TRACEPARENT_HEADER;
 
-use crate::hub::{Hub, Member, MemberChange};
+use crate::hub::{Hub, Member, MemberChange, ThreadOwn};
 use crate::protocol::{muted_until, OwnState, ServerFrame};
 use crate::{telemetry, Badges, Gateway};
 
@@ -56,6 +56,8 @@ pub fn route(hub: &Hub, entry: ChangelogEntry) {
                         unread_mark: own.unread_mark,
                         unread_mentions: own.unread_mentions,
                         muted_until: muted_until(own.muted_until),
+                        // Counted by the hub, which holds the user's threads.
+                        thread_unread: 0,
                     },
                     latest_seq: u.latest_seq.get(),
                 },
@@ -80,8 +82,50 @@ pub fn route(hub: &Hub, entry: ChangelogEntry) {
                 },
             );
         }
-        // The gateway follows no thread topic yet.
-        ChangelogEntry::State(_) | ChangelogEntry::Thread(_) => {}
+        ChangelogEntry::Thread(entry) => route_thread(hub, entry),
+        ChangelogEntry::State(_) => {}
+    }
+}
+
+/// Routes a thread changelog entry: a follower's public cursor to the
+/// thread's subscribers; with their private cursor (the by-user topic), to
+/// their own devices.
+fn route_thread(hub: &Hub, entry: ThreadEntry) {
+    match entry {
+        ThreadEntry::Cursor(c) => {
+            let (conversation, thread, user) = (
+                c.key.conversation_id.as_str(),
+                c.key.thread.get(),
+                c.key.user_id.as_str(),
+            );
+            match c.private_cursor {
+                Some(private_cursor) => {
+                    telemetry::routed("thread_by_user");
+                    let own = ThreadOwn {
+                        latest_seq: c.latest_seq.get(),
+                        cursor: c.cursor.get(),
+                        private_cursor: private_cursor.get(),
+                    };
+                    hub.own_thread(user, conversation, thread, Some(own));
+                }
+                None => {
+                    telemetry::routed("thread_by_conversation");
+                    let change = (c.cursor.get(), c.join_seq.get(), c.latest_seq.get());
+                    hub.route_thread(conversation, thread, user, Some(change));
+                }
+            }
+        }
+        // A tombstone of either topic: the same departure.
+        ThreadEntry::Left(key) => {
+            let (conversation, thread, user) = (
+                key.conversation_id.as_str(),
+                key.thread.get(),
+                key.user_id.as_str(),
+            );
+            hub.route_thread(conversation, thread, user, None);
+            hub.own_thread(user, conversation, thread, None);
+        }
+        ThreadEntry::Follower { .. } | ThreadEntry::State(_) => {}
     }
 }
 
@@ -123,15 +167,44 @@ pub fn route_event(hub: &Hub, payload: &[u8], format: WireFormat) {
     };
     match decoded {
         Decoded::Borrowed(view) => {
-            if let EventView::MessageSent { sender_id, .. } = view.event {
-                hub.message_sent(view.conversation_id, view.seq.max(0) as u64, sender_id);
+            if let EventView::MessageSent {
+                sender_id,
+                thread,
+                thread_seq,
+                ..
+            } = view.event
+            {
+                sent(hub, view.conversation_id, view.seq, sender_id, thread, thread_seq);
             }
         }
         Decoded::Owned(record) => {
-            if let EventRecord::MessageSent { sender_id, .. } = &record.event {
-                hub.message_sent(&record.conversation_id, record.seq.max(0) as u64, sender_id);
+            if let EventRecord::MessageSent {
+                sender_id,
+                thread,
+                thread_seq,
+                ..
+            } = &record.event
+            {
+                sent(
+                    hub,
+                    &record.conversation_id,
+                    record.seq,
+                    sender_id,
+                    *thread,
+                    *thread_seq,
+                );
             }
         }
+    }
+}
+
+/// A message, or a reply in a thread (which takes no conversation seq:
+/// its `seq` is the conversation's latest, sent by someone else).
+fn sent(hub: &Hub, conversation: &str, seq: i64, sender: &str, thread: i64, thread_seq: i64) {
+    if thread > 0 {
+        hub.reply_sent(conversation, thread as u64, thread_seq.max(0) as u64, sender);
+    } else {
+        hub.message_sent(conversation, seq.max(0) as u64, sender);
     }
 }
 
@@ -256,6 +329,8 @@ pub fn start(
     for (topic, kind) in [
         (&topics.read_cursors, ChangelogKind::ByConversation),
         (&topics.user_read_cursors, ChangelogKind::ByUser),
+        (&topics.thread_cursors, ChangelogKind::ThreadByConversation),
+        (&topics.user_thread_cursors, ChangelogKind::ThreadByUser),
     ] {
         let reader = ChangelogReader::new(kafka, &group, topic, kind, max_id_bytes)?;
         reader.follow_from_end(None)?;

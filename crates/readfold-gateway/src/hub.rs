@@ -33,6 +33,8 @@ use tokio::sync::Notify;
 
 use crate::protocol::{MemberState, OwnState, ReadCounts, ServerFrame, Shared, SharedFrame, Version};
 use crate::telemetry;
+pub use crate::threads::ThreadOwn;
+use crate::threads::Threads;
 
 /// What an update is about: a member of a conversation as others see them,
 /// the connected user's own view of a conversation, a big group's batch, or
@@ -54,6 +56,17 @@ pub enum Key {
     },
     /// The user's app badge.
     Badge,
+    /// A follower of a subscribed thread, as others see them.
+    ThreadMember {
+        conversation: String,
+        thread: u64,
+        user: String,
+    },
+    /// The connected user's own view of a thread they follow.
+    OwnThread {
+        conversation: String,
+        thread: u64,
+    },
 }
 
 impl Key {
@@ -77,8 +90,38 @@ impl Key {
                 conversation: shared.value.conversation.clone(),
             }),
             ServerFrame::Badge { .. } => Some(Key::Badge),
+            ServerFrame::ThreadCursor {
+                conversation,
+                thread,
+                user,
+                ..
+            }
+            | ServerFrame::ThreadLeft {
+                conversation,
+                thread,
+                user,
+            } => Some(Key::ThreadMember {
+                conversation: conversation.clone(),
+                thread: *thread,
+                user: user.clone(),
+            }),
+            ServerFrame::OwnThread {
+                conversation, thread, ..
+            } => Some(Key::OwnThread {
+                conversation: conversation.clone(),
+                thread: *thread,
+            }),
             _ => None,
         }
+    }
+
+    /// Whether the key's frames go to the user's devices whatever they
+    /// subscribe to (own state), or follow a thread subscription.
+    fn outlives_conversation(&self) -> bool {
+        matches!(
+            self,
+            Key::Own { .. } | Key::OwnThread { .. } | Key::ThreadMember { .. }
+        )
     }
 
     /// The conversation the key is about; `None` for the user's badge.
@@ -87,7 +130,9 @@ impl Key {
             Key::Member { conversation, .. }
             | Key::Own { conversation }
             | Key::Batch { conversation }
-            | Key::ReadCounts { conversation } => Some(conversation),
+            | Key::ReadCounts { conversation }
+            | Key::ThreadMember { conversation, .. }
+            | Key::OwnThread { conversation, .. } => Some(conversation),
             Key::Badge => None,
         }
     }
@@ -104,6 +149,8 @@ struct Pending {
     wanted: HashSet<String>,
     /// v2 big groups: own updates there ride on the next read counts.
     own_on_read_counts: HashSet<String>,
+    /// Threads the session subscribes to.
+    wanted_threads: HashSet<(String, u64)>,
     closed: bool,
 }
 
@@ -225,6 +272,24 @@ impl Outbox {
                 return;
             }
         }
+        // A conversation's thread unread is the hub's count when pushed:
+        // unsent frames that carry it show the newest.
+        if let Some((conversation, unread)) = thread_unread_of(&frame) {
+            let conversation = conversation.to_owned();
+            for unsent in p.updates.values_mut() {
+                match unsent {
+                    ServerFrame::Own {
+                        conversation: c, own, ..
+                    } if *c == conversation => own.thread_unread = unread,
+                    ServerFrame::OwnThread {
+                        conversation: c,
+                        thread_unread,
+                        ..
+                    } if *c == conversation => *thread_unread = unread,
+                    _ => {}
+                }
+            }
+        }
         let replaced = p.updates.insert(key, frame).is_some();
         drop(p);
         if replaced {
@@ -299,11 +364,36 @@ impl Outbox {
             p.wanted.remove(conversation);
             p.own_on_read_counts.remove(conversation);
             p.updates
-                .retain(|key, _| matches!(key, Key::Own { .. }) || key.conversation() != Some(conversation));
+                .retain(|key, _| key.outlives_conversation() || key.conversation() != Some(conversation));
         }
         drop(p);
         // A held own update may be free to go now.
         self.notify.notify_one();
+    }
+
+    /// The session wants (or no longer wants) a thread's cursors; once it
+    /// does not, their unsent updates are dropped.
+    pub fn want_thread(&self, conversation: &str, thread: u64, wanted: bool) {
+        let mut p = self.lock();
+        let id = (conversation.to_owned(), thread);
+        if wanted {
+            p.wanted_threads.insert(id);
+        } else {
+            p.wanted_threads.remove(&id);
+            p.updates.retain(|key, _| {
+                !matches!(key, Key::ThreadMember { conversation: c, thread: t, .. } if *c == id.0 && *t == id.1)
+            });
+        }
+    }
+
+    pub fn wants_thread(&self, conversation: &str, thread: u64) -> bool {
+        let p = self.lock();
+        !p.closed && p.wanted_threads.contains(&(conversation.to_owned(), thread))
+    }
+
+    /// The threads the session subscribes to, for its disconnect.
+    pub fn wanted_threads(&self) -> Vec<(String, u64)> {
+        self.lock().wanted_threads.iter().cloned().collect()
     }
 
     /// Own updates in `conversation` (a v2 big group) wait for its next
@@ -348,6 +438,21 @@ impl Outbox {
     /// Updates waiting, for tests and telemetry.
     pub fn pending_updates(&self) -> usize {
         self.lock().updates.len()
+    }
+}
+
+/// The conversation and thread unread a frame carries, if it does.
+fn thread_unread_of(frame: &ServerFrame) -> Option<(&str, u64)> {
+    match frame {
+        ServerFrame::Own {
+            conversation, own, ..
+        } => Some((conversation, own.thread_unread)),
+        ServerFrame::OwnThread {
+            conversation,
+            thread_unread,
+            ..
+        } => Some((conversation, *thread_unread)),
+        _ => None,
     }
 }
 
@@ -731,6 +836,7 @@ pub struct Hub {
     next_id: AtomicU64,
     users: RwLock<HashMap<String, HashMap<ConnId, Arc<Outbox>>>>,
     rooms: Mutex<HashMap<String, Room>>,
+    threads: Mutex<Threads>,
 }
 
 impl Hub {
@@ -746,7 +852,12 @@ impl Hub {
             next_id: AtomicU64::new(0),
             users: RwLock::default(),
             rooms: Mutex::default(),
+            threads: Mutex::default(),
         }
+    }
+
+    fn threads(&self) -> std::sync::MutexGuard<'_, Threads> {
+        self.threads.lock().expect("threads lock")
     }
 
     fn rooms(&self) -> std::sync::MutexGuard<'_, HashMap<String, Room>> {
@@ -773,17 +884,24 @@ impl Hub {
     }
 
     pub fn disconnect(&self, id: ConnId, user: &str) {
-        let removed = {
+        let (removed, last) = {
             let mut users = self.users.write().expect("users lock");
             let removed = users.get_mut(user).and_then(|c| c.remove(&id));
-            if users.get(user).is_some_and(HashMap::is_empty) {
+            let last = users.get(user).is_some_and(HashMap::is_empty);
+            if last {
                 users.remove(user);
             }
-            removed
+            (removed, last)
         };
+        if last {
+            self.threads().forget_user(user);
+        }
         if let Some(outbox) = removed {
             for conversation in outbox.wanted() {
                 self.unsubscribe(id, &conversation, &outbox);
+            }
+            for (conversation, thread) in outbox.wanted_threads() {
+                self.unsubscribe_thread(id, &conversation, thread, &outbox);
             }
             outbox.close();
             telemetry::connections(-1);
@@ -1067,9 +1185,20 @@ impl Hub {
         Some((room.members.contains_key(user), room.top()))
     }
 
-    /// An update for every connection of `user`.
-    pub fn to_user(&self, user: &str, frame: ServerFrame) {
+    /// An update for every connection of `user`. An `own` frame gets the
+    /// user's thread unread in its conversation.
+    pub fn to_user(&self, user: &str, mut frame: ServerFrame) {
         let Some(key) = Key::of(&frame) else { return };
+        // Counted and pushed under the threads lock, so that the frames
+        // carrying a conversation's thread unread are pushed in the order
+        // of their counts.
+        let threads = self.threads();
+        if let ServerFrame::Own {
+            conversation, own, ..
+        } = &mut frame
+        {
+            own.thread_unread = threads.unread_in(user, conversation);
+        }
         if let Key::Own { conversation } = &key {
             // Its v2 subscribers take it with the next read counts: one is due.
             if let Some(big) = self.rooms().get_mut(conversation).and_then(|r| r.big.as_mut()) {
@@ -1085,6 +1214,94 @@ impl Hub {
     /// Conversations with at least one subscriber here.
     pub fn watched_conversations(&self) -> usize {
         self.rooms().len()
+    }
+
+    fn push_to_user(&self, user: &str, frame: ServerFrame) {
+        let Some(key) = Key::of(&frame) else { return };
+        let users = self.users.read().expect("users lock");
+        for outbox in users.get(user).into_iter().flat_map(HashMap::values) {
+            outbox.push_update(key.clone(), frame.clone());
+        }
+    }
+
+    fn connected(&self, user: &str) -> bool {
+        self.users.read().expect("users lock").contains_key(user)
+    }
+
+    /// The user's own state in a thread they follow, from the stores or
+    /// the by-user thread changelog (`None`: they left the conversation):
+    /// max-merged and pushed to their devices, if they are connected here.
+    pub fn own_thread(&self, user: &str, conversation: &str, thread: u64, own: Option<ThreadOwn>) {
+        let mut threads = self.threads();
+        if !self.connected(user) {
+            return;
+        }
+        let frame = threads.own(user, &(conversation.to_owned(), thread), own);
+        self.push_to_user(user, frame);
+    }
+
+    /// A reply `thread_seq` in a thread (from the input topic): its
+    /// connected followers' unread goes up now, not at the next flush.
+    pub fn reply_sent(&self, conversation: &str, thread: u64, thread_seq: u64, sender: &str) {
+        let mut threads = self.threads();
+        let id = (conversation.to_owned(), thread);
+        for (user, frame) in threads.reply(&id, thread_seq, sender, Instant::now()) {
+            self.push_to_user(&user, frame);
+        }
+    }
+
+    /// The user's unread over the threads of `conversation` they follow,
+    /// as known here.
+    pub fn thread_unread(&self, user: &str, conversation: &str) -> u64 {
+        self.threads().unread_in(user, conversation)
+    }
+
+    /// Subscribes a connection to a thread's cursors: every change from
+    /// now on; the caller reads the stores for its `thread_snapshot`
+    /// after this, so that it misses nothing.
+    pub fn subscribe_thread(&self, id: ConnId, conversation: &str, thread: u64, outbox: &Arc<Outbox>) {
+        self.threads()
+            .subscribe((conversation.to_owned(), thread), id, outbox.clone());
+    }
+
+    pub fn unsubscribe_thread(&self, id: ConnId, conversation: &str, thread: u64, outbox: &Outbox) {
+        outbox.want_thread(conversation, thread, false);
+        self.threads().unsubscribe(&(conversation.to_owned(), thread), id);
+    }
+
+    /// A follower's public cursor in a thread (`None`: they left), for the
+    /// thread's subscribers here.
+    pub fn route_thread(&self, conversation: &str, thread: u64, user: &str, change: Option<(u64, u64, u64)>) {
+        let threads = self.threads();
+        let id = (conversation.to_owned(), thread);
+        let frame = match change {
+            Some((cursor, join_seq, latest_seq)) => ServerFrame::ThreadCursor {
+                conversation: conversation.to_owned(),
+                thread,
+                user: user.to_owned(),
+                cursor,
+                join_seq,
+                latest_seq,
+            },
+            None => ServerFrame::ThreadLeft {
+                conversation: conversation.to_owned(),
+                thread,
+                user: user.to_owned(),
+            },
+        };
+        let key = Key::ThreadMember {
+            conversation: conversation.to_owned(),
+            thread,
+            user: user.to_owned(),
+        };
+        for outbox in threads.subscribers(&id) {
+            outbox.push_update(key.clone(), frame.clone());
+        }
+    }
+
+    /// Threads with a subscriber or a connected follower here.
+    pub fn watched_threads(&self) -> usize {
+        self.threads().watched()
     }
 }
 
@@ -1110,6 +1327,8 @@ pub struct Shown {
     latest: HashMap<String, u64>,
     own: HashMap<String, ShownOwn>,
     members: HashMap<(String, String), Member>,
+    /// Followers' cursors in subscribed threads, per membership as members'.
+    thread_members: HashMap<(String, u64, String), Member>,
     /// The last badge frame shown.
     badge: Option<ServerFrame>,
 }
@@ -1143,6 +1362,7 @@ impl Shown {
             latest: HashMap::new(),
             own: HashMap::new(),
             members: HashMap::new(),
+            thread_members: HashMap::new(),
             badge: None,
         }
     }
@@ -1218,6 +1438,48 @@ impl Shown {
             ServerFrame::Left { conversation, user } => {
                 self.members.remove(&(conversation.clone(), user.clone()));
             }
+            ServerFrame::ThreadSnapshot {
+                conversation,
+                thread,
+                followers,
+                ..
+            } => {
+                for f in followers {
+                    let key = (conversation.clone(), *thread, f.user.clone());
+                    let mut member = Member {
+                        cursor: f.cursor,
+                        delivered: f.cursor,
+                        join_seq: f.join_seq,
+                    };
+                    raise_member(&mut self.thread_members, key, &mut member);
+                    f.cursor = member.cursor;
+                }
+            }
+            ServerFrame::ThreadCursor {
+                conversation,
+                thread,
+                user,
+                cursor,
+                join_seq,
+                ..
+            } => {
+                let mut member = Member {
+                    cursor: *cursor,
+                    delivered: *cursor,
+                    join_seq: *join_seq,
+                };
+                let key = (conversation.clone(), *thread, user.clone());
+                fresh = raise_member(&mut self.thread_members, key, &mut member);
+                *cursor = member.cursor;
+            }
+            ServerFrame::ThreadLeft {
+                conversation,
+                thread,
+                user,
+            } => {
+                self.thread_members
+                    .remove(&(conversation.clone(), *thread, user.clone()));
+            }
             ServerFrame::ReadCounts { shared, own: Some(o) } => {
                 self.raise_own(&shared.value.conversation, o, OwnFrom::Changelog);
             }
@@ -1267,23 +1529,31 @@ impl Shown {
         *own != was
     }
 
-    /// Raises a member's cursor and delivered cursor to what was shown of
-    /// the same membership; whether it shows something new (false for an
-    /// older membership).
     fn raise_member(&mut self, key: (String, String), member: &mut Member) -> bool {
-        match self.members.get_mut(&key) {
-            Some(shown) if member.join_seq < shown.join_seq => false,
-            Some(shown) if member.join_seq == shown.join_seq => {
-                let fresh = member.cursor > shown.cursor || member.delivered > shown.delivered;
-                member.cursor = member.cursor.max(shown.cursor);
-                member.delivered = member.delivered.max(shown.delivered);
-                *shown = *member;
-                fresh
-            }
-            _ => {
-                self.members.insert(key, *member);
-                true
-            }
+        raise_member(&mut self.members, key, member)
+    }
+}
+
+/// Raises a member's cursor and delivered cursor to what was shown of the
+/// same membership; whether it shows something new (false for an older
+/// membership).
+fn raise_member<K: Eq + std::hash::Hash>(
+    shown: &mut HashMap<K, Member>,
+    key: K,
+    member: &mut Member,
+) -> bool {
+    match shown.get_mut(&key) {
+        Some(shown) if member.join_seq < shown.join_seq => false,
+        Some(shown) if member.join_seq == shown.join_seq => {
+            let fresh = member.cursor > shown.cursor || member.delivered > shown.delivered;
+            member.cursor = member.cursor.max(shown.cursor);
+            member.delivered = member.delivered.max(shown.delivered);
+            *shown = *member;
+            fresh
+        }
+        _ => {
+            shown.insert(key, *member);
+            true
         }
     }
 }
@@ -1601,6 +1871,7 @@ mod tests {
             unread_mark: false,
             unread_mentions,
             muted_until,
+            thread_unread: 0,
         }
     }
 
@@ -2045,6 +2316,127 @@ mod tests {
         assert_eq!(laptop.take().await.unwrap(), [own]);
         hub.disconnect(a1, "alice");
         assert!(phone.take().await.is_none(), "a closed outbox ends its writer");
+    }
+
+    fn thread_unread_shown(frames: &[ServerFrame]) -> Vec<(String, u64)> {
+        frames
+            .iter()
+            .filter_map(|f| match f {
+                ServerFrame::Own { own, .. } => Some(("own".to_owned(), own.thread_unread)),
+                ServerFrame::OwnThread {
+                    thread,
+                    unread,
+                    thread_unread,
+                    ..
+                } => Some((format!("thread {thread}: {unread}"), *thread_unread)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_thread_read_on_one_device_clears_it_on_every_device() {
+        let hub = Hub::new(100);
+        let (_, phone) = hub.connect("alice");
+        let (_, laptop) = hub.connect("alice");
+        let own = |latest_seq, cursor, private_cursor| {
+            Some(ThreadOwn {
+                latest_seq,
+                cursor,
+                private_cursor,
+            })
+        };
+        hub.own_thread("alice", "G", 1, own(2, 0, 0));
+        hub.own_thread("alice", "G", 4, own(1, 1, 0));
+        // Bob replies in thread 1: alice's unread there goes up at once.
+        hub.reply_sent("G", 1, 3, "bob");
+        hub.to_user("alice", own_frame("G", 3, 3, 3));
+        let frames = phone.take().await.unwrap();
+        assert_eq!(
+            thread_unread_shown(&frames),
+            [
+                ("own".to_owned(), 3),
+                ("thread 1: 3".to_owned(), 3),
+                ("thread 4: 0".to_owned(), 3)
+            ],
+            "unsent frames carry the newest sum"
+        );
+        // The phone reads thread 1 privately; the laptop is told.
+        laptop.take().await.unwrap();
+        hub.own_thread("alice", "G", 1, own(3, 0, 3));
+        let frames = laptop.take().await.unwrap();
+        assert_eq!(thread_unread_shown(&frames), [("thread 1: 0".to_owned(), 0)]);
+        assert_eq!(hub.thread_unread("alice", "G"), 0);
+        // Nobody else is told, and users not connected here are not held.
+        hub.own_thread("bob", "G", 1, own(3, 3, 0));
+        assert_eq!(hub.thread_unread("bob", "G"), 0);
+        assert_eq!(hub.watched_threads(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_thread_subscription_gets_its_followers_changes_until_unsubscribed() {
+        let hub = Hub::new(100);
+        let (id, outbox) = hub.connect("alice");
+        outbox.want_thread("G", 1, true);
+        hub.subscribe_thread(id, "G", 1, &outbox);
+        hub.route_thread("G", 1, "bob", Some((1, 1, 2)));
+        hub.route_thread("G", 1, "bob", Some((2, 1, 2)));
+        hub.route_thread("G", 2, "bob", Some((5, 1, 5)));
+        let frames = outbox.take().await.unwrap();
+        assert_eq!(
+            frames,
+            [ServerFrame::ThreadCursor {
+                conversation: "G".into(),
+                thread: 1,
+                user: "bob".into(),
+                cursor: 2,
+                join_seq: 1,
+                latest_seq: 2,
+            }],
+            "coalesced, and only the thread subscribed"
+        );
+        // Unsubscribing the conversation leaves the thread's updates.
+        hub.route_thread("G", 1, "carol", None);
+        outbox.want("G", false);
+        assert_eq!(outbox.pending_updates(), 1);
+        hub.unsubscribe_thread(id, "G", 1, &outbox);
+        assert_eq!(outbox.pending_updates(), 0);
+        hub.route_thread("G", 1, "bob", Some((3, 1, 3)));
+        assert_eq!(outbox.pending_updates(), 0);
+        assert_eq!(hub.watched_threads(), 0);
+    }
+
+    #[test]
+    fn a_thread_cursor_shown_is_never_lowered_within_a_membership() {
+        let mut shown = Shown::default();
+        let cursor = |cursor, join_seq| ServerFrame::ThreadCursor {
+            conversation: "G".into(),
+            thread: 1,
+            user: "bob".into(),
+            cursor,
+            join_seq,
+            latest_seq: 9,
+        };
+        assert!(admitted(&mut shown, cursor(4, 1)).is_some());
+        assert!(admitted(&mut shown, cursor(3, 1)).is_none(), "lower");
+        let mut snapshot = ServerFrame::ThreadSnapshot {
+            conversation: "G".into(),
+            thread: 1,
+            latest_seq: 9,
+            followers: vec![crate::protocol::FollowerState {
+                user: "bob".into(),
+                cursor: 2,
+                join_seq: 1,
+            }],
+        };
+        assert!(shown.admit(&mut snapshot));
+        assert!(
+            matches!(&snapshot, ServerFrame::ThreadSnapshot { followers, .. } if followers[0].cursor == 4)
+        );
+        assert!(
+            admitted(&mut shown, cursor(5, 6)).is_some(),
+            "a rejoin starts anew"
+        );
     }
 
     fn badge_frame(messages: u64, updated_at: i64) -> ServerFrame {

@@ -10,6 +10,7 @@
 //! - [`protocol`]: the frames.
 //! - [`hub`]: subscriptions and coalescing outboxes.
 //! - [`follow`]: the changelog followers.
+//! - `threads`: users' followed threads and thread subscriptions.
 //! - `session`: one connection.
 //! - `demo`: the demo page and its endpoints.
 //!
@@ -23,6 +24,7 @@ pub mod hub;
 pub mod protocol;
 mod session;
 pub mod telemetry;
+mod threads;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -53,13 +53,29 @@ pub enum ClientMessage {
     Unsubscribe {
         conversation: String,
     },
-    /// A read receipt: the user has seen every message up to `seq`.
+    /// Start receiving a thread's followers' cursors: a `thread_snapshot`,
+    /// then every change (`thread_cursor`, `thread_left`).
+    SubscribeThread {
+        conversation: String,
+        /// The root message's seq.
+        thread: u64,
+    },
+    UnsubscribeThread {
+        conversation: String,
+        thread: u64,
+    },
+    /// A read receipt: the user has seen every message up to `seq` (with
+    /// `thread`: every reply of that thread up to thread seq `seq`).
     /// Acknowledged with `ack` once the broker has it.
     Read {
         conversation: String,
         seq: u64,
         #[serde(default)]
         private: bool,
+        /// The root message's seq of the thread read in; none for the
+        /// conversation itself.
+        #[serde(default)]
+        thread: Option<u64>,
         /// Echoed in the `ack` or `error`.
         #[serde(default)]
         id: Option<String>,
@@ -116,6 +132,14 @@ pub struct MemberState {
     /// Every message up to here reached one of the member's devices; never
     /// below `cursor`.
     pub delivered: u64,
+    pub join_seq: u64,
+}
+
+/// A follower in a thread snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FollowerState {
+    pub user: String,
+    pub cursor: u64,
     pub join_seq: u64,
 }
 
@@ -190,6 +214,9 @@ pub struct OwnState {
     /// muted, a past time a mute that ran out, [`MUTED_UNTIL_UNMUTED`]
     /// until unmuted.
     pub muted_until: Option<u64>,
+    /// Unread replies over the conversation's threads the user follows,
+    /// as this gateway knows them (see `own_thread` frames).
+    pub thread_unread: u64,
 }
 
 /// `muted_until` of a mute with no end: muted until the user unmutes.
@@ -204,6 +231,7 @@ impl OwnState {
             unread_mark: own.marked_unread(),
             unread_mentions: own.unread_mentions,
             muted_until: muted_until(own.mute.map(|m| m.until).filter(|&until| until != Mute::OFF)),
+            thread_unread: 0,
         }
     }
 }
@@ -264,6 +292,45 @@ pub enum ServerFrame {
     Left {
         conversation: String,
         user: String,
+    },
+    /// A thread's followers when subscribed; changes follow.
+    ThreadSnapshot {
+        conversation: String,
+        thread: u64,
+        /// The latest reply's thread seq.
+        latest_seq: u64,
+        followers: Vec<FollowerState>,
+    },
+    /// A follower's public cursor in a subscribed thread advanced (or they
+    /// became a follower).
+    ThreadCursor {
+        conversation: String,
+        thread: u64,
+        user: String,
+        cursor: u64,
+        join_seq: u64,
+        latest_seq: u64,
+    },
+    /// A follower left the conversation: they are in none of its threads.
+    ThreadLeft {
+        conversation: String,
+        thread: u64,
+        user: String,
+    },
+    /// The connected user's own state in a thread they follow changed (a
+    /// read on any of their devices, a new reply), with their unread there
+    /// and over the conversation's threads they follow. `following: false`
+    /// once they left the conversation.
+    OwnThread {
+        conversation: String,
+        thread: u64,
+        cursor: u64,
+        private_cursor: u64,
+        latest_seq: u64,
+        /// latest_seq - max(cursor, private_cursor), at least 0.
+        unread: u64,
+        thread_unread: u64,
+        following: bool,
     },
     /// The connected user's own state in a conversation changed (any of
     /// their devices): their cursors, unread mark, unread mentions or mute.
@@ -416,6 +483,7 @@ mod tests {
                 conversation: "G".into(),
                 seq: 3,
                 private: false,
+                thread: None,
                 id: Some("r1".into()),
                 traceparent: None,
             }
@@ -558,12 +626,13 @@ mod tests {
                 unread_mark: false,
                 unread_mentions: 2,
                 muted_until: None,
+                thread_unread: 6,
             },
             latest_seq: 5,
         };
         assert_eq!(
             frame.to_json(),
-            r#"{"type":"own","conversation":"G","cursor":3,"private_cursor":4,"unread_mark":false,"unread_mentions":2,"muted_until":null,"latest_seq":5}"#
+            r#"{"type":"own","conversation":"G","cursor":3,"private_cursor":4,"unread_mark":false,"unread_mentions":2,"muted_until":null,"thread_unread":6,"latest_seq":5}"#
         );
         let own = |mute| OwnCursor {
             unread_mentions: 7,
@@ -597,6 +666,43 @@ mod tests {
         let value: serde_json::Value = serde_json::from_str(&counts.json()).unwrap();
         assert_eq!(value["own"]["unread_mentions"], 7);
         assert_eq!(value["own"]["muted_until"], i64::MAX);
+    }
+
+    #[test]
+    fn thread_messages_parse_and_thread_frames_serialize() {
+        let parse = |json: &str| serde_json::from_str::<ClientMessage>(json);
+        assert_eq!(
+            parse(r#"{"type":"subscribe_thread","conversation":"G","thread":4}"#).unwrap(),
+            ClientMessage::SubscribeThread {
+                conversation: "G".into(),
+                thread: 4
+            }
+        );
+        assert!(parse(r#"{"type":"subscribe_thread","conversation":"G"}"#).is_err());
+        assert!(matches!(
+            parse(r#"{"type":"read","conversation":"G","seq":2,"thread":4,"private":true}"#).unwrap(),
+            ClientMessage::Read {
+                thread: Some(4),
+                seq: 2,
+                private: true,
+                ..
+            }
+        ));
+        let own = ServerFrame::OwnThread {
+            conversation: "G".into(),
+            thread: 4,
+            cursor: 1,
+            private_cursor: 2,
+            latest_seq: 5,
+            unread: 3,
+            thread_unread: 7,
+            following: true,
+        };
+        assert_eq!(
+            own.to_json(),
+            r#"{"type":"own_thread","conversation":"G","thread":4,"cursor":1,"private_cursor":2,"latest_seq":5,"unread":3,"thread_unread":7,"following":true}"#
+        );
+        assert_eq!(own.latest_seq(), None, "a thread seq is not the conversation's");
     }
 
     #[test]

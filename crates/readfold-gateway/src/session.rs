@@ -13,8 +13,8 @@ use readfold_trace::{kafka_attributes, OpenSpan, SpanContext, SpanKind, Status, 
 use readfold_wire::badge::{encode_user_action, UserActionKind, UserActionRecord};
 use readfold_wire::codec::{ReadAction, ReadReportRecord};
 
-use crate::hub::{ConnId, Key, LoadedConversation, Member, Outbox, Shown};
-use crate::protocol::{ClientMessage, OwnState, ServerFrame, Version};
+use crate::hub::{ConnId, Key, LoadedConversation, Member, Outbox, Shown, ThreadOwn};
+use crate::protocol::{ClientMessage, FollowerState, OwnState, ServerFrame, Version};
 use crate::{telemetry, Gateway};
 
 /// Runs a connection until the client goes away.
@@ -25,6 +25,7 @@ pub async fn run(mut socket: WebSocket, gateway: Arc<Gateway>, user: UserId, ver
         protocol: version.name(),
     });
     tokio::spawn(initial_badge(gateway.clone(), user.clone(), outbox.clone()));
+    tokio::spawn(initial_threads(gateway.clone(), user.clone()));
     let mut shown = Shown::new(gateway.config.batch_from_members);
     loop {
         tokio::select! {
@@ -82,14 +83,40 @@ fn handle(gateway: &Arc<Gateway>, user: &UserId, id: ConnId, outbox: &Arc<Outbox
         ClientMessage::Unsubscribe { conversation } => {
             gateway.hub.unsubscribe(id, &conversation, outbox);
         }
+        ClientMessage::SubscribeThread { conversation, thread } => {
+            let Some(cid) = conversation_id(gateway, outbox, &conversation, None) else {
+                return;
+            };
+            if thread == 0 {
+                let message = "thread: threads are named by their root's seq, from 1";
+                outbox.push_control(ServerFrame::error("bad_message", message, None));
+                return;
+            }
+            outbox.want_thread(&conversation, thread, true);
+            tokio::spawn(subscribe_thread(
+                gateway.clone(),
+                user.clone(),
+                id,
+                outbox.clone(),
+                cid,
+                thread,
+            ));
+        }
+        ClientMessage::UnsubscribeThread { conversation, thread } => {
+            gateway.hub.unsubscribe_thread(id, &conversation, thread, outbox);
+        }
         ClientMessage::Read {
             conversation,
             seq,
             private,
+            thread,
             id: request,
             traceparent,
         } => {
-            let record = receipt_record(conversation, user, seq, private, ReadAction::Read);
+            let record = ReadReportRecord {
+                thread: thread.unwrap_or(0).min(i64::MAX as u64) as i64,
+                ..receipt_record(conversation, user, seq, private, ReadAction::Read)
+            };
             let parent = traceparent.and_then(|t| SpanContext::parse(t.as_bytes()));
             spawn_receipt(gateway, user, outbox, record, 1, request, parent)
         }
@@ -182,6 +209,88 @@ async fn initial_badge(gateway: Arc<Gateway>, user: UserId, outbox: Arc<Outbox>)
         Ok(None) => {}
         Err(e) => tracing::debug!(user = user.as_str(), error = %e, "no badge from Redis"),
     }
+}
+
+/// The threads the user follows, as the stores hold them, into the hub
+/// (which sends an `own_thread` frame for each); the by-user thread
+/// changelog, followed from its end as of the gateway's start, brings every
+/// later change.
+async fn initial_threads(gateway: Arc<Gateway>, user: UserId) {
+    match gateway.source.followed_threads(&user).await {
+        Ok((threads, _)) => {
+            for t in threads {
+                let own = ThreadOwn {
+                    latest_seq: t.latest_seq.get(),
+                    cursor: t.cursor.get(),
+                    private_cursor: t.private_cursor.get(),
+                };
+                let conversation = t.conversation_id.as_str();
+                gateway
+                    .hub
+                    .own_thread(user.as_str(), conversation, t.thread.get(), Some(own));
+            }
+        }
+        Err(e) => tracing::debug!(user = user.as_str(), error = %e, "no followed threads from the stores"),
+    }
+}
+
+/// Subscribes to a thread's cursors, for a present member of its
+/// conversation: every change from now on, then the snapshot read from the
+/// stores (a client max-merges; the connection never shows a lower cursor).
+async fn subscribe_thread(
+    gateway: Arc<Gateway>,
+    user: UserId,
+    id: ConnId,
+    outbox: Arc<Outbox>,
+    conversation: ConversationId,
+    thread: u64,
+) {
+    let name = conversation.as_str();
+    let refuse = |code, message: String| {
+        outbox.want_thread(name, thread, false);
+        outbox.push_control(ServerFrame::error(code, message, None));
+    };
+    match known_membership(&gateway, &conversation, &user).await {
+        Ok((true, _)) => {}
+        Ok((false, _)) => {
+            return refuse(
+                "not_a_member",
+                format!("{} is not a present member of {name:?}", user.as_str()),
+            )
+        }
+        Err(e) => return refuse("unavailable", e),
+    }
+    gateway.hub.subscribe_thread(id, name, thread, &outbox);
+    let view = match gateway
+        .source
+        .thread(&conversation, readfold_core::Seq(thread))
+        .await
+    {
+        Ok((view, _)) => view.unwrap_or_default(),
+        Err(e) => {
+            gateway.hub.unsubscribe_thread(id, name, thread, &outbox);
+            return refuse("unavailable", e.to_string());
+        }
+    };
+    if !outbox.wants_thread(name, thread) {
+        // Unsubscribed meanwhile.
+        gateway.hub.unsubscribe_thread(id, name, thread, &outbox);
+        return;
+    }
+    outbox.push_control(ServerFrame::ThreadSnapshot {
+        conversation: name.to_owned(),
+        thread,
+        latest_seq: view.latest_seq.get(),
+        followers: view
+            .members
+            .iter()
+            .map(|(u, m)| FollowerState {
+                user: u.to_string(),
+                cursor: m.cursor.get(),
+                join_seq: m.join_seq.get(),
+            })
+            .collect(),
+    });
 }
 
 /// Produces a MARK_ALL_READ user action to the user's partition of the user
@@ -320,7 +429,10 @@ async fn subscribe(
     // Unread mentions and the mute are as the stores give them (0 and not
     // muted where they hold none); the changelog brings every change after.
     let own = match gateway.source.own_views(&user, &[name]).await {
-        Ok(views) => views.first().and_then(|(v, _)| v.own()).map(|o| OwnState::of(&o)),
+        Ok(views) => views.first().and_then(|(v, _)| v.own()).map(|o| OwnState {
+            thread_unread: gateway.hub.thread_unread(user.as_str(), name),
+            ..OwnState::of(&o)
+        }),
         Err(_) => None,
     };
     if !gateway.hub.subscribe(id, name, user.as_str(), &outbox, own) {
@@ -393,7 +505,11 @@ async fn check_and_produce(
     // one is never refused for the gateway being behind.
     let deadline = Instant::now() + Duration::from_millis(gateway.config.receipt_wait_ms);
     loop {
-        let (member, latest_seq) = match known_membership(gateway, conversation, user).await {
+        let known = match record.thread {
+            thread if thread > 0 => known_thread(gateway, conversation, thread as u64, user).await,
+            _ => known_membership(gateway, conversation, user).await,
+        };
+        let (member, latest_seq) = match known {
             Ok(known) => known,
             Err(e) => {
                 outbox.push_control(ServerFrame::error("unavailable", e, request));
@@ -470,6 +586,8 @@ async fn check_and_produce(
     }
     answer_produced(outbox, request, started, sent, || {
         let reached = match record.action {
+            // A thread's cursors are not the conversation room's.
+            _ if record.thread > 0 => None,
             ReadAction::Read if !record.private => Some(Reached::Read),
             ReadAction::Delivered => Some(Reached::Delivered),
             _ => None,
@@ -500,6 +618,27 @@ async fn known_membership(
         Ok((view, _)) => Ok(view.map_or((false, 0), |v| (v.members.contains_key(user), v.latest_seq.get()))),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// Whether `user` is a present member of the conversation, and the latest
+/// reply of `thread` as the stores (or the user's own followed threads
+/// here) know it: a thread read is checked against its thread seqs.
+async fn known_thread(
+    gateway: &Gateway,
+    conversation: &ConversationId,
+    thread: u64,
+    user: &UserId,
+) -> Result<(bool, u64), String> {
+    let (member, _) = known_membership(gateway, conversation, user).await?;
+    let stored = match gateway
+        .source
+        .thread(conversation, readfold_core::Seq(thread))
+        .await
+    {
+        Ok((view, _)) => view.map_or(0, |v| v.latest_seq.get()),
+        Err(e) => return Err(e.to_string()),
+    };
+    Ok((member, stored))
 }
 
 /// The read-reports record a client's message stands for, stamped now.
