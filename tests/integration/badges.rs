@@ -20,7 +20,11 @@ use crate::kit::*;
 
 /// Each user's badge as the reference fold's final state gives it, counted
 /// from scratch at `now_ms` (users with nothing unread anywhere included).
-fn expected_badges(reference: &Reference, rules: BadgeRules, now_ms: i64) -> BTreeMap<String, Badge> {
+pub(crate) fn expected_badges(
+    reference: &Reference,
+    rules: BadgeRules,
+    now_ms: i64,
+) -> BTreeMap<String, Badge> {
     recount(&reference.state, rules, now_ms)
         .into_iter()
         .map(|(u, b)| (u.to_string(), b))
@@ -38,7 +42,7 @@ fn published(env: &TestEnv) -> BTreeMap<String, Badge> {
 
 /// Waits until the topic and Redis hold `want` for every user (a user
 /// missing from either counts as an empty badge).
-async fn wait_for_badges(env: &TestEnv, want: &BTreeMap<String, Badge>, timeout: Duration) {
+pub(crate) async fn wait_for_badges(env: &TestEnv, want: &BTreeMap<String, Badge>, timeout: Duration) {
     let redis = RedisStore::connect(&env.config.redis).await.unwrap();
     let started = Instant::now();
     loop {

@@ -410,6 +410,65 @@ async fn assert_thread_answers(
     }
 }
 
+/// The badge stage counts followed threads' unread replies: under thread
+/// load, with the badge stage SIGKILLed twice, every user's badge equals a
+/// count from scratch over the fold's final state, threads included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn badges_count_followed_threads_across_badge_stage_kills() {
+    let env = TestEnv::new("threads-badges", 3).await;
+    let processor = env.spawn("a");
+    let mut stage = env.spawn_command("badges", "b1", &[]);
+    let killer = async {
+        for round in 0..2u64 {
+            tokio::time::sleep(Duration::from_millis(2000 + 1500 * round)).await;
+            assert!(
+                stage.is_running(),
+                "the badge stage died by itself:\n{}",
+                stage.log_text()
+            );
+            stage.kill();
+            stage = env.spawn_command("badges", "b1", &[]);
+        }
+    };
+    let (reference, ()) = tokio::join!(produce_thread_load(&env, Duration::from_secs(8), 23), killer);
+    env.wait_for_reference(&reference, Duration::from_secs(60)).await;
+    let rules = env.config.badge.rules().unwrap();
+    let want = crate::badges::expected_badges(&reference, rules, crate::kit::services::now_ms());
+    let without_threads = {
+        let mut state = reference.state.clone();
+        for (id, conversation) in reference.state.conversations() {
+            let threads = conversation.threads();
+            for root in threads.roots() {
+                for (user, _) in threads.thread(root).unwrap().followers {
+                    // Read to the end: the thread adds nothing.
+                    state.apply_thread_read(&readfold_core::fold::ThreadReadReport {
+                        conversation_id: id.clone(),
+                        thread: root,
+                        user_id: user,
+                        seq: Seq(u64::MAX / 2),
+                        reported_at: 0,
+                        private: true,
+                    });
+                }
+            }
+        }
+        readfold_core::badge::recount(&state, rules, crate::kit::services::now_ms())
+    };
+    assert!(
+        want.iter()
+            .any(|(u, b)| without_threads.get(&u.parse::<readfold_core::UserId>().unwrap()) != Some(b)),
+        "the load leaves thread replies unread"
+    );
+    crate::badges::wait_for_badges(&env, &want, Duration::from_secs(60)).await;
+    assert!(stage.terminate(Duration::from_secs(30)), "{}", stage.log_text());
+    let mut processor = processor;
+    assert!(
+        processor.terminate(Duration::from_secs(30)),
+        "{}",
+        processor.log_text()
+    );
+}
+
 /// u's history in thread 7 of `conversation`: reads in epoch 1, a
 /// departure (epoch 2), a rejoin after reply 4 (epoch 3) and a read there.
 fn follower_history(conversation: &str) -> [readfold_core::fold::ThreadChange; 5] {

@@ -99,6 +99,14 @@ pub(crate) async fn ensure_topics(settings: &BadgeSettings) -> Result<Layout> {
             badge.user_actions, topics.user_read_cursors
         )));
     }
+    let threads = count(&topics.user_thread_cursors).ok_or_else(|| missing(&topics.user_thread_cursors))?;
+    if threads != by_user {
+        return Err(Error::Topology(format!(
+            "{:?} has {threads} partitions but {:?} has {by_user}: the by-user thread changelog must be \
+             co-partitioned with the by-user changelog (same count, murmur2 of the user id)",
+            topics.user_thread_cursors, topics.user_read_cursors
+        )));
+    }
     Ok(Layout {
         user_actions: actions,
         read_reports: count(&topics.read_reports).ok_or_else(|| missing(&topics.read_reports))?,

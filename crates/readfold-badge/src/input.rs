@@ -2,11 +2,11 @@
 
 use readfold_kafka::queue_batch::QueuedMessage;
 
-use readfold_core::badge::{Badges, MarkRead, OwnConversation};
+use readfold_core::badge::{Badges, MarkRead, OwnConversation, OwnThread};
 use readfold_core::partitioner::partition_for_key;
 use readfold_core::{ConversationId, Seq, UserId};
 use readfold_wire::badge::{decode_user_action, UserActionKind};
-use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind, OwnUpdate};
+use readfold_wire::changelog::{decode_changelog, ChangelogEntry, ChangelogKind, OwnUpdate, ThreadEntry};
 use readfold_wire::codec::{encode_read_report, ReadAction, ReadReportRecord};
 use readfold_wire::{validate, OutRecord, RejectReason, Rejection};
 
@@ -19,6 +19,14 @@ pub(crate) enum Input {
         user: UserId,
         conversation: ConversationId,
         view: Option<OwnConversation>,
+    },
+    /// A by-user thread changelog record: the follower's view of one
+    /// thread, `None` once they left the conversation.
+    OwnThread {
+        user: UserId,
+        conversation: ConversationId,
+        thread: Seq,
+        view: Option<OwnThread>,
     },
     MarkAllRead {
         user: UserId,
@@ -43,6 +51,9 @@ impl Input {
     ) -> Input {
         if message.topic == settings.topics.user_read_cursors {
             return Input::read_own(settings, message.key, message.payload);
+        }
+        if message.topic == settings.topics.user_thread_cursors {
+            return Input::read_own_thread(settings, message.key, message.payload);
         }
         let reject = |reason, detail: String| Input::Rejected(Rejection { reason, detail });
         let Some(value) = message.payload else {
@@ -98,6 +109,45 @@ impl Input {
         }
     }
 
+    /// A record of the by-user thread changelog, read.
+    pub(crate) fn read_own_thread(
+        settings: &BadgeSettings,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+    ) -> Input {
+        let entry = decode_changelog(
+            ChangelogKind::ThreadByUser,
+            key,
+            value,
+            settings.input.max_id_bytes,
+        );
+        let reject = |detail: String| {
+            Input::Rejected(Rejection {
+                reason: RejectReason::Decode,
+                detail,
+            })
+        };
+        match entry {
+            Ok(ChangelogEntry::Thread(ThreadEntry::Cursor(c))) => Input::OwnThread {
+                view: Some(OwnThread {
+                    latest_seq: c.latest_seq,
+                    read_up_to: c.cursor.max(c.private_cursor.unwrap_or_default()),
+                }),
+                user: c.key.user_id,
+                conversation: c.key.conversation_id,
+                thread: c.key.thread,
+            },
+            Ok(ChangelogEntry::Thread(ThreadEntry::Left(key))) => Input::OwnThread {
+                user: key.user_id,
+                conversation: key.conversation_id,
+                thread: key.thread,
+                view: None,
+            },
+            Ok(_) => reject("not a by-user thread changelog record".into()),
+            Err(e) => reject(e.to_string()),
+        }
+    }
+
     /// Folds the record live, at `now_ms`.
     pub(crate) fn apply(self, badges: &mut Badges, now_ms: i64) -> Applied {
         match self {
@@ -107,6 +157,15 @@ impl Input {
                 view,
             } => {
                 badges.apply(&user, &conversation, view, now_ms);
+                Applied::Nothing
+            }
+            Input::OwnThread {
+                user,
+                conversation,
+                thread,
+                view,
+            } => {
+                badges.apply_thread(&user, &conversation, thread, view);
                 Applied::Nothing
             }
             Input::MarkAllRead { user, at } => Applied::MarkAllRead(
@@ -123,13 +182,8 @@ impl Input {
     /// Folds the record as a restore does: the state it made when it was
     /// published at `at`; nothing is sent.
     pub(crate) fn restore(self, badges: &mut Badges, at: i64) {
-        if let Input::Own {
-            user,
-            conversation,
-            view,
-        } = self
-        {
-            badges.apply(&user, &conversation, view, at);
+        if matches!(self, Input::Own { .. } | Input::OwnThread { .. }) {
+            self.apply(badges, at);
         }
     }
 }
@@ -155,7 +209,7 @@ impl Report {
     fn of(user: &UserId, m: MarkRead, at: i64) -> Vec<Report> {
         let record = |action, seq: Seq| {
             Report(ReadReportRecord {
-                thread: 0,
+                thread: m.thread.map_or(0, |t| t.get() as i64),
                 conversation_id: m.conversation_id.to_string(),
                 user_id: user.to_string(),
                 seq: seq.get() as i64,

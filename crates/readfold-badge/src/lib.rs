@@ -1,12 +1,13 @@
 //! readfold's badge stage: one badge per user, from the by-user changelog.
 //!
 //! A consumer group of its own reads `chat.user-read-cursors` (each record
-//! one member's whole own view of one conversation) and `chat.user-actions`
-//! (mark-all-read), co-partitioned by user, and folds them into
-//! [`Badges`], the pure state. Every instance also follows all of
-//! `chat.read-cursors`, for each conversation's latest seq: a message
-//! raises the unread of members whose own records do not change (Kafka
-//! Streams would call it a global table). Each flush publishes, in one Kafka
+//! one member's whole own view of one conversation), `chat.user-actions`
+//! (mark-all-read) and `chat.user-thread-cursors` (a follower's own view of
+//! a thread), co-partitioned by user, and folds them into [`Badges`], the
+//! pure state. Every instance also follows all of `chat.read-cursors` and
+//! `chat.thread-cursors`, for each conversation's latest seq and each
+//! thread's latest reply: a message raises the unread of members whose own
+//! records do not change (Kafka Streams would call it a global table). Each flush publishes, in one Kafka
 //! transaction with the input offsets, the changed users' badges on
 //! compacted `chat.user-badges`, the read reports a mark-all-read sends back
 //! to the first stage's input, and dead letters; then it writes the badges
@@ -106,10 +107,12 @@ const TAKE_BATCH: usize = 1000;
 /// the consumer's own poll) wait no longer.
 const MAX_WAIT: Duration = Duration::from_millis(100);
 
-/// The inputs, in the order offsets are kept: the by-user changelog, then
-/// the user actions.
+/// The inputs, in the order offsets are kept: the by-user changelog, the
+/// user actions, the by-user thread changelog.
 const OWN: usize = 0;
 const ACTIONS: usize = 1;
+const THREADS: usize = 2;
+const INPUTS: usize = 3;
 
 /// A change of the group's assignment: (topic, partition)s added or taken
 /// away. The eager protocol takes everything away, then adds the new
@@ -181,19 +184,22 @@ pub struct BadgeStage {
     layout: Layout,
     /// The state of the users of the assigned partitions.
     badges: Badges,
-    /// Partitions assigned, by input ([`OWN`], [`ACTIONS`]).
-    held: [BTreeSet<i32>; 2],
-    /// Partitions held on both inputs and restored: the ones folded.
+    /// Partitions assigned, by input ([`OWN`], [`ACTIONS`], [`THREADS`]).
+    held: [BTreeSet<i32>; INPUTS],
+    /// Partitions held on every input and restored: the ones folded.
     active: BTreeSet<i32>,
     /// Next offset to take of each active partition, by input: where it
     /// resumes after a change of the assignment.
-    next: [BTreeMap<i32, i64>; 2],
+    next: [BTreeMap<i32, i64>; INPUTS],
     /// Follows every partition of the conversations' changelog.
     latest: TopicReader,
-    /// Next offset to commit, by input ([`OWN`], [`ACTIONS`]) and partition.
-    offsets: [BTreeMap<i32, i64>; 2],
+    /// Follows every partition of the thread changelog, for each thread's
+    /// latest reply.
+    thread_latest: TopicReader,
+    /// Next offset to commit, by input and partition.
+    offsets: [BTreeMap<i32, i64>; INPUTS],
     /// Offsets this incarnation committed last, likewise.
-    committed: [BTreeMap<i32, i64>; 2],
+    committed: [BTreeMap<i32, i64>; INPUTS],
     /// Records for the next transaction besides the badges.
     outbox: Vec<(i32, OutRecord)>,
     /// Badges drained from the state and not yet committed.
@@ -205,8 +211,8 @@ pub struct BadgeStage {
     last_flush: Instant,
     /// When badges changed by others' messages were last published.
     last_fanout: Instant,
-    /// Input records taken: the by-user changelog's, then the actions'.
-    records_in: [metrics::Counter; 2],
+    /// Input records taken, by input.
+    records_in: [metrics::Counter; INPUTS],
 }
 
 impl BadgeStage {
@@ -263,6 +269,27 @@ impl BadgeStage {
             ms = started.elapsed().as_millis() as u64,
             "badge stage: latest seqs read"
         );
+        // And every thread's latest reply.
+        let thread_latest = TopicReader::new(
+            &settings.kafka,
+            &format!("{}-thread-latest", settings.badge.group_id),
+            true,
+        )?;
+        let topic = &settings.topics.thread_cursors;
+        let partitions = thread_latest.assign_from_beginning(topic, None)?;
+        thread_latest.read(
+            topic,
+            &partitions,
+            Until::End {
+                within: Duration::from_secs(600),
+            },
+            |m| {
+                if let Some((conversation, thread, seq)) = thread_latest_of(m, max_id_bytes) {
+                    badges.advance_thread_latest(&conversation, thread, seq);
+                }
+                ControlFlow::Continue(())
+            },
+        )?;
         let mut config = settings.kafka.client_config();
         config
             .set("group.id", &settings.badge.group_id)
@@ -277,11 +304,16 @@ impl BadgeStage {
             changes: Default::default(),
             routed: RouteSlot::default(),
         })?;
-        consumer.subscribe(&[&settings.topics.user_read_cursors, &settings.badge.user_actions])?;
+        consumer.subscribe(&[
+            &settings.topics.user_read_cursors,
+            &settings.badge.user_actions,
+            &settings.topics.user_thread_cursors,
+        ])?;
         telemetry::describe();
         let records_in = [
             telemetry::records_in(&settings.topics.user_read_cursors),
             telemetry::records_in(&settings.badge.user_actions),
+            telemetry::records_in(&settings.topics.user_thread_cursors),
         ];
         Ok(BadgeStage {
             settings,
@@ -293,6 +325,7 @@ impl BadgeStage {
             active: Default::default(),
             next: Default::default(),
             latest,
+            thread_latest,
             offsets: Default::default(),
             committed: Default::default(),
             outbox: Vec::new(),
@@ -371,11 +404,7 @@ impl BadgeStage {
             // not committed.
             return;
         }
-        let input = if topic == self.settings.badge.user_actions {
-            ACTIONS
-        } else {
-            OWN
-        };
+        let input = self.input_of(topic).unwrap_or(OWN);
         self.offsets[input].insert(partition, offset + 1);
         self.next[input].insert(partition, offset + 1);
         self.records_in[input].increment(1);
@@ -672,8 +701,9 @@ impl BadgeStage {
             }
         }
         let now_active: BTreeSet<i32> = self.held[OWN]
-            .intersection(&self.held[ACTIONS])
+            .iter()
             .copied()
+            .filter(|p| self.held[ACTIONS].contains(p) && self.held[THREADS].contains(p))
             .collect();
         let gone: Vec<i32> = self.active.difference(&now_active).copied().collect();
         let came: Vec<i32> = now_active.difference(&self.active).copied().collect();
@@ -708,7 +738,7 @@ impl BadgeStage {
         }
         self.pending.retain(|user, _| !gone(user));
         self.outbox.retain(|(p, _)| !partitions.contains(p));
-        for input in [OWN, ACTIONS] {
+        for input in [OWN, ACTIONS, THREADS] {
             for p in partitions {
                 self.offsets[input].remove(p);
                 self.committed[input].remove(p);
@@ -752,30 +782,19 @@ impl BadgeStage {
         // The latest seqs first, so that restored views count against them.
         self.follow_latest()?;
         self.active.extend(assigned.iter().copied());
-        let to_read: Vec<(i32, i64)> = ends.iter().copied().filter(|&(_, end)| end > 0).collect();
+        // The conversations first: a thread counts as its conversation's
+        // mute says.
         let mut records = 0u64;
-        if !to_read.is_empty() {
-            let reader = TopicReader::new(
-                &self.settings.kafka,
-                &format!("{}-restore", self.settings.badge.group_id),
-                true,
-            )?;
-            let partitions: Vec<i32> = to_read.iter().map(|&(p, _)| p).collect();
-            reader.assign_from_beginning(&topic, Some(&partitions))?;
-            let settings = self.settings.clone();
-            let state = &mut self.badges;
-            records = reader.read_to(&topic, &to_read, Duration::from_secs(600), |message| {
-                let end = to_read
-                    .iter()
-                    .find(|&&(p, _)| p == message.partition())
-                    .map_or(0, |&(_, e)| e);
-                if message.offset() < end {
-                    // At the time it was published: the state it made then.
-                    let at = message.timestamp().to_millis().unwrap_or_else(now_ms);
-                    Input::read_own(&settings, message.key(), message.payload()).restore(state, at);
-                }
-                ControlFlow::Continue(())
-            })?;
+        let thread_topic = self.settings.topics.user_thread_cursors.clone();
+        let thread_ends: Vec<(i32, i64)> = assigned
+            .iter()
+            .map(|&p| (p, committed_at(&thread_topic, p)))
+            .collect();
+        for (topic, ends, read) in [
+            (&topic, &ends, Input::read_own as ReadInput),
+            (&thread_topic, &thread_ends, Input::read_own_thread as ReadInput),
+        ] {
+            records += self.restore_input(topic, ends, read)?;
         }
         // What the badges topic holds already is not published again; a
         // badge changed by a message the last owner never published (or
@@ -800,6 +819,37 @@ impl BadgeStage {
         telemetry::restored(records, started.elapsed());
         tracing::info!(partitions = ?assigned, records, badges = published.len(), republished, ms = started.elapsed().as_millis() as u64, "badge stage: partitions restored");
         Ok(())
+    }
+
+    /// Folds `topic`'s partitions from their start up to `ends` (the
+    /// group's committed offsets), each record read by `read`; how many.
+    fn restore_input(&mut self, topic: &str, ends: &[(i32, i64)], read: ReadInput) -> Result<u64> {
+        let to_read: Vec<(i32, i64)> = ends.iter().copied().filter(|&(_, end)| end > 0).collect();
+        if to_read.is_empty() {
+            return Ok(0);
+        }
+        let reader = TopicReader::new(
+            &self.settings.kafka,
+            &format!("{}-restore", self.settings.badge.group_id),
+            true,
+        )?;
+        let partitions: Vec<i32> = to_read.iter().map(|&(p, _)| p).collect();
+        reader.assign_from_beginning(topic, Some(&partitions))?;
+        let settings = self.settings.clone();
+        let state = &mut self.badges;
+        let records = reader.read_to(topic, &to_read, Duration::from_secs(600), |message| {
+            let end = to_read
+                .iter()
+                .find(|&&(p, _)| p == message.partition())
+                .map_or(0, |&(_, e)| e);
+            if message.offset() < end {
+                // At the time it was published: the state it made then.
+                let at = message.timestamp().to_millis().unwrap_or_else(now_ms);
+                read(&settings, message.key(), message.payload()).restore(state, at);
+            }
+            ControlFlow::Continue(())
+        })?;
+        Ok(records)
     }
 
     /// The badges last published for the users of `partitions` of the
@@ -841,11 +891,13 @@ impl BadgeStage {
 }
 
 impl BadgeStage {
-    /// The input topics, as [`OWN`] and [`ACTIONS`] index them.
-    fn inputs(&self) -> [&str; 2] {
+    /// The input topics, as [`OWN`], [`ACTIONS`] and [`THREADS`] index
+    /// them.
+    fn inputs(&self) -> [&str; INPUTS] {
         [
             &self.settings.topics.user_read_cursors,
             &self.settings.badge.user_actions,
+            &self.settings.topics.user_thread_cursors,
         ]
     }
 
@@ -870,7 +922,38 @@ impl BadgeStage {
         for (conversation, seq) in latest {
             self.badges.advance_latest(&conversation, seq, now);
         }
+        let mut thread_latest: FastMap<(ConversationId, Seq), Seq> = FastMap::default();
+        self.thread_latest.poll_available(Duration::ZERO, |m| {
+            if let Some((conversation, thread, seq)) = thread_latest_of(m, max_id_bytes) {
+                let highest = thread_latest.entry((conversation, thread)).or_default();
+                *highest = (*highest).max(seq);
+            }
+        })?;
+        for ((conversation, thread), seq) in thread_latest {
+            self.badges.advance_thread_latest(&conversation, thread, seq);
+        }
         Ok(())
+    }
+}
+
+/// How a restore reads one input's records.
+type ReadInput = fn(&BadgeSettings, Option<&[u8]>, Option<&[u8]>) -> Input;
+
+/// The thread and its latest reply of a thread changelog record (a
+/// follower's public cursor carries the thread's latest).
+fn thread_latest_of(m: &BorrowedMessage<'_>, max_id_bytes: usize) -> Option<(ConversationId, Seq, Seq)> {
+    let entry = readfold_wire::changelog::decode_changelog(
+        readfold_wire::changelog::ChangelogKind::ThreadByConversation,
+        m.key(),
+        m.payload(),
+        max_id_bytes,
+    )
+    .ok()?;
+    match entry {
+        readfold_wire::changelog::ChangelogEntry::Thread(readfold_wire::changelog::ThreadEntry::Cursor(
+            c,
+        )) => Some((c.key.conversation_id, c.key.thread, c.latest_seq)),
+        _ => None,
     }
 }
 

@@ -214,7 +214,50 @@ struct UserState {
     totals: Totals,
     /// The conversations held for the user.
     conversations: Vec<ConversationId>,
+    /// The threads the user follows, held.
+    threads: Vec<ThreadOf>,
     lane: Lane,
+}
+
+/// (conversation, root message's seq).
+type ThreadOf = (ConversationId, Seq);
+
+/// One user's own view of a thread they follow, from the by-user thread
+/// changelog: the thread's latest reply then, and how far they read it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OwnThread {
+    pub latest_seq: Seq,
+    pub read_up_to: Seq,
+}
+
+/// A thread held for its followers: its latest reply (from the thread
+/// changelog; it only grows) and each follower's view, with what it added
+/// to their totals.
+#[derive(Clone, Debug, Default)]
+struct ThreadState {
+    latest: Seq,
+    followers: FastMap<UserId, HeldThread>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct HeldThread {
+    read_up_to: Seq,
+    counted: Totals,
+    user: u32,
+}
+
+/// What a followed thread adds to its user's totals: its unread replies as
+/// messages, unless its conversation is muted and the rule leaves muted
+/// conversations' messages out. A thread's replies make no conversation
+/// unread and mention nobody (the reply's mentions make followers).
+fn thread_contribution(latest: Seq, read_up_to: Seq, muted: bool, rule: MutedRule) -> Totals {
+    if muted && rule != MutedRule::Include {
+        return Totals::default();
+    }
+    Totals {
+        messages: latest.get().saturating_sub(read_up_to.get()),
+        ..Totals::default()
+    }
 }
 
 /// A conversation: its latest seq (from the conversations' changelog; it
@@ -234,6 +277,39 @@ struct Lanes {
     messages: Vec<u32>,
     /// Users not [`Lane::Clean`].
     dirty: usize,
+}
+
+/// Replaces what one held conversation or thread adds to the totals of the
+/// user in `slot` (`held`) with `counted`, after another member's message:
+/// the user goes in the lane `at_once` picks. Whether it changed.
+fn recount_held(
+    users: &mut [UserState],
+    lanes: &mut Lanes,
+    slot: u32,
+    held: &mut Totals,
+    counted: Totals,
+    at_once: bool,
+) -> bool {
+    if counted == *held {
+        return false;
+    }
+    let state = &mut users[slot as usize];
+    state.totals.sub(*held);
+    state.totals.add(counted);
+    *held = counted;
+    if at_once {
+        lanes.own(state, slot);
+    } else {
+        lanes.by_messages(state, slot);
+    }
+    true
+}
+
+impl UserState {
+    /// Conversations and threads held for the user.
+    fn held(&self) -> usize {
+        self.conversations.len() + self.threads.len()
+    }
 }
 
 impl Lanes {
@@ -262,6 +338,8 @@ pub struct Badges {
     /// the slower lane; a smaller one's go at once.
     fanout_min_members: usize,
     conversations: FastMap<ConversationId, ConversationState>,
+    /// Threads with a follower held, or a latest reply known.
+    threads: FastMap<ThreadOf, ThreadState>,
     /// Users by slot. A user with no conversation left keeps the slot until
     /// their last change is drained; then it is reused.
     users: Vec<UserState>,
@@ -289,6 +367,7 @@ fn slot_of(
         id: user.clone(),
         totals: Totals::default(),
         conversations: Vec::new(),
+        threads: Vec::new(),
         lane: Lane::Clean,
     };
     let slot = match free.pop() {
@@ -372,7 +451,7 @@ impl Badges {
                     None => {
                         conv.members.insert(user.clone(), held);
                         state.conversations.push(conversation.clone());
-                        self.held_users += usize::from(state.conversations.len() == 1);
+                        self.held_users += usize::from(state.held() == 1);
                     }
                 }
             }
@@ -381,7 +460,7 @@ impl Badges {
                 if let Some(i) = state.conversations.iter().position(|c| c == conversation) {
                     state.conversations.swap_remove(i);
                 }
-                self.held_users -= usize::from(state.conversations.is_empty());
+                self.held_users -= usize::from(state.held() == 0);
             }
         }
         if old_expiry != new_expiry {
@@ -392,6 +471,14 @@ impl Badges {
                 self.expiries.insert((until, user.clone(), conversation.clone()));
             }
         }
+        // A mute (or its end, or a departure) counts the user's threads of
+        // the conversation anew.
+        let was_muted = old.is_some_and(|o| o.counted_muted);
+        let muted = view.is_some_and(|v| v.muted_at(now_ms));
+        if was_muted != muted {
+            self.recount_threads(slot, conversation, muted);
+        }
+        let state = &mut self.users[slot as usize];
         let changed = state.totals != before;
         if changed {
             self.lanes.own(state, slot);
@@ -400,14 +487,133 @@ impl Badges {
         changed
     }
 
+    /// Counts again the threads of `conversation` the user in `slot`
+    /// follows, muted there or not.
+    fn recount_threads(&mut self, slot: u32, conversation: &ConversationId, muted: bool) {
+        let rule = self.rules.muted;
+        let state = &mut self.users[slot as usize];
+        for of in state.threads.iter().filter(|(c, _)| c == conversation) {
+            let Some(thread) = self.threads.get_mut(of) else {
+                continue;
+            };
+            let Some(held) = thread.followers.get_mut(&state.id) else {
+                continue;
+            };
+            let counted = thread_contribution(thread.latest, held.read_up_to, muted, rule);
+            state.totals.sub(held.counted);
+            state.totals.add(counted);
+            held.counted = counted;
+        }
+    }
+
+    /// Whether the user is held muted in `conversation` (counted so).
+    fn muted_in(&self, user: &UserId, conversation: &ConversationId) -> bool {
+        self.conversations
+            .get(conversation)
+            .and_then(|c| c.members.get(user))
+            .is_some_and(|held| held.counted_muted)
+    }
+
+    /// Applies one by-user thread changelog record: the follower's view of
+    /// thread `thread` of `conversation`, or `None` when they left the
+    /// conversation. Returns whether the user's badge changed.
+    pub fn apply_thread(
+        &mut self,
+        user: &UserId,
+        conversation: &ConversationId,
+        thread: Seq,
+        view: Option<OwnThread>,
+    ) -> bool {
+        let rule = self.rules.muted;
+        let muted = self.muted_in(user, conversation);
+        let of = (conversation.clone(), thread);
+        if let Some(view) = view {
+            // A newer latest reply counts for every follower.
+            self.advance_thread_latest(conversation, thread, view.latest_seq);
+        }
+        let Some(state) = self.threads.get_mut(&of) else {
+            return false;
+        };
+        let old = state.followers.get(user).copied();
+        let slot = match (old, view) {
+            (Some(old), _) => old.user,
+            (None, Some(_)) => slot_of(&mut self.slots, &mut self.users, &mut self.free, user),
+            (None, None) => return false,
+        };
+        let user_state = &mut self.users[slot as usize];
+        let before = user_state.totals;
+        if let Some(old) = old {
+            user_state.totals.sub(old.counted);
+        }
+        match view {
+            Some(view) => {
+                state.latest = state.latest.max(view.latest_seq);
+                let read_up_to = old.map_or(view.read_up_to, |o| o.read_up_to.max(view.read_up_to));
+                let counted = thread_contribution(state.latest, read_up_to, muted, rule);
+                user_state.totals.add(counted);
+                let held = HeldThread {
+                    read_up_to,
+                    counted,
+                    user: slot,
+                };
+                if state.followers.insert(user.clone(), held).is_none() {
+                    user_state.threads.push(of);
+                    self.held_users += usize::from(user_state.held() == 1);
+                }
+            }
+            None => {
+                state.followers.remove(user);
+                if let Some(i) = user_state.threads.iter().position(|t| *t == of) {
+                    user_state.threads.swap_remove(i);
+                }
+                self.held_users -= usize::from(user_state.held() == 0);
+            }
+        }
+        let changed = user_state.totals != before;
+        if changed {
+            self.lanes.own(user_state, slot);
+        }
+        self.release_if_done(slot);
+        changed
+    }
+
+    /// Raises a thread's latest reply (from the thread changelog) to `seq`
+    /// if it is higher, and recounts its followers held. Returns how many
+    /// users' badges changed.
+    pub fn advance_thread_latest(&mut self, conversation: &ConversationId, thread: Seq, seq: Seq) -> usize {
+        let rule = self.rules.muted;
+        let of = (conversation.clone(), thread);
+        let state = self.threads.entry(of).or_default();
+        if seq <= state.latest {
+            return 0;
+        }
+        state.latest = seq;
+        let at_once = state.followers.len() < self.fanout_min_members;
+        let mut changed = 0;
+        for (user, held) in state.followers.iter_mut() {
+            let muted = self
+                .conversations
+                .get(conversation)
+                .and_then(|c| c.members.get(user))
+                .is_some_and(|h| h.counted_muted);
+            let counted = thread_contribution(seq, held.read_up_to, muted, rule);
+            changed += usize::from(recount_held(
+                &mut self.users,
+                &mut self.lanes,
+                held.user,
+                &mut held.counted,
+                counted,
+                at_once,
+            ));
+        }
+        changed
+    }
+
     /// Frees the slot of a user with no conversation held and nothing left
     /// to publish.
     fn release_if_done(&mut self, slot: u32) {
         let state = &self.users[slot as usize];
-        if state.conversations.is_empty()
-            && state.lane == Lane::Clean
-            && self.slots.get(&state.id) == Some(&slot)
-        {
+        if state.held() == 0 && state.lane == Lane::Clean && self.slots.get(&state.id) == Some(&slot) {
             self.slots.remove(&state.id);
             self.free.push(slot);
         }
@@ -418,6 +624,9 @@ impl Badges {
     pub fn forget_users(&mut self) {
         for conv in self.conversations.values_mut() {
             conv.members = FastMap::default();
+        }
+        for thread in self.threads.values_mut() {
+            thread.followers = FastMap::default();
         }
         self.users.clear();
         self.slots.clear();
@@ -433,6 +642,9 @@ impl Badges {
         for conv in self.conversations.values_mut() {
             conv.members.retain(|user, _| !gone(user));
         }
+        for thread in self.threads.values_mut() {
+            thread.followers.retain(|user, _| !gone(user));
+        }
         self.expiries.retain(|(_, user, _)| !gone(user));
         for (slot, state) in self.users.iter_mut().enumerate() {
             let slot = slot as u32;
@@ -440,9 +652,10 @@ impl Badges {
                 continue;
             }
             self.slots.remove(&state.id);
-            self.held_users -= usize::from(!state.conversations.is_empty());
+            self.held_users -= usize::from(state.held() > 0);
             self.lanes.dirty -= usize::from(state.lane != Lane::Clean);
             state.conversations = Vec::new();
+            state.threads = Vec::new();
             state.totals = Totals::default();
             state.lane = Lane::Clean;
             self.free.push(slot);
@@ -473,18 +686,14 @@ impl Badges {
                 continue;
             }
             let counted = contribution(&held.view.at_latest(seq), muted, rule);
-            if counted != held.counted {
-                let state = &mut self.users[held.user as usize];
-                state.totals.sub(held.counted);
-                state.totals.add(counted);
-                held.counted = counted;
-                if at_once {
-                    self.lanes.own(state, held.user);
-                } else {
-                    self.lanes.by_messages(state, held.user);
-                }
-                changed += 1;
-            }
+            changed += usize::from(recount_held(
+                &mut self.users,
+                &mut self.lanes,
+                held.user,
+                &mut held.counted,
+                counted,
+                at_once,
+            ));
         }
         for (user, view) in mute_ended {
             changed += usize::from(self.apply(&user, conversation, Some(view), now_ms));
@@ -602,11 +811,23 @@ impl Badges {
             .filter(|(_, v)| v.read_up_to < v.latest_seq || v.marked_unread)
             .map(|(c, v)| MarkRead {
                 conversation_id: c.clone(),
+                thread: None,
                 seq: (v.read_up_to < v.latest_seq).then_some(v.latest_seq),
                 clear_mark: v.marked_unread,
             })
             .collect();
-        out.sort_by(|a, b| a.conversation_id.cmp(&b.conversation_id));
+        // Every followed thread with an unread reply: a read in the thread.
+        out.extend(self.users[slot as usize].threads.iter().filter_map(|of| {
+            let thread = self.threads.get(of)?;
+            let held = thread.followers.get(user)?;
+            (held.read_up_to < thread.latest).then(|| MarkRead {
+                conversation_id: of.0.clone(),
+                thread: Some(of.1),
+                seq: Some(thread.latest),
+                clear_mark: false,
+            })
+        }));
+        out.sort_by(|a, b| (&a.conversation_id, a.thread).cmp(&(&b.conversation_id, b.thread)));
         out
     }
 }
@@ -635,6 +856,18 @@ pub fn recount(
             badges.apply(u, c, Some(view), now_ms);
             users.insert(u.clone());
         }
+        let threads = conv.threads();
+        for root in threads.roots() {
+            let thread = threads.thread(root).expect("a root's thread");
+            for (u, f) in thread.followers.iter().filter(|(_, f)| f.present) {
+                let view = OwnThread {
+                    latest_seq: thread.latest_seq,
+                    read_up_to: f.cursor.max(f.private_cursor),
+                };
+                badges.apply_thread(u, c, root, Some(view));
+                users.insert(u.clone());
+            }
+        }
     }
     users
         .into_iter()
@@ -650,6 +883,8 @@ pub fn recount(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MarkRead {
     pub conversation_id: ConversationId,
+    /// A read in this thread (its root's seq) rather than the conversation.
+    pub thread: Option<Seq>,
     /// A read report up to this seq, when something is unread.
     pub seq: Option<Seq>,
     /// A clear of the unread mark.
@@ -869,11 +1104,13 @@ mod tests {
             b.mark_all_read(&u),
             vec![
                 MarkRead {
+                    thread: None,
                     conversation_id: conv("a"),
                     seq: Some(Seq(10)),
                     clear_mark: false
                 },
                 MarkRead {
+                    thread: None,
                     conversation_id: conv("b"),
                     seq: None,
                     clear_mark: true
@@ -881,6 +1118,49 @@ mod tests {
             ]
         );
         assert!(b.mark_all_read(&user("nobody")).is_empty());
+    }
+
+    #[test]
+    fn followed_threads_count_their_unread_replies_unless_muted() {
+        let mut b = Badges::new(BadgeRules::default());
+        let (u, c) = (user("u"), conv("c"));
+        let own = |latest, read| {
+            Some(OwnThread {
+                latest_seq: Seq(latest),
+                read_up_to: Seq(read),
+            })
+        };
+        b.apply(&u, &c, Some(view(1, 0, None)), 0);
+        assert!(b.apply_thread(&u, &c, Seq(1), own(3, 1)));
+        assert_eq!(b.badge(&u).totals.messages, 3, "1 message and 2 replies");
+        assert_eq!(
+            b.badge(&u).totals.conversations,
+            1,
+            "threads make no conversation unread"
+        );
+        // Another follower's reply raises it; an older record lowers nothing.
+        assert_eq!(b.advance_thread_latest(&c, Seq(1), Seq(5)), 1);
+        assert!(!b.apply_thread(&u, &c, Seq(1), own(2, 0)));
+        assert_eq!(b.badge(&u).totals.messages, 5);
+        // Muted: the thread counts as its conversation's messages do.
+        b.apply(&u, &c, Some(view(1, 0, Some(100))), 0);
+        assert_eq!(b.badge(&u).totals.messages, 0);
+        b.expire(100);
+        assert_eq!(b.badge(&u).totals.messages, 5);
+        // Mark all read reads the thread too.
+        let marks = b.mark_all_read(&u);
+        assert_eq!(
+            marks.iter().map(|m| (m.thread, m.seq)).collect::<Vec<_>>(),
+            [(None, Some(Seq(10))), (Some(Seq(1)), Some(Seq(5)))]
+        );
+        // Read on a device, then departed: nothing left.
+        b.apply_thread(&u, &c, Seq(1), own(5, 5));
+        assert_eq!(b.badge(&u).totals.messages, 1);
+        b.apply_thread(&u, &c, Seq(1), None);
+        b.apply(&u, &c, None, 0);
+        assert_eq!(b.badge(&u), Badge::default());
+        b.drain_all();
+        assert_eq!(b.user_count(), 0);
     }
 
     fn arb_view() -> impl Strategy<Value = Option<OwnConversation>> {
@@ -955,6 +1235,79 @@ mod tests {
             }
             let holding: BTreeSet<&UserId> = latest.keys().map(|(u, _)| u).collect();
             prop_assert_eq!(b.user_count(), holding.len());
+        }
+
+        /// With threads: a followed thread adds its unread replies, as its
+        /// conversation's mute says, however thread records, replies,
+        /// conversation records and mute expiries interleave.
+        #[test]
+        fn thread_totals_equal_a_recount(
+            records in prop::collection::vec(
+                (0u8..2, 0u8..2, 0u8..2, arb_view(), prop::option::weighted(0.8, (0u64..6, 0u64..6)), 0i64..5, prop::option::of(1u64..8), any::<bool>()),
+                0..60,
+            ),
+            muted in prop_oneof![Just(MutedRule::MentionsOnly), Just(MutedRule::Exclude), Just(MutedRule::Include)],
+        ) {
+            let rules = BadgeRules { muted, count: BadgeCount::Messages };
+            let mut b = Badges::new(rules);
+            let mut views: HashMap<(UserId, ConversationId), OwnConversation> = HashMap::new();
+            let mut follows: HashMap<(UserId, ConversationId, Seq), Seq> = HashMap::new();
+            let mut thread_latest: HashMap<(ConversationId, Seq), Seq> = HashMap::new();
+            let mut now = 0;
+            for (u, c, t, v, thread_view, step, reply, conversation_first) in records {
+                now += step;
+                let (u, c, t) = (user(&format!("u{u}")), conv(&format!("c{c}")), Seq(u64::from(t) + 1));
+                b.expire(now);
+                if conversation_first {
+                    b.apply(&u, &c, v, now);
+                    match v {
+                        Some(v) => views.insert((u.clone(), c.clone()), v),
+                        None => views.remove(&(u.clone(), c.clone())),
+                    };
+                }
+                if let Some(seq) = reply {
+                    b.advance_thread_latest(&c, t, Seq(seq));
+                    let l = thread_latest.entry((c.clone(), t)).or_default();
+                    *l = (*l).max(Seq(seq));
+                }
+                let own = thread_view.map(|(latest, read)| OwnThread { latest_seq: Seq(latest), read_up_to: Seq(read) });
+                b.apply_thread(&u, &c, t, own);
+                match own {
+                    Some(own) => {
+                        let l = thread_latest.entry((c.clone(), t)).or_default();
+                        *l = (*l).max(own.latest_seq);
+                        let read = follows.entry((u.clone(), c.clone(), t)).or_default();
+                        *read = (*read).max(own.read_up_to);
+                    }
+                    None => {
+                        follows.remove(&(u.clone(), c.clone(), t));
+                    }
+                }
+                if !conversation_first {
+                    b.apply(&u, &c, v, now);
+                    match v {
+                        Some(v) => views.insert((u.clone(), c.clone()), v),
+                        None => views.remove(&(u.clone(), c.clone())),
+                    };
+                }
+                for u in (0..2).map(|u| user(&format!("u{u}"))) {
+                    let mut want = Totals::default();
+                    for ((owner, _), v) in &views {
+                        if *owner == u {
+                            want.add(contribution(&v.at_latest(Seq::ZERO), v.muted_at(now), muted));
+                        }
+                    }
+                    for ((owner, c, t), read) in &follows {
+                        if *owner == u {
+                            let is_muted = views.get(&(u.clone(), c.clone())).is_some_and(|v| v.muted_at(now));
+                            let latest = thread_latest[&(c.clone(), *t)];
+                            want.add(thread_contribution(latest, *read, is_muted, muted));
+                        }
+                    }
+                    prop_assert_eq!(b.badge(&u).totals, want);
+                }
+                b.drain_all();
+            }
         }
     }
 }

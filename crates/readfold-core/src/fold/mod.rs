@@ -1147,8 +1147,17 @@ impl PartitionState {
     }
 
     /// The current value of every dirty thread follower and thread state,
-    /// without clearing them (as [`PartitionState::pending_changes`]).
-    pub fn pending_thread_changes(&self) -> (Vec<ThreadChange>, Vec<ThreadStateChange>) {
+    /// without clearing them (as [`PartitionState::pending_changes`]). A
+    /// thread whose replies moved gets a present follower's public record
+    /// to carry its latest reply ([`Threads::carry_latest`]).
+    pub fn pending_thread_changes(&mut self) -> (Vec<ThreadChange>, Vec<ThreadStateChange>) {
+        for (number, root) in self.thread_dirty.threads().to_vec() {
+            if let Some(threads) = self.threads.get_mut(&number) {
+                let members = &self.conversations.value(number).members;
+                let held = (members, &self.extras, &self.users);
+                threads.carry_latest(&mut self.thread_dirty, number, root, held);
+            }
+        }
         let (mut followers, mut states) = (Vec::new(), Vec::new());
         for &(number, root) in self.thread_dirty.threads() {
             let id = self.conversations.key(number);

@@ -511,5 +511,20 @@ proptest! {
         topics.take(&mut live);
         prop_assert_eq!(threads_snapshot(&topics.compacted().restore()), threads_snapshot(&live));
         prop_assert_eq!(threads_snapshot(&topics.restore()), threads_snapshot(&live), "from the whole logs");
+        // A reader of the public thread topic alone (the badge stage) learns
+        // every thread's latest reply while it has a present follower, even
+        // when the last replies came from departed members.
+        let mut latest: HashMap<(ConversationId, Seq), Seq> = HashMap::new();
+        for c in topics.thread_cursors.iter().filter(|c| c.present) {
+            let seen = latest.entry((c.key.conversation_id.clone(), c.key.thread)).or_default();
+            *seen = (*seen).max(c.latest_seq);
+        }
+        for ((c, root), view) in threads_snapshot(&live) {
+            if view.followers.iter().any(|(_, f)| f.present) {
+                // No record: no reply known (a private read before any).
+                let known = latest.get(&(c.clone(), root)).copied().unwrap_or_default();
+                prop_assert_eq!(known, view.latest_seq, "{:?} {:?}", c, root);
+            }
+        }
     }
 }

@@ -127,6 +127,9 @@ struct Thread {
     marks: Vec<ThreadMark>,
     /// By user number, ascending.
     followers: Vec<Follower>,
+    /// The latest reply a present follower's public record carried last:
+    /// see [`Threads::carry_latest`].
+    carried: Seq,
     /// Whether latest, last_reply or marks changed since the last flush.
     state_dirty: bool,
     /// Whether the thread is on the dirty list.
@@ -404,6 +407,41 @@ impl Threads {
         }
     }
 
+    /// Before a flush: a thread's latest reply must reach the public thread
+    /// topic on a present follower's record, for readers that follow latest
+    /// replies there (the badge stage). The sender's record carries it,
+    /// unless the sender left before the flush (a tombstone), or no
+    /// follower was present then: the lowest user id's among the present
+    /// followers does, the same however the state is held.
+    pub(super) fn carry_latest(
+        &mut self,
+        dirty: &mut ThreadDirty,
+        number: u32,
+        root: Seq,
+        (members, extras, users): (&Members, &Extras, &UserTable),
+    ) {
+        let Some(thread) = self.by_root.get_mut(&root) else {
+            return;
+        };
+        if thread.latest <= thread.carried {
+            return;
+        }
+        let present = |f: &Follower| !membership(members, extras, f.user).left;
+        if thread.followers.iter().any(|f| f.dirty.public && present(f)) {
+            return;
+        }
+        let carrier = thread
+            .followers
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| present(f))
+            .min_by(|(_, a), (_, b)| users.id(a.user).cmp(users.id(b.user)))
+            .map(|(position, _)| position);
+        if let Some(position) = carrier {
+            dirty.mark_follower(number, root, thread, position, Outputs::PUBLIC);
+        }
+    }
+
     /// Marks thread `root`'s own state dirty again, if held.
     pub(super) fn redirty_state(&mut self, dirty: &mut ThreadDirty, number: u32, root: Seq) {
         if let Some(thread) = self.by_root.get_mut(&root) {
@@ -425,6 +463,9 @@ impl Threads {
             let f = &thread.followers[i];
             if f.dirty.any() {
                 let m = membership(members, extras, f.user);
+                if !m.left && f.dirty.public {
+                    thread.carried = thread.latest;
+                }
                 if !m.left {
                     let floor = Seq(thread.join_seq(m.version).get() - 1);
                     advance(&mut thread.followers[i].cursor, floor);
@@ -440,6 +481,7 @@ impl Threads {
         self.membership_high = None;
         let thread = self.by_root.entry(root).or_default();
         thread.latest = thread.latest.max(latest);
+        thread.carried = thread.carried.max(latest);
         let (position, _) = thread.follower(user, at);
         advance(&mut thread.followers[position].cursor, cursor);
     }
