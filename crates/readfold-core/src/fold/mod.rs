@@ -1140,8 +1140,7 @@ impl PartitionState {
         self.dirty.members = 0;
         for (number, root) in self.thread_dirty.take() {
             if let Some(threads) = self.threads.get_mut(&number) {
-                let members = &self.conversations.value(number).members;
-                threads.clear_dirty(root, members, &self.extras);
+                threads.clear_dirty(root);
             }
         }
     }
@@ -1151,7 +1150,8 @@ impl PartitionState {
     /// thread whose replies moved gets a present follower's public record
     /// to carry its latest reply ([`Threads::carry_latest`]).
     pub fn pending_thread_changes(&mut self) -> (Vec<ThreadChange>, Vec<ThreadStateChange>) {
-        for (number, root) in self.thread_dirty.threads().to_vec() {
+        let dirty = self.thread_dirty.threads().to_vec();
+        for &(number, root) in &dirty {
             if let Some(threads) = self.threads.get_mut(&number) {
                 let members = &self.conversations.value(number).members;
                 let held = (members, &self.extras, &self.users);
@@ -1159,11 +1159,15 @@ impl PartitionState {
             }
         }
         let (mut followers, mut states) = (Vec::new(), Vec::new());
-        for &(number, root) in self.thread_dirty.threads() {
+        for (number, root) in dirty {
             let id = self.conversations.key(number);
+            let from = followers.len();
             self.conversation_at(number)
                 .threads()
                 .pending(id, root, &mut followers, &mut states);
+            if let Some(threads) = self.threads.get_mut(&number) {
+                threads.taken(root, &followers[from..]);
+            }
         }
         (followers, states)
     }

@@ -402,6 +402,11 @@ impl Threads {
         let Some(thread) = self.by_root.get_mut(&root) else {
             return;
         };
+        if outputs.public {
+            // What the failed flush carried was never published: the next
+            // one carries the latest reply again, on whoever is present.
+            thread.carried = Seq::ZERO;
+        }
         if let Ok(position) = thread.follower_position(user) {
             dirty.mark_follower(number, root, thread, position, outputs);
         }
@@ -449,29 +454,40 @@ impl Threads {
         }
     }
 
-    /// Clears the dirty flags of thread `root` after a flush. A present
-    /// follower just published keeps the floor their records carried
-    /// (`join_seq - 1`) as their own cursor: a restore that replays those
-    /// records holds it too, even after they leave.
-    pub(super) fn clear_dirty(&mut self, root: Seq, members: &Members, extras: &Extras) {
+    /// Clears the dirty flags of thread `root` after a flush took its
+    /// changes (and [`Threads::taken`] kept what they carried).
+    pub(super) fn clear_dirty(&mut self, root: Seq) {
         let Some(thread) = self.by_root.get_mut(&root) else {
             return;
         };
         thread.state_dirty = false;
         thread.listed_dirty = false;
-        for i in 0..thread.followers.len() {
-            let f = &thread.followers[i];
-            if f.dirty.any() {
-                let m = membership(members, extras, f.user);
-                if !m.left && f.dirty.public {
+        for f in &mut thread.followers {
+            f.dirty = Outputs::default();
+        }
+    }
+
+    /// After [`ThreadsRef::pending`] took thread `root`'s dirty followers'
+    /// changes (`taken`, in follower order): a present follower keeps the
+    /// floor their record carries (`join_seq - 1`) as their own cursor, so
+    /// that a restore that replays those records holds it too, even after
+    /// they leave; and the thread remembers the latest reply carried on a
+    /// public record (see [`Threads::carry_latest`]).
+    pub(super) fn taken(&mut self, root: Seq, taken: &[ThreadChange]) {
+        let Some(thread) = self.by_root.get_mut(&root) else {
+            return;
+        };
+        let mut taken = taken.iter();
+        for f in thread.followers.iter_mut().filter(|f| f.dirty.any()) {
+            let Some(change) = taken.next() else {
+                break;
+            };
+            if change.present {
+                advance(&mut f.cursor, change.cursor);
+                if change.outputs.public {
                     thread.carried = thread.latest;
                 }
-                if !m.left {
-                    let floor = Seq(thread.join_seq(m.version).get() - 1);
-                    advance(&mut thread.followers[i].cursor, floor);
-                }
             }
-            thread.followers[i].dirty = Outputs::default();
         }
     }
 
