@@ -53,7 +53,7 @@ use readfold_kafka::routed_queue::{RouteSlot, RoutedReader};
 use readfold_kafka::{now_ms, partitions_of, KafkaConfig, TopicsConfig};
 use readfold_store::redis::RedisStore;
 use readfold_wire::badge::{decode_user_badge, encode_badge};
-use readfold_wire::changelog::latest_seq_of;
+use readfold_wire::changelog::{decode_changelog, latest_seq_of, ChangelogEntry, ChangelogKind, ThreadEntry};
 use readfold_wire::{Limits, OutRecord};
 
 pub use config::BadgeConfig;
@@ -942,17 +942,17 @@ type ReadInput = fn(&BadgeSettings, Option<&[u8]>, Option<&[u8]>) -> Input;
 /// The thread and its latest reply of a thread changelog record (a
 /// follower's public cursor carries the thread's latest).
 fn thread_latest_of(m: &BorrowedMessage<'_>, max_id_bytes: usize) -> Option<(ConversationId, Seq, Seq)> {
-    let entry = readfold_wire::changelog::decode_changelog(
-        readfold_wire::changelog::ChangelogKind::ThreadByConversation,
+    let entry = decode_changelog(
+        ChangelogKind::ThreadByConversation,
         m.key(),
         m.payload(),
         max_id_bytes,
     )
     .ok()?;
     match entry {
-        readfold_wire::changelog::ChangelogEntry::Thread(readfold_wire::changelog::ThreadEntry::Cursor(
-            c,
-        )) => Some((c.key.conversation_id, c.key.thread, c.latest_seq)),
+        ChangelogEntry::Thread(ThreadEntry::Cursor(c)) => {
+            Some((c.key.conversation_id, c.key.thread, c.latest_seq))
+        }
         _ => None,
     }
 }

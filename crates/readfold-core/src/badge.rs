@@ -279,6 +279,18 @@ struct Lanes {
     dirty: usize,
 }
 
+/// Whether `user` is held muted in `conversation` (counted so).
+fn muted_in(
+    conversations: &FastMap<ConversationId, ConversationState>,
+    user: &UserId,
+    conversation: &ConversationId,
+) -> bool {
+    conversations
+        .get(conversation)
+        .and_then(|c| c.members.get(user))
+        .is_some_and(|held| held.counted_muted)
+}
+
 /// Replaces what one held conversation or thread adds to the totals of the
 /// user in `slot` (`held`) with `counted`, after another member's message:
 /// the user goes in the lane `at_once` picks. Whether it changed.
@@ -506,14 +518,6 @@ impl Badges {
         }
     }
 
-    /// Whether the user is held muted in `conversation` (counted so).
-    fn muted_in(&self, user: &UserId, conversation: &ConversationId) -> bool {
-        self.conversations
-            .get(conversation)
-            .and_then(|c| c.members.get(user))
-            .is_some_and(|held| held.counted_muted)
-    }
-
     /// Applies one by-user thread changelog record: the follower's view of
     /// thread `thread` of `conversation`, or `None` when they left the
     /// conversation. Returns whether the user's badge changed.
@@ -525,7 +529,7 @@ impl Badges {
         view: Option<OwnThread>,
     ) -> bool {
         let rule = self.rules.muted;
-        let muted = self.muted_in(user, conversation);
+        let muted = muted_in(&self.conversations, user, conversation);
         let of = (conversation.clone(), thread);
         if let Some(view) = view {
             // A newer latest reply counts for every follower.
@@ -547,7 +551,6 @@ impl Badges {
         }
         match view {
             Some(view) => {
-                state.latest = state.latest.max(view.latest_seq);
                 let read_up_to = old.map_or(view.read_up_to, |o| o.read_up_to.max(view.read_up_to));
                 let counted = thread_contribution(state.latest, read_up_to, muted, rule);
                 user_state.totals.add(counted);
@@ -591,11 +594,7 @@ impl Badges {
         let at_once = state.followers.len() < self.fanout_min_members;
         let mut changed = 0;
         for (user, held) in state.followers.iter_mut() {
-            let muted = self
-                .conversations
-                .get(conversation)
-                .and_then(|c| c.members.get(user))
-                .is_some_and(|h| h.counted_muted);
+            let muted = muted_in(&self.conversations, user, conversation);
             let counted = thread_contribution(seq, held.read_up_to, muted, rule);
             changed += usize::from(recount_held(
                 &mut self.users,

@@ -120,23 +120,25 @@ async fn send(
         .await
         .map_err(unavailable)?;
     let stored = view.map_or(0, |v| v.latest_seq.get());
-    let message = {
+    let (message, starter) = {
         let mut all = g.demo.messages.lock().expect("demo lock");
         let list = all.entry(m.conversation.clone()).or_default();
         let latest = list.iter().map(|l| l.seq).max().unwrap_or(0).max(stored);
         let text: String = m.text.chars().take(200).collect();
         let (mentions, mention_all) = mentions_in(&text, g.max_id_bytes);
-        let (seq, thread_seq) = if m.thread == 0 {
-            (latest + 1, 0)
+        // A reply's thread starter follows it from its first reply.
+        let (seq, thread_seq, starter) = if m.thread == 0 {
+            (latest + 1, 0, None)
         } else {
-            if !list.iter().any(|l| l.thread == 0 && l.seq == m.thread) {
+            let Some(root) = list.iter().find(|l| l.thread == 0 && l.seq == m.thread) else {
                 return Err(ApiError::bad_request(
                     "invalid_field",
                     format!("thread: no message {} sent through the demo", m.thread),
                 ));
-            }
+            };
+            let starter = root.sender.clone();
             let replies = list.iter().filter(|l| l.thread == m.thread).count() as u64;
-            (latest, replies + 1)
+            (latest, replies + 1, Some(starter))
         };
         let message = DemoMessage {
             seq,
@@ -148,17 +150,8 @@ async fn send(
             thread_seq,
         };
         list.push(message.clone());
-        message
+        (message, starter)
     };
-    // The thread's starter follows it from its first reply.
-    let starter = (m.thread > 0)
-        .then(|| {
-            let all = g.demo.messages.lock().expect("demo lock");
-            all.get(&m.conversation)
-                .and_then(|l| l.iter().find(|l| l.thread == 0 && l.seq == m.thread))
-                .map(|root| root.sender.clone())
-        })
-        .flatten();
     g.producer
         .event(&ConversationEventRecord {
             conversation_id: m.conversation,

@@ -1188,27 +1188,26 @@ impl Hub {
     /// An update for every connection of `user`. An `own` frame gets the
     /// user's thread unread in its conversation.
     pub fn to_user(&self, user: &str, mut frame: ServerFrame) {
-        let Some(key) = Key::of(&frame) else { return };
+        let ServerFrame::Own {
+            conversation, own, ..
+        } = &mut frame
+        else {
+            return self.push_to_user(user, frame);
+        };
+        // Its v2 subscribers take it with the next read counts: one is due.
+        if let Some(big) = self
+            .rooms()
+            .get_mut(conversation.as_str())
+            .and_then(|r| r.big.as_mut())
+        {
+            big.changed();
+        }
         // Counted and pushed under the threads lock, so that the frames
         // carrying a conversation's thread unread are pushed in the order
         // of their counts.
         let threads = self.threads();
-        if let ServerFrame::Own {
-            conversation, own, ..
-        } = &mut frame
-        {
-            own.thread_unread = threads.unread_in(user, conversation);
-        }
-        if let Key::Own { conversation } = &key {
-            // Its v2 subscribers take it with the next read counts: one is due.
-            if let Some(big) = self.rooms().get_mut(conversation).and_then(|r| r.big.as_mut()) {
-                big.changed();
-            }
-        }
-        let users = self.users.read().expect("users lock");
-        for outbox in users.get(user).into_iter().flat_map(HashMap::values) {
-            outbox.push_update(key.clone(), frame.clone());
-        }
+        own.thread_unread = threads.unread_in(user, conversation);
+        self.push_to_user(user, frame);
     }
 
     /// Conversations with at least one subscriber here.
